@@ -1,0 +1,53 @@
+# nnmem_sweep — the README's two set-up commands are `make report` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+CONFIG  ?= configs/llama.yaml
+OUT     ?=
+# The CPU wheel of torch lies on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.install-stamp
+MSTAMP  := $(VENV)/.install-stamp-measure
+
+.PHONY: install install-measure test run report bench truth accuracy validate clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# The measurement extra (torch + transformers): torch pinned first so the extra never pulls a CUDA build here.
+$(MSTAMP): $(STAMP)
+	@$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check '$(TORCH)'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,measure]'
+	@touch $@
+
+install: $(STAMP)
+
+install-measure: $(MSTAMP)
+
+test: $(MSTAMP)
+	$(BIN)/python -m pytest
+
+validate: $(STAMP)
+	$(BIN)/nnmem-sweep validate configs/*.yaml
+
+run: $(STAMP)
+	$(BIN)/nnmem-sweep run $(CONFIG) $(if $(OUT),--out $(OUT))
+
+report: $(STAMP)
+	$(BIN)/nnmem-sweep report $(CONFIG) $(if $(OUT),--out $(OUT))
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+# Regenerate the committed measured cases (tests/data/truth/*.json) with PyTorch's MemTracker under FakeTensorMode.
+truth: $(MSTAMP)
+	$(BIN)/nnmem-sweep truth --write tests/data/truth
+
+# Measured vs estimated on every committed case.
+accuracy: $(STAMP)
+	$(BIN)/nnmem-sweep accuracy
+
+clean:
+	rm -rf $(VENV) build *.egg-info

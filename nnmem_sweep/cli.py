@@ -1,0 +1,212 @@
+"""Command line: argument parsing only; every command calls the library.
+
+Exit codes: 0 ok, 2 bad input (one clean line per problem on stderr, nothing written), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import NnmemError, ScenarioError
+
+
+def _default_out(config: str) -> Path:
+    from .paths import safe_stem
+
+    return Path("reports") / safe_stem(Path(config).stem)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .config import load_scenario
+    from .grid import grid_size
+
+    failed = 0
+    for path in args.configs:
+        try:
+            sc = load_scenario(path)
+        except ScenarioError as e:
+            failed += 1
+            for p in e.problems:
+                print(p, file=sys.stderr)
+            continue
+        print(f"ok  {path}: {sc.name!r}, {grid_size(sc):,} rows")
+    return 2 if failed else 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .config import schema_text
+
+    sys.stdout.write(schema_text())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .config import load_scenario
+    from .runner import run_scenario, write_outputs
+
+    sc = load_scenario(args.config)
+    result = run_scenario(sc, max_rows=args.max_rows, progress=not args.quiet)
+    out = Path(args.out) if args.out else _default_out(args.config)
+    for written in write_outputs(result, out):
+        print(written)
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .runner import estimate_point, format_breakdown
+
+    row = estimate_point(
+        model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
+        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
+        attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
+    )
+    print(format_breakdown(row))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import make_report
+
+    out = Path(args.out) if args.out else _default_out(args.config)
+    for written in make_report(args.config, out, max_rows=args.max_rows, progress=not args.quiet):
+        print(written)
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from .measure import measure_scenario_cli
+
+    out = Path(args.out) if args.out else _default_out(args.config)
+    return measure_scenario_cli(args.config, out, points=args.point, limit=args.limit)
+
+
+def cmd_truth(args: argparse.Namespace) -> int:
+    from .measure import regenerate_truth
+
+    return regenerate_truth(Path(args.write), only=args.only)
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    from .accuracy import accuracy_cli
+
+    return accuracy_cli(Path(args.truth))
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from .models.presets import list_presets
+
+    for arch in list_presets():
+        print(f"{arch.preset:<20} {arch.params:>18,}  {arch.name}")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from .catalog.gpus import list_gpus
+    from .units import format_bytes
+
+    for g in list_gpus():
+        print(f"{g.id:<16} {format_bytes(g.memory_bytes, 'GiB', 2):>12}  {g.name}  [{g.source}]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nnmem-sweep",
+        description="GPU-memory capacity planner: sweep model x batch x sequence x precision x optimizer x GPU, "
+        "in exact bytes, and report which configurations fit.",
+    )
+    p.add_argument("--version", action="version", version=f"nnmem-sweep {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("validate", help="check scenario files against the schema; report every problem",
+                       description="Validate scenario YAML files. Prints one line per problem as file:line:col.")
+    s.add_argument("configs", nargs="+", metavar="CONFIG", help="scenario YAML files")
+    s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("schema", help="print the scenario JSON Schema",
+                       description="Print the JSON Schema (draft 2020-12) that scenario files are validated against.")
+    s.set_defaults(fn=cmd_schema)
+
+    def common_run(s: argparse.ArgumentParser) -> None:
+        s.add_argument("config", metavar="CONFIG", help="scenario YAML file")
+        s.add_argument("--out", metavar="DIR", help="output folder (default reports/<config stem>/)")
+        s.add_argument("--max-rows", type=int, default=20_000_000, metavar="N",
+                       help="refuse grids larger than N rows (default 20,000,000)")
+        s.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+    s = sub.add_parser("run", help="expand the grid and write results.csv and max_batch.csv",
+                       description="Compute every combination of the scenario's grid; write results.csv "
+                       "(one row per grid point and GPU) and max_batch.csv.")
+    common_run(s)
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("report", help="run the scenario and render report.html and report.pdf",
+                       description="Run the scenario and render the capacity-planning report (HTML and PDF).")
+    common_run(s)
+    s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("estimate", help="estimate one configuration from flags and print its breakdown",
+                       description="Estimate one point, e.g. --model llama-3.1-8b --batch 4 --seq-len 4096 "
+                       "--precision bf16-mixed --optimizer adamw --gpu h100-sxm")
+    s.add_argument("--model", required=True, help="preset id (see `nnmem-sweep presets`) or path to a config.json")
+    s.add_argument("--mode", choices=["train", "infer"], default="train")
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--seq-len", type=int, default=2048)
+    s.add_argument("--precision", default="bf16-mixed")
+    s.add_argument("--optimizer", default="adamw")
+    s.add_argument("--optimizer-impl", default="foreach", choices=["foreach", "fused", "forloop"])
+    s.add_argument("--checkpointing", default="none", choices=["none", "selective", "full"])
+    s.add_argument("--attention", default="flash", choices=["flash", "eager"])
+    s.add_argument("--cache-tokens", type=int, default=None, help="inference: prompt tokens in the KV cache")
+    s.add_argument("--decode-tokens", type=int, default=None, help="inference: tokens generated")
+    s.add_argument("--gpu", default="h100-sxm", help="GPU id from `nnmem-sweep gpus`")
+    s.set_defaults(fn=cmd_estimate)
+
+    s = sub.add_parser("measure", help="measure real PyTorch allocations for a scenario's points (needs [measure])",
+                       description="Build the model with torch/transformers (random init, no download) and track "
+                       "a training step or inference request with MemTracker under FakeTensorMode.")
+    s.add_argument("config", metavar="CONFIG")
+    s.add_argument("--out", metavar="DIR", help="output folder (default reports/<config stem>/)")
+    s.add_argument("--point", action="append", default=[], metavar="AXIS=VALUE",
+                   help="keep only grid points with AXIS=VALUE (repeatable)")
+    s.add_argument("--limit", type=int, default=50, help="measure at most N points (default 50)")
+    s.set_defaults(fn=cmd_measure)
+
+    s = sub.add_parser("truth", help="regenerate the committed measured cases (needs [measure])",
+                       description="Re-measure every case in the truth catalog and write one JSON per case.")
+    s.add_argument("--write", default="tests/data/truth", metavar="DIR")
+    s.add_argument("--only", action="append", default=[], metavar="CASE", help="only these case ids")
+    s.set_defaults(fn=cmd_truth)
+
+    s = sub.add_parser("accuracy", help="compare the estimator with the committed measured cases",
+                       description="Print case, measured, estimated and error for every committed case.")
+    s.add_argument("--truth", default="tests/data/truth", metavar="DIR")
+    s.set_defaults(fn=cmd_accuracy)
+
+    s = sub.add_parser("presets", help="list the shipped model presets", description="List the model presets.")
+    s.set_defaults(fn=cmd_presets)
+    s = sub.add_parser("gpus", help="list the GPU catalog", description="List the GPU catalog with sources.")
+    s.set_defaults(fn=cmd_gpus)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ScenarioError as e:
+        for p in e.problems:
+            print(p, file=sys.stderr)
+        return 2
+    except NnmemError as e:
+        print(f"nnmem-sweep: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nnmem-sweep: interrupted; nothing half-written was left", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Column names of results.csv / the results DataFrame: a contract defined once.
+
+Long format: one row per grid point and GPU. Byte columns are int64 and end in `_bytes`.
+The component columns are what is live *at the peak moment* of the step (the phase named in `peak_phase`),
+so they add up exactly to `peak_allocated_bytes` on every row:
+
+    weights + master_weights + gradients + optimizer + activations + kv_cache + temporary == peak_allocated
+    total = peak_allocated + overhead
+    fits  = total <= usable_bytes            (usable = gpu_memory minus headroom)
+"""
+
+# Grid axes, in the order rows are expanded. Not every scenario uses every axis; unused ones hold a fixed value.
+BATCH = "batch"
+SEQ_LEN = "seq_len"
+PRECISION = "precision"
+OPTIMIZER = "optimizer"
+OPTIMIZER_IMPL = "optimizer_impl"  # foreach | fused | forloop
+CHECKPOINTING = "checkpointing"  # none | selective | full
+ATTENTION = "attention"  # flash | eager
+CACHE_TOKENS = "cache_tokens"  # inference: tokens already in the KV cache (prompt length)
+DECODE_TOKENS = "decode_tokens"  # inference: tokens generated
+GPU = "gpu"
+
+GRID_AXES = (BATCH, SEQ_LEN, PRECISION, OPTIMIZER, OPTIMIZER_IMPL, CHECKPOINTING, ATTENTION,
+             CACHE_TOKENS, DECODE_TOKENS)
+# Axes other than batch: max_batch.csv has one row per combination of these and GPU.
+NON_BATCH_AXES = tuple(a for a in GRID_AXES if a != BATCH)
+
+MODE = "mode"  # train | infer
+MODEL = "model"
+
+# Components live at the peak (int64 bytes).
+WEIGHTS = "weights_bytes"
+MASTER_WEIGHTS = "master_weights_bytes"
+GRADIENTS = "gradients_bytes"
+OPTIMIZER_STATE = "optimizer_bytes"
+ACTIVATIONS = "activations_bytes"
+KV_CACHE = "kv_cache_bytes"
+TEMPORARY = "temporary_bytes"  # transients at the peak: optimizer foreach buffers, loss/logit temporaries ...
+COMPONENTS = (WEIGHTS, MASTER_WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, KV_CACHE, TEMPORARY)
+
+PEAK_ALLOCATED = "peak_allocated_bytes"  # what torch.cuda.max_memory_allocated() would report
+PEAK_PHASE = "peak_phase"  # forward | backward | optimizer | prefill | decode
+OVERHEAD = "overhead_bytes"  # CUDA context + cuBLAS workspace + allocator reserve: outside the allocator's count
+TOTAL = "total_bytes"  # peak_allocated + overhead
+GPU_MEMORY = "gpu_memory_bytes"  # capacity the device reports
+USABLE = "usable_bytes"  # gpu_memory minus headroom
+FITS = "fits"
+
+BYTE_COLUMNS = COMPONENTS + (PEAK_ALLOCATED, OVERHEAD, TOTAL, GPU_MEMORY, USABLE)
+
+# max_batch.csv
+MAX_BATCH = "max_batch"  # largest batch that fits with headroom; 0 when even batch 1 does not fit
+TOTAL_AT_MAX_BATCH = "total_at_max_batch_bytes"
+TOTAL_AT_BATCH_1 = "total_at_batch_1_bytes"

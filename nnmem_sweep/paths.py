@@ -1,0 +1,38 @@
+"""Safe file names and atomic writes: outputs never leave --out, and a failed write leaves the old file intact."""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_stem(name: str) -> str:
+    """A file-name-safe version of `name`: no slashes, no '..', no leading dots; never empty."""
+    stem = _UNSAFE.sub("-", name).strip("-.")
+    stem = stem.replace("..", "-")
+    return stem or "scenario"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write to a temporary file in the same folder, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,43 @@
+"""The validated scenario: frozen dataclasses produced by config.load_scenario, consumed by everything else."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models.arch import Architecture
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    id: str  # catalog id, e.g. "h100-sxm" (or the inline name, slugified)
+    name: str  # display name, e.g. "H100 SXM5 80GB"
+    memory_bytes: int  # what the device reports (nvidia-smi total), not the marketing figure
+    source: str  # where memory_bytes comes from
+    price_usd: float | None = None
+    price_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory a real GPU process uses outside PyTorch's allocator statistics (see FORMULAS.md, runtime overheads)."""
+
+    cuda_context_bytes: int
+    cublas_workspace_bytes: int
+    allocator_reserve_fraction: float  # reserved-minus-allocated, as a fraction of peak_allocated
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str  # the YAML file as given ("" when built from CLI flags)
+    name: str
+    description: str
+    model: Architecture
+    mode: str  # train | infer
+    grid: dict[str, tuple[Any, ...]]  # axis name (columns.GRID_AXES) -> values, every axis present
+    gpus: tuple[GPUSpec, ...]
+    overheads: Overheads
+    headroom: float  # fraction of GPU memory kept free, 0 <= headroom < 1
+    report: dict[str, Any] = field(default_factory=dict)  # report options (axes for tables, paper size, templates)
+    target: dict[str, Any] = field(default_factory=dict)  # e.g. {"batch": 8, "seq_len": 4096}
+    source_text: str = ""  # the YAML verbatim (appendix, sha256)
+    sha256: str = ""
