@@ -1,0 +1,24 @@
+"""The vocabularies a scenario may use, defined once.
+
+The JSON Schema (nnmem_sweep/schema/scenario.schema.json) spells the same lists for editors; a test keeps the two
+equal. The estimator's catalogs (precisions.py, optimizers.py) give each name its meaning.
+"""
+from __future__ import annotations
+
+MODES = ("train", "infer")
+
+# FORMULAS.md, "Precision recipes".
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "bf16-master", "int8", "int4", "nf4")
+# Quantised weights are an inference format here (no training recipe stores int4 weights and fp32 grads).
+INFER_ONLY_PRECISIONS = ("int8", "int4", "nf4")
+
+# "none" means no optimizer: the only value inference takes, and not a training choice.
+OPTIMIZER_NONE = "none"
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "adafactor", "lion", "adagrad", "rmsprop")
+
+# torch.optim implementations; "none" again only for inference.
+OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
+CHECKPOINTING = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+
+PAPER_SIZES = ("A4", "Letter")
