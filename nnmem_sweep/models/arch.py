@@ -18,6 +18,7 @@ class LayerRecord:
     output_shape: tuple[int, ...]  # per sample (no batch dim), e.g. (64, 112, 112)
     params: int
     output_elements: int  # product of output_shape
+    weight_params: int = 0  # elements of the conv kernel / linear matrix (biases, norm scales excluded)
 
 
 @dataclass(frozen=True)
