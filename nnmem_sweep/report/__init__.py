@@ -1,0 +1,107 @@
+"""The capacity-planning report: report.html (self-contained), report.pdf, results.csv, max_batch.csv.
+
+Flow, one direction: load_scenario -> run_scenario -> build_context (context.py, all arithmetic) -> render
+(render.py, jinja2 then weasyprint). Charts are hand-drawn SVG (charts.py); provenance.py says where it came from.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import Problem, ScenarioError
+from ..paths import atomic_write_bytes, atomic_write_text
+
+AUTO = "auto"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+class _Progress:
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0 = enabled, time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        if self.enabled:
+            print(f"nnmem-sweep report: {what} ({time.perf_counter() - self.t0:.1f} s)", file=sys.stderr, flush=True)
+
+
+def load_formulas() -> list:
+    """Every registered formula; those registered so far when the component package is not importable."""
+    from .. import citations
+
+    try:
+        return citations.all_formulas()
+    except ModuleNotFoundError as e:
+        if e.name != "nnmem_sweep.components":
+            raise
+        return sorted(citations.FORMULAS.values(), key=lambda f: f.name)
+
+
+def load_validation(truth_dir: Path | None = None):
+    """accuracy.compare over the committed measured cases, or None when either is not there (section omitted)."""
+    try:
+        from .. import accuracy
+    except ModuleNotFoundError as e:
+        if e.name != "nnmem_sweep.accuracy":
+            raise
+        return None
+    folder = truth_dir or next((d for d in (Path("tests/data/truth"), _REPO / "tests/data/truth") if d.is_dir()), None)
+    if folder is None or not any(folder.glob("*.json")):
+        return None
+    return accuracy.compare(accuracy.load_cases(folder))
+
+
+def templates_dir(sc) -> Path | None:
+    """The user's template folder from `report.templates`, relative to the scenario file."""
+    value = sc.report.get("templates")
+    if not value:
+        return None
+    folder = Path(value)
+    if not folder.is_absolute() and sc.path:
+        folder = Path(sc.path).parent / folder
+    if not folder.is_dir():
+        raise ScenarioError([Problem(sc.path, None, None, "report.templates",
+                                     f"template folder {str(folder)!r} does not exist")])
+    return folder
+
+
+def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
+                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True) -> list[Path]:
+    """Write report.html and report.pdf for a RunResult (scenario, results, max_batch, elapsed_s)."""
+    from .context import build_context
+    from .provenance import collect
+    from .render import render_html, render_pdf
+
+    say = progress if isinstance(progress, _Progress) else _Progress(progress)
+    sc = result.scenario
+    path = Path(config_path or sc.path)
+    prov = collect(config_path or sc.path, sc.source_text.encode("utf-8") if not path.is_file() else None)
+    ctx = build_context(sc, result.results, result.max_batch, prov,
+                        load_formulas() if formulas == AUTO else formulas,
+                        load_validation() if isinstance(validation, str) and validation == AUTO else validation,
+                        getattr(result, "elapsed_s", None))
+    say("building HTML")
+    html = render_html(ctx, templates_dir(sc))
+    out_dir = Path(out_dir)
+    written = [atomic_write_text(out_dir / "report.html", html)]
+    if pdf:
+        say("rendering PDF")
+        written.append(atomic_write_bytes(out_dir / "report.pdf", render_pdf(html)))
+    say(f"wrote {', '.join(p.name for p in written)} in {out_dir}")
+    return written
+
+
+def make_report(config_path: str | Path, out_dir: Path, max_rows: int = 20_000_000,
+                progress: bool = True) -> list[Path]:
+    """Run the scenario and write report.html, report.pdf, results.csv and max_batch.csv into out_dir."""
+    from ..config import load_scenario
+    from ..runner import run_scenario, write_outputs
+
+    say = _Progress(progress)
+    say(f"loading {config_path}")
+    sc = load_scenario(config_path)
+    say("running the grid")
+    result = run_scenario(sc, max_rows=max_rows, progress=progress)
+    written = list(write_outputs(result, Path(out_dir)))
+    return written + render_report(result, Path(out_dir), config_path, progress=say)

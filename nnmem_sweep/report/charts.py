@@ -1,0 +1,203 @@
+"""SVG charts drawn by hand: deterministic text (same input, same bytes), no plotting library, no external fetches.
+
+Every function takes plain lists (labels already formatted, values in bytes) and returns one <svg> element as a
+string. All text from the user (GPU names, labels) is XML-escaped here, because templates insert charts with |safe.
+Coordinates are rounded to 0.1 px so the output does not depend on float noise.
+"""
+from __future__ import annotations
+
+import math
+from xml.sax.saxutils import escape, quoteattr
+
+from ..units import GiB
+
+# Okabe & Ito (2008) colour-blind-safe palette, one colour per component, in columns.COMPONENTS order + overhead.
+COMPONENT_COLOURS = ("#0072B2", "#56B4E9", "#009E73", "#E69F00", "#D55E00", "#CC79A7", "#F0E442", "#999999")
+LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+# Sequential shades for max batch (level 0 = does not fit). The report's CSS uses the same values for table cells.
+LEVEL_FILL = ("#f1f1f1", "#e3eef8", "#c6dbef", "#9ecae1", "#6baed6", "#2f7fc1")
+LEVEL_TEXT = ("#777777", "#111111", "#111111", "#111111", "#111111", "#ffffff")
+
+WIDTH = 640
+FONT = 11
+CHAR_W = 6.2  # average glyph advance of an 11 px sans-serif, to size margins and legends
+
+
+def _n(x: float) -> str:
+    """A coordinate with at most one decimal, without a trailing '.0'."""
+    text = f"{round(x, 1):.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _text(x: float, y: float, s: str, anchor: str = "start", size: int = FONT, extra: str = "") -> str:
+    return (f'<text x="{_n(x)}" y="{_n(y)}" font-size="{size}" text-anchor="{anchor}"{extra}>'
+            f"{escape(s)}</text>")
+
+
+def _svg(height: float, body: list[str], title: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {_n(height)}" '
+            f'width="{WIDTH}" height="{_n(height)}" role="img" aria-label={quoteattr(title)} '
+            f'font-family="DejaVu Sans, Arial, sans-serif">'
+            f"<title>{escape(title)}</title>" + "".join(body) + "</svg>")
+
+
+def nice_step(span: float, max_ticks: int = 6) -> float:
+    """The smallest 1, 2 or 5 x 10^k step that covers `span` in at most `max_ticks` intervals."""
+    if span <= 0:
+        return 1.0
+    raw = span / max_ticks
+    power = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * power >= raw:
+            return m * power
+    return 10 * power  # pragma: no cover
+
+
+def _tick_label(v: float, step: float) -> str:
+    return f"{v:,.0f}" if step >= 1 else f"{v:,.{max(0, -math.floor(math.log10(step)))}f}"
+
+
+def _legend(items: list[tuple[str, str]], y: float, left: float) -> tuple[list[str], float]:
+    """Swatches and labels flowing left to right, wrapping; returns the elements and the y below them."""
+    out, x = [], left
+    for label, colour in items:
+        w = 16 + len(label) * CHAR_W + 14
+        if x + w > WIDTH - 4 and x > left:
+            x, y = left, y + 16
+        out.append(f'<rect x="{_n(x)}" y="{_n(y - 9)}" width="10" height="10" fill="{colour}"/>')
+        out.append(_text(x + 14, y, label))
+        x += w
+    return out, y + 8
+
+
+def stacked_bars(title: str, bars: list[tuple[str, list[int]]], segment_names: list[str],
+                 capacities: list[tuple[str, int]]) -> str:
+    """Horizontal stacked bars in GiB: one bar per (label, [bytes per segment]); dashed lines at GPU capacities."""
+    left = min(260, max(60, max((len(b[0]) for b in bars), default=4) * CHAR_W + 12))
+    right = WIDTH - 20
+    bar_h, gap, top = 18, 8, 10
+    plot_h = len(bars) * (bar_h + gap)
+    xmax_bytes = max([sum(v) for _, v in bars] + [c for _, c in capacities] + [1])
+    step = nice_step(xmax_bytes / GiB)
+    xmax = math.ceil(xmax_bytes / GiB / step) * step
+
+    def x(b: float) -> float:
+        return left + (right - left) * (b / GiB) / xmax
+
+    body: list[str] = []
+    axis_y = top + plot_h
+    ticks = int(round(xmax / step))
+    for i in range(ticks + 1):
+        v = i * step
+        xx = left + (right - left) * v / xmax
+        body.append(f'<line x1="{_n(xx)}" y1="{top}" x2="{_n(xx)}" y2="{_n(axis_y)}" stroke="#e0e0e0"/>')
+        body.append(_text(xx, axis_y + 14, _tick_label(v, step), "middle"))
+    body.append(_text((left + right) / 2, axis_y + 30, "GiB (2^30 bytes)", "middle"))
+    for i, (label, values) in enumerate(bars):
+        y = top + i * (bar_h + gap)
+        body.append(_text(left - 6, y + bar_h - 5, label, "end"))
+        acc = 0
+        for j, v in enumerate(values):
+            if v <= 0:
+                continue
+            body.append(f'<rect x="{_n(x(acc))}" y="{_n(y)}" width="{_n(x(acc + v) - x(acc))}" height="{bar_h}" '
+                        f'fill="{COMPONENT_COLOURS[j % len(COMPONENT_COLOURS)]}"/>')
+            acc += v
+    for _label, cap in capacities:
+        xx = x(cap)
+        body.append(f'<line x1="{_n(xx)}" y1="{top - 4}" x2="{_n(xx)}" y2="{_n(axis_y)}" stroke="#000" '
+                    f'stroke-dasharray="4 3"/>')
+    body.append(f'<line x1="{left}" y1="{_n(axis_y)}" x2="{right}" y2="{_n(axis_y)}" stroke="#444"/>')
+    items = [(name, COMPONENT_COLOURS[j % len(COMPONENT_COLOURS)]) for j, name in enumerate(segment_names) if name]
+    legend, bottom = _legend(items, axis_y + 50, left=8)
+    body += legend
+    if capacities:
+        caps = "; ".join(label for label, _ in capacities)
+        body.append(_text(8, bottom + 12, f"dashed lines: usable memory of {caps}", size=10))
+        bottom += 16
+    return _svg(bottom + 4, body, title)
+
+
+def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | None]]],
+               capacities: list[tuple[str, int]], x_label: str) -> str:
+    """Total memory (bytes) against batch, one line per series, each GPU's usable memory as a horizontal line.
+
+    The x axis is log2 when the batch values span a factor of 8 or more (batches are usually powers of two).
+    """
+    left, right, top, plot_h = 56, WIDTH - 150, 10, 230
+    xs = sorted(xs)
+    log = len(xs) > 1 and xs[0] > 0 and xs[-1] / xs[0] >= 8
+    fx = (lambda v: math.log2(v)) if log else (lambda v: float(v))
+    x0, x1 = fx(xs[0]), fx(xs[-1]) if len(xs) > 1 else fx(xs[0]) + 1
+    if x1 == x0:
+        x1 = x0 + 1
+    values = [v for _, ys in series for v in ys if v is not None] + [c for _, c in capacities] + [1]
+    step = nice_step(max(values) / GiB)
+    ymax = math.ceil(max(values) / GiB / step) * step
+    bottom_y = top + plot_h
+
+    def px(v: float) -> float:
+        return left + (right - left) * (fx(v) - x0) / (x1 - x0)
+
+    def py(b: float) -> float:
+        return bottom_y - plot_h * (b / GiB) / ymax
+
+    body: list[str] = []
+    for i in range(int(round(ymax / step)) + 1):
+        v = i * step
+        yy = bottom_y - plot_h * v / ymax
+        body.append(f'<line x1="{left}" y1="{_n(yy)}" x2="{right}" y2="{_n(yy)}" stroke="#e6e6e6"/>')
+        body.append(_text(left - 5, yy + 4, _tick_label(v, step), "end"))
+    body.append(_text(12, top + plot_h / 2, "GiB", "middle", extra=f' transform="rotate(-90 12 {_n(top + plot_h / 2)})"'))
+    for v in xs:
+        body.append(f'<line x1="{_n(px(v))}" y1="{_n(bottom_y)}" x2="{_n(px(v))}" y2="{_n(bottom_y + 4)}" stroke="#444"/>')
+        body.append(_text(px(v), bottom_y + 16, f"{v:,}", "middle"))
+    body.append(_text((left + right) / 2, bottom_y + 32, x_label + (" (log scale)" if log else ""), "middle"))
+    body.append(f'<line x1="{left}" y1="{_n(bottom_y)}" x2="{right}" y2="{_n(bottom_y)}" stroke="#444"/>')
+    # capacity lines, labelled at the right edge; labels pushed apart so they never overlap
+    label_ys: list[float] = []
+    for label, cap in sorted(capacities, key=lambda c: -c[1]):
+        yy = py(cap)
+        body.append(f'<line x1="{left}" y1="{_n(yy)}" x2="{right}" y2="{_n(yy)}" stroke="#000" stroke-dasharray="5 3"/>')
+        ly = yy + 4
+        if label_ys and ly < label_ys[-1] + 12:
+            ly = label_ys[-1] + 12
+        label_ys.append(ly)
+        body.append(_text(right + 4, ly, label[:24], size=10))
+    for k, (label, ys) in enumerate(series):
+        colour = LINE_COLOURS[k % len(LINE_COLOURS)]
+        pts = [(px(xv), py(yv)) for xv, yv in zip(xs, ys) if yv is not None]
+        if not pts:
+            continue
+        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+                    + " ".join(f"{_n(a)},{_n(b)}" for a, b in pts) + '"/>')
+        for a, b in pts:
+            body.append(f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{colour}"/>')
+    legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, (label, _) in enumerate(series)],
+                          bottom_y + 52, left=8)
+    body += legend
+    return _svg(end + 4, body, title)
+
+
+def heatmap(title: str, row_labels: list[str], col_labels: list[str], cells: list[list[tuple[str, int]]]) -> str:
+    """A grid of (text, level) cells; level 0..5 picks the shade (0 = does not fit)."""
+    left = min(300, max(60, max((len(r) for r in row_labels), default=4) * CHAR_W + 10))
+    cols = max(1, len(col_labels))
+    cell_w = min(90, (WIDTH - left - 4) / cols)
+    cell_h, head = 16, 34
+    body: list[str] = []
+    for j, label in enumerate(col_labels):
+        cx = left + (j + 0.5) * cell_w
+        short = label if len(label) * 5.6 <= cell_w * 2 else label[: int(cell_w * 2 / 5.6) - 1] + "…"
+        body.append(_text(cx, head - 6, short, "middle", size=9,
+                          extra=f' transform="rotate(-20 {_n(cx)} {head - 6})"' if len(label) * 5.6 > cell_w else ""))
+    for i, (label, row) in enumerate(zip(row_labels, cells)):
+        y = head + i * cell_h
+        body.append(_text(left - 6, y + cell_h - 4, label, "end", size=10))
+        for j, (text, level) in enumerate(row):
+            xx = left + j * cell_w
+            body.append(f'<rect x="{_n(xx)}" y="{_n(y)}" width="{_n(cell_w - 1)}" height="{cell_h - 1}" '
+                        f'fill="{LEVEL_FILL[level]}"/>')
+            body.append(_text(xx + cell_w / 2, y + cell_h - 4, text, "middle", size=10,
+                              extra=f' fill="{LEVEL_TEXT[level]}"'))
+    return _svg(head + len(row_labels) * cell_h + 6, body, title)

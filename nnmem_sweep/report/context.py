@@ -1,0 +1,369 @@
+"""DataFrames -> the report's context: plain dicts of formatted strings, booleans and lists of row dicts.
+
+All arithmetic, unit conversion, selection and sorting of the report happens here; templates only lay it out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from itertools import product
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import columns as C
+from ..scenario import Scenario
+from . import charts
+from .format import AXIS_LABELS, COMPONENT_LABELS, DASH, article, axis_value, gib, gib_number, percent, thousands
+from .provenance import Provenance
+
+GPUS_PER_TABLE = 7  # a table wider than this is split (A4 portrait holds ~7 GPU columns beside 3 axis columns)
+HEATMAP_MAX_ROWS = 40
+BREAKDOWN_MAX_BARS = 12
+LINE_MAX_SERIES = 6
+BAR_AXES = (C.PRECISION, C.OPTIMIZER, C.CHECKPOINTING, C.ATTENTION, C.OPTIMIZER_IMPL)
+
+
+# ---------------------------------------------------------------------------------------------------- selection
+def _varying(sc: Scenario) -> list[str]:
+    """Non-batch axes with more than one value, in the contract's order."""
+    return [a for a in C.NON_BATCH_AXES if len(sc.grid.get(a, ())) > 1]
+
+
+def reference_point(sc: Scenario) -> dict[str, Any]:
+    """The point the summary speaks about: the target's values, then `report.reference`, then each axis's first."""
+    chosen = dict(sc.report.get("reference") or {})
+    chosen.update({k: v for k, v in (sc.target or {}).items() if k in C.GRID_AXES})
+    point = {}
+    for axis in C.GRID_AXES:
+        values = tuple(sc.grid.get(axis, ()))
+        if axis in chosen and chosen[axis] in values:
+            point[axis] = chosen[axis]
+        elif axis in chosen and axis == C.BATCH:
+            point[axis] = chosen[axis]  # a target batch need not be a grid value
+        elif values:
+            point[axis] = values[0]
+    return point
+
+
+def _mask(df: pd.DataFrame, point: dict[str, Any]) -> np.ndarray:
+    m = np.ones(len(df), dtype=bool)
+    for axis, value in point.items():
+        if axis not in df.columns:
+            continue
+        col = df[axis]
+        m &= col.isna().to_numpy() if value is None else (col == value).to_numpy()
+    return m
+
+
+def _select(df: pd.DataFrame, point: dict[str, Any]) -> pd.DataFrame:
+    return df[_mask(df, point)]
+
+
+def _gpu_order(sc: Scenario) -> list:
+    """GPUs smallest memory first (ties: the scenario's order)."""
+    return sorted(sc.gpus, key=lambda g: g.memory_bytes)
+
+
+def _usable(results: pd.DataFrame, sc: Scenario) -> dict[str, int]:
+    got = results.groupby(C.GPU, sort=False)[C.USABLE].first()
+    return {g.id: int(got[g.id]) for g in sc.gpus if g.id in got.index}
+
+
+# ---------------------------------------------------------------------------------------------------- summary
+def describe_point(sc: Scenario, point: dict[str, Any], with_batch: bool = False) -> str:
+    """'Llama 3.1 8B training, seq 4,096, bf16-mixed AdamW' (only the axes that say something)."""
+    parts = [f"{sc.model.name} {'inference' if sc.mode == 'infer' else 'training'}"]
+    if with_batch and C.BATCH in point:
+        parts.append(f"batch {thousands(point[C.BATCH])}")
+    if sc.mode == "infer":
+        if point.get(C.CACHE_TOKENS) is not None:
+            parts.append(f"prompt {thousands(point[C.CACHE_TOKENS])}")
+        if point.get(C.DECODE_TOKENS) is not None:
+            parts.append(f"{thousands(point[C.DECODE_TOKENS])} generated")
+        if point.get(C.CACHE_TOKENS) is None and point.get(C.SEQ_LEN) is not None:
+            parts.append(f"seq {thousands(point[C.SEQ_LEN])}")
+        parts.append(str(point.get(C.PRECISION, "")))
+    else:
+        if point.get(C.SEQ_LEN) is not None:
+            parts.append(f"seq {thousands(point[C.SEQ_LEN])}")
+        parts.append(f"{point.get(C.PRECISION, '')} {point.get(C.OPTIMIZER, '')}".strip())
+        ck = point.get(C.CHECKPOINTING)
+        if ck and ck != "none":
+            parts.append(f"{ck} checkpointing")
+    varying = set(_varying(sc))
+    for axis in (C.ATTENTION, C.OPTIMIZER_IMPL):
+        if axis in varying:
+            parts.append(f"{point[axis]} {AXIS_LABELS[axis]}")
+    return ", ".join(p for p in parts if p)
+
+
+def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dict[str, Any]:
+    point = reference_point(sc)
+    non_batch = {k: v for k, v in point.items() if k != C.BATCH}
+    ref = _select(max_batch, non_batch)
+    usable = _usable(results, sc)
+    prefix = describe_point(sc, point)
+    sentences = []
+    for g in _gpu_order(sc):
+        row = ref[ref[C.GPU] == g.id]
+        if row.empty or g.id not in usable:
+            continue
+        r = row.iloc[0]
+        mb = int(r[C.MAX_BATCH])
+        if mb > 0:
+            text = (f"{prefix}: fits {article(g.name)} {g.name} up to batch {mb:,} "
+                    f"({gib_number(r[C.TOTAL_AT_MAX_BATCH])} of {gib(usable[g.id])} usable).")
+        else:
+            text = (f"{prefix}: does not fit {article(g.name)} {g.name} even at batch 1 "
+                    f"(needs {gib(r[C.TOTAL_AT_BATCH_1])}, {gib(usable[g.id])} usable).")
+        sentences.append({"text": text, "fits": mb > 0, "gpu": g.name, "max_batch": str(mb),
+                          "total": gib(r[C.TOTAL_AT_MAX_BATCH] if mb > 0 else r[C.TOTAL_AT_BATCH_1])})
+    target = None
+    if sc.target:
+        want = int(sc.target.get(C.BATCH, 1))
+        meeting = [g.name for g in _gpu_order(sc)
+                   if not ref[(ref[C.GPU] == g.id) & (ref[C.MAX_BATCH] >= want)].empty]
+        what = describe_point(sc, {**point, C.BATCH: want}, with_batch=True)
+        if meeting:
+            text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
+        else:
+            text = f"Target ({what}) is met by none of the GPUs in this scenario."
+        target = {"text": text, "met": bool(meeting), "gpus": meeting}
+    headroom = f"Usable memory is the GPU's reported capacity less {percent(sc.headroom)} headroom."
+    return {"sentences": sentences, "target": target, "reference": prefix, "headroom_note": headroom}
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+def table_rows_axes(sc: Scenario) -> list[str]:
+    chosen = sc.report.get("table_rows")
+    if chosen:
+        return [a for a in chosen if a in C.NON_BATCH_AXES and a != C.GPU]
+    varying = _varying(sc)
+    return varying or [C.SEQ_LEN]
+
+
+def level(value: int, top: int) -> int:
+    """Shade 0..5 for a max batch: 0 = does not fit, 1..5 on a log2 scale up to the largest value in the report."""
+    if value <= 0:
+        return 0
+    if top <= 1:
+        return 5
+    return max(1, min(5, math.ceil(5 * math.log2(1 + value) / math.log2(1 + top))))
+
+
+def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Tables of max batch (rows: the chosen axes; columns: GPUs); returns the tables and the heatmap data."""
+    row_axes = table_rows_axes(sc)
+    split_axes = [a for a in _varying(sc) if a not in row_axes]
+    gpus = [g for g in _gpu_order(sc) if g.id in set(max_batch[C.GPU])]
+    top = int(max_batch[C.MAX_BATCH].max()) if len(max_batch) else 0
+    lookup = {}
+    key_cols = row_axes + split_axes + [C.GPU]
+    for rec in max_batch[key_cols + [C.MAX_BATCH]].itertuples(index=False, name=None):
+        lookup[tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec[:-1])] = int(rec[-1])
+
+    tables, heat_rows, heat_cells, total_rows = [], [], [], 0
+    for split_values in product(*(sc.grid[a] for a in split_axes)):
+        caption_bits = [f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, split_values)]
+        rows = []
+        for values in product(*(sc.grid.get(a, (None,)) for a in row_axes)):
+            cells = []
+            for g in gpus:
+                mb = lookup.get(tuple(values) + tuple(split_values) + (g.id,))
+                cells.append(None if mb is None else mb)
+            if all(c is None for c in cells):
+                continue
+            first_fit = next((j for j, c in enumerate(cells) if c and c > 0), None)
+            row = {"axes": [axis_value(a, v) for a, v in zip(row_axes, values)],
+                   "cells": [{"text": DASH if not c else f"{c:,}", "level": level(c or 0, top),
+                              "edge": j == first_fit} for j, c in enumerate(cells)]}
+            rows.append(row)
+            total_rows += 1
+            if len(heat_rows) < HEATMAP_MAX_ROWS:
+                heat_rows.append(" · ".join(row["axes"] + [axis_value(a, v) for a, v in zip(split_axes, split_values)]))
+                heat_cells.append([(c["text"], c["level"]) for c in row["cells"]])
+        for start in range(0, len(gpus), GPUS_PER_TABLE):
+            chunk = gpus[start:start + GPUS_PER_TABLE]
+            part = ""
+            if len(gpus) > GPUS_PER_TABLE:
+                part = f"GPUs {start + 1}–{start + len(chunk)} of {len(gpus)}"
+            caption = ", ".join(b for b in caption_bits + [part] if b)
+            tables.append({
+                "caption": caption,
+                "axis_headers": [AXIS_LABELS[a] for a in row_axes],
+                "gpu_headers": [{"name": g.name, "memory": gib(g.memory_bytes)} for g in chunk],
+                "rows": [{"axes": r["axes"], "cells": r["cells"][start:start + len(chunk)]} for r in rows],
+            })
+    heat = {"rows": heat_rows, "cols": [g.name for g in gpus], "cells": heat_cells,
+            "truncated": total_rows > len(heat_rows)}
+    return tables, heat
+
+
+# ---------------------------------------------------------------------------------------------------- charts
+def _breakdown_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:
+    gpu0 = _gpu_order(sc)[0].id
+    base = results[results[C.GPU] == gpu0]
+    bar_axes = [a for a in BAR_AXES if a in _varying(sc)]
+    fixed = {k: v for k, v in point.items() if k not in bar_axes}
+    if bar_axes:
+        combos = list(product(*(sc.grid[a] for a in bar_axes)))[:BREAKDOWN_MAX_BARS]
+        points = [({**fixed, **dict(zip(bar_axes, c))}, " · ".join(str(v) for v in c)) for c in combos]
+        about = f"batch {thousands(point.get(C.BATCH))}, seq {thousands(point.get(C.SEQ_LEN))}"
+    else:
+        batches = sorted(sc.grid.get(C.BATCH, ()))[:BREAKDOWN_MAX_BARS]
+        points = [({**fixed, C.BATCH: b}, f"batch {b:,}") for b in batches]
+        about = describe_point(sc, point)
+    segs = list(C.COMPONENTS) + [C.OVERHEAD]
+    bars = []
+    for pt, label in points:
+        rows = _select(base, pt)
+        if rows.empty:
+            continue
+        r = rows.iloc[0]
+        bars.append((label, [int(r[s]) for s in segs]))
+    used = [j for j in range(len(segs)) if any(b[1][j] > 0 for b in bars)]
+    # keep colours tied to the component, even when some components are zero everywhere
+    names = [COMPONENT_LABELS[s] if j in used else "" for j, s in enumerate(segs)]
+    caps = [(f"{g.name} {gib(usable[g.id])}", usable[g.id]) for g in _gpu_order(sc) if g.id in usable]
+    return charts.stacked_bars("Memory at the peak, by component", bars, names, caps), about
+
+
+def _memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:
+    gpu0 = _gpu_order(sc)[0].id
+    line_axis = C.CACHE_TOKENS if sc.mode == "infer" and len(sc.grid.get(C.CACHE_TOKENS, ())) > 1 else C.SEQ_LEN
+    fixed = {k: v for k, v in point.items() if k not in (C.BATCH, line_axis)}
+    sub = _select(results[results[C.GPU] == gpu0], fixed)
+    xs = sorted({int(b) for b in sc.grid.get(C.BATCH, ())})
+    series = []
+    for v in list(sc.grid.get(line_axis, ()))[:LINE_MAX_SERIES]:
+        s = sub[sub[line_axis] == v].drop_duplicates(C.BATCH).set_index(C.BATCH)[C.TOTAL]
+        series.append((f"{AXIS_LABELS[line_axis]} {axis_value(line_axis, v)}",
+                       [int(s[b]) if b in s.index else None for b in xs]))
+    caps = [(g.name, usable[g.id]) for g in _gpu_order(sc) if g.id in usable]
+    svg = charts.line_chart("Total memory against batch", xs, series, caps, "batch")
+    return svg, describe_point(sc, fixed)
+
+
+# ---------------------------------------------------------------------------------------------------- assumptions
+def _per_param(value: Any) -> str:
+    return DASH if not value else f"{value} B"
+
+
+def _catalog_entry(entry_id: str, entry: Any) -> dict[str, Any]:
+    """One catalog entry as the report shows it: bytes per parameter where the entry has them, and its `stores` line."""
+    get = (lambda k: entry.get(k)) if isinstance(entry, dict) else (lambda k: getattr(entry, k, None))
+    stores = get("stores") or get("description") or ""
+    fields = {}
+    if dataclasses.is_dataclass(entry):
+        fields = dataclasses.asdict(entry)
+    elif isinstance(entry, dict):
+        fields = dict(entry)
+    per_param = [{"key": k.replace("_bytes", "").replace("_", " "), "value": _per_param(v)}
+                 for k, v in fields.items() if k.endswith("_bytes") and isinstance(v, int)]
+    if get("quant_bits"):
+        per_param.append({"key": "quantised weights", "value": f"{get('quant_bits')} bits ({get('quant')})"})
+    return {"id": entry_id, "stores": str(stores), "per_param": per_param}
+
+
+def _catalog(module_name: str, ids: list[str]) -> list[dict[str, Any]]:
+    """Entries of a catalog module (precisions, optimizers) for the ids the scenario uses; [] when not available."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"nnmem_sweep.catalog.{module_name}")
+    except ImportError:
+        return []
+    table = getattr(mod, module_name.upper(), None)
+    if not isinstance(table, dict) or not all(i in table for i in ids):
+        return []
+    return [_catalog_entry(i, table[i]) for i in ids]
+
+
+def assumptions(sc: Scenario) -> dict[str, Any]:
+    o = sc.overheads
+    return {
+        "precisions": _catalog("precisions", [str(v) for v in sc.grid.get(C.PRECISION, ()) if v is not None]),
+        "optimizers": _catalog("optimizers", [str(v) for v in sc.grid.get(C.OPTIMIZER, ()) if v is not None]),
+        "attention": ", ".join(str(v) for v in sc.grid.get(C.ATTENTION, ())),
+        "checkpointing": ", ".join(str(v) for v in sc.grid.get(C.CHECKPOINTING, ())),
+        "optimizer_impl": ", ".join(str(v) for v in sc.grid.get(C.OPTIMIZER_IMPL, ())),
+        "cuda_context": gib(o.cuda_context_bytes, 2),
+        "cublas_workspace": f"{o.cublas_workspace_bytes:,} bytes",
+        "allocator_reserve": percent(o.allocator_reserve_fraction),
+        "headroom": percent(sc.headroom),
+        "gpus": [{"name": g.name, "memory": gib(g.memory_bytes, 2), "bytes": f"{g.memory_bytes:,}",
+                  "source": g.source} for g in _gpu_order(sc)],
+        "model": {"name": sc.model.name, "params": f"{sc.model.params:,}", "origin": sc.model.origin or sc.model.preset},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- formulas
+def formulas(all_formulas: list) -> list[dict[str, Any]]:
+    return [{"name": f.name, "expression": f.expression, "where": f.where, "module": f.module, "note": f.note,
+             "sources": [{"key": s.key, "title": s.title, "ref": s.ref} for s in f.sources]} for f in all_formulas]
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
+    """Measured vs estimated, any shape of frame: *_bytes columns in GiB, fractions as signed percent."""
+    if table is None or len(table) == 0:
+        return None
+    headers, rows = [], []
+    for col in table.columns:
+        headers.append(col.replace("_bytes", " (GiB)").replace("_", " "))
+    for rec in table.itertuples(index=False, name=None):
+        cells = []
+        for col, v in zip(table.columns, rec):
+            if col.endswith("_bytes") and v is not None and not (isinstance(v, float) and math.isnan(v)):
+                cells.append(gib_number(v, 2))
+            elif isinstance(v, float):
+                cells.append(f"{v * 100:+.1f}%" if ("err" in col or "ratio" in col) and abs(v) < 10 else f"{v:,.3f}")
+            else:
+                cells.append(str(v))
+        rows.append(cells)
+    return {"headers": headers, "rows": rows, "count": str(len(rows))}
+
+
+# ---------------------------------------------------------------------------------------------------- all of it
+def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
+                  all_formulas: list, validation_table: pd.DataFrame | None = None,
+                  elapsed_s: float | None = None) -> dict[str, Any]:
+    point = reference_point(sc)
+    usable = _usable(results, sc)
+    tables, heat = max_batch_tables(sc, max_batch)
+    breakdown_svg, breakdown_about = _breakdown_chart(sc, results, point, usable)
+    lines_svg, lines_about = _memory_vs_batch_chart(sc, results, point, usable)
+    heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"])
+    paper = str(sc.report.get("paper", "A4"))
+    n_points = len(results)
+    return {
+        "title": sc.name,
+        "description": sc.description,
+        "paper": "Letter" if paper.lower() == "letter" else "A4",
+        "provenance": {
+            "config_path": prov.config_path, "sha256": prov.sha256, "commit": prov.commit or "",
+            "commit_short": prov.commit[:12], "dirty": prov.dirty, "in_git": prov.in_git, "date": prov.date,
+            "date_source": prov.date_source, "tool_version": prov.tool_version,
+        },
+        "model": {"name": sc.model.name, "params": f"{sc.model.params:,}"},
+        "mode": "inference" if sc.mode == "infer" else "training",
+        "grid_size": f"{n_points:,}",
+        "gpu_count": str(len(sc.gpus)),
+        "summary": summary(sc, results, max_batch),
+        "tables": tables,
+        "charts": {
+            "breakdown": breakdown_svg, "breakdown_about": breakdown_about,
+            "lines": lines_svg, "lines_about": lines_about,
+            "heatmap": heat_svg, "heatmap_truncated": heat["truncated"],
+            "heatmap_max_rows": str(HEATMAP_MAX_ROWS),
+        },
+        "assumptions": assumptions(sc),
+        "formulas": formulas(all_formulas),
+        "validation": validation(validation_table),
+        "yaml": sc.source_text,
+        "levels": [{"n": str(i), "fill": f, "text": t} for i, (f, t) in enumerate(zip(charts.LEVEL_FILL, charts.LEVEL_TEXT))],
+        "component_colours": [{"name": COMPONENT_LABELS[c], "colour": charts.COMPONENT_COLOURS[i]}
+                              for i, c in enumerate(list(C.COMPONENTS) + [C.OVERHEAD])],
+    }

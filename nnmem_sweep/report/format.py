@@ -1,0 +1,100 @@
+"""Formatters: Python functions that turn numbers into the strings a reader sees; also registered as jinja filters.
+
+Reports print IEC units (GiB = 2^30 bytes) with the unit spelled out, via units.format_bytes, so a label can never
+disagree with its divisor.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..units import format_bytes
+
+DASH = "–"  # en dash: "does not fit even at batch 1"
+
+AXIS_LABELS = {
+    "batch": "batch",
+    "seq_len": "seq len",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "optimizer_impl": "optimizer impl",
+    "checkpointing": "checkpointing",
+    "attention": "attention",
+    "cache_tokens": "prompt tokens",
+    "decode_tokens": "decode tokens",
+    "gpu": "GPU",
+}
+
+COMPONENT_LABELS = {
+    "weights_bytes": "weights",
+    "master_weights_bytes": "master weights",
+    "gradients_bytes": "gradients",
+    "optimizer_bytes": "optimizer state",
+    "activations_bytes": "activations",
+    "kv_cache_bytes": "KV cache",
+    "temporary_bytes": "temporaries",
+    "overhead_bytes": "runtime overhead",
+}
+
+
+def gib(n: Any, digits: int = 1) -> str:
+    """Bytes -> '71.2 GiB'."""
+    return format_bytes(int(n), "GiB", digits)
+
+
+def gib_number(n: Any, digits: int = 1) -> str:
+    """Bytes -> '71.2' (for 'x of y GiB' phrases where the unit is printed once)."""
+    return format_bytes(int(n), "GiB", digits).rsplit(" ", 1)[0]
+
+
+def mib(n: Any, digits: int = 1) -> str:
+    return format_bytes(int(n), "MiB", digits)
+
+
+def thousands(n: Any) -> str:
+    """4096 -> '4,096'; non-numbers pass through as text."""
+    if isinstance(n, bool) or n is None:
+        return str(n)
+    if isinstance(n, (int,)) or (isinstance(n, float) and n.is_integer()):
+        return f"{int(n):,}"
+    return str(n)
+
+
+def percent(fraction: float, digits: int = 1) -> str:
+    """0.05 -> '5%'; 0.125 -> '12.5%' (trailing zeros dropped)."""
+    text = f"{fraction * 100:.{digits}f}".rstrip("0").rstrip(".")
+    return f"{text}%"
+
+
+def signed_percent(fraction: float, digits: int = 1) -> str:
+    if fraction is None or (isinstance(fraction, float) and math.isnan(fraction)):
+        return DASH
+    return f"{fraction * 100:+.{digits}f}%"
+
+
+def axis_value(axis: str, value: Any) -> str:
+    """A grid value as a reader sees it in a table cell or a sentence."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    if axis in ("seq_len", "cache_tokens", "decode_tokens", "batch"):
+        return thousands(value)
+    return str(value)
+
+
+def article(name: str) -> str:
+    """'an H100 SXM', 'a A100'? no: 'an A100', 'a GeForce'. Acronyms are read letter by letter."""
+    if not name:
+        return "a"
+    first = name[0]
+    acronym = len(name) > 1 and (name[1].isdigit() or name[1].isupper() or name[1] in " -")
+    if acronym:
+        return "an" if first.upper() in "AEFHILMNORSX" else "a"
+    return "an" if first.lower() in "aeio" else "a"
+
+
+FILTERS = {
+    "gib": gib,
+    "mib": mib,
+    "thousands": thousands,
+    "percent": percent,
+}

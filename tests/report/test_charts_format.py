@@ -1,0 +1,54 @@
+"""Charts and formatters: deterministic SVG, nice ticks, shading levels, articles."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nnmem_sweep.report import charts
+from nnmem_sweep.report.context import level
+from nnmem_sweep.report.format import article, gib, percent
+from nnmem_sweep.units import GiB
+
+
+def test_nice_step():
+    assert charts.nice_step(80) == 20  # 80/6 = 13.3 -> 20
+    assert charts.nice_step(7) == 2  # 1.17 -> 2
+    assert charts.nice_step(0.5) == 0.1
+
+
+@given(st.floats(min_value=1e-3, max_value=1e6))
+def test_nice_step_covers_span(span):
+    step = charts.nice_step(span)
+    assert span / step <= 6 + 1e-9
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000))
+def test_level_is_monotonic_and_zero_only_for_no_fit(a, b):
+    top = max(a, b, 1)
+    lo, hi = sorted((a, b))
+    assert level(lo, top) <= level(hi, top)
+    assert (level(a, top) == 0) == (a == 0)
+    assert 0 <= level(a, top) <= 5
+
+
+def test_charts_are_deterministic_and_valid_xml():
+    def draw():
+        return [
+            charts.stacked_bars("t", [("a & b", [GiB, 2 * GiB]), ("<c>", [3 * GiB, 0])], ["w", "g"], [("H100", 75 * GiB)]),
+            charts.line_chart("t", [1, 2, 4, 8], [("seq 1", [GiB, 2 * GiB, None, 8 * GiB])], [("A100", 38 * GiB)], "batch"),
+            charts.heatmap("t", ["r1", "r<2>"], ["G1", "G2"], [[("1", 1), ("–", 0)], [("9", 5), ("4", 3)]]),
+        ]
+    first, second = draw(), draw()
+    assert first == second
+    for svg in first:
+        ET.fromstring(svg)
+    assert "&lt;c&gt;" in first[0] and "a &amp; b" in first[0]
+
+
+def test_formatters():
+    assert gib(81559 * 2**20) == "79.6 GiB"  # 81559 MiB / 1024 = 79.647
+    assert percent(0.05) == "5%" and percent(0.125) == "12.5%"
+    assert [article(n) for n in ("H100 SXM", "A100 40GB", "L4", "RTX 4090", "T4", "GeForce", "Tesla")] == \
+        ["an", "an", "an", "an", "a", "a", "a"]

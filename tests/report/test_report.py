@@ -1,0 +1,239 @@
+"""Report tests: golden HTML, determinism, escaping, template override, SVG validity, summary vs results."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep.citations import Formula, Source
+from nnmem_sweep.errors import ScenarioError
+from nnmem_sweep.report import context, render_report
+from nnmem_sweep.scenario import GPUSpec
+from nnmem_sweep.units import MiB
+
+from .conftest import OVERHEAD, PARAMS, make_scenario, toy_run
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "report.html"
+EPOCH = "1767225600"  # 2026-01-01T00:00:00Z
+
+KWON = Source("kwon2023", "Kwon et al. 2023, PagedAttention (vLLM)", "arXiv:2309.06180")
+FORMULAS = [Formula("kv_cache_bytes", "2 · b · s · L · kv_heads · head_dim · bytes", (KWON,), "§3",
+                    "nnmem_sweep.components.kv", note="paged caches round up to whole blocks")]
+CATALOG = {
+    "precisions": [{"id": "bf16-mixed", "stores": "fp32 params, bf16 activations",
+                    "per_param": [{"key": "weight", "value": "4 B"}]},
+                   {"id": "bf16", "stores": "model cast to bf16", "per_param": [{"key": "weight", "value": "2 B"}]}],
+    "optimizers": [{"id": "adamw", "stores": "exp_avg, exp_avg_sq", "per_param": [{"key": "state", "value": "8 B"}]},
+                   {"id": "sgd", "stores": "momentum_buffer", "per_param": [{"key": "state", "value": "4 B"}]}],
+}
+
+
+@pytest.fixture
+def fixed(monkeypatch, tmp_path):
+    """Everything the HTML depends on pinned: date, config path (relative, outside git), catalogs."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(context, "_catalog", lambda name, ids: CATALOG[name])
+    return tmp_path
+
+
+def render(run, out: Path, config: str = "scenario.yaml", **kw) -> str:
+    Path(config).write_text(run.scenario.source_text)
+    kw.setdefault("formulas", FORMULAS)
+    kw.setdefault("validation", None)
+    render_report(run, out, config, pdf=False, **kw)
+    return (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_golden_html(fixed, run):
+    html = render(run, fixed / "out")
+    if os.environ.get("NNMEM_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(html, encoding="utf-8")
+    assert GOLDEN.is_file(), "no golden file: run NNMEM_UPDATE_GOLDEN=1 pytest tests/report and review the diff"
+    assert html == GOLDEN.read_text(encoding="utf-8"), \
+        "report.html changed; if intended, NNMEM_UPDATE_GOLDEN=1 pytest tests/report and review the diff"
+
+
+def test_golden_invariants():
+    """The committed golden itself: every section in the issue's order, no external fetch, self-contained."""
+    html = GOLDEN.read_text(encoding="utf-8")
+    order = ['id="summary"', 'id="max-batch"', 'id="charts"', 'id="assumptions"', 'id="formulas"', 'id="appendix"']
+    positions = [html.index(s) for s in order]
+    assert positions == sorted(positions)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+
+
+def test_rerender_is_byte_identical(fixed, run):
+    a = render(run, fixed / "a")
+    b = render(toy_run(make_scenario()), fixed / "b")
+    assert a == b
+
+
+def test_date_comes_from_source_date_epoch_not_the_clock(fixed, run, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    assert "1970-01-01 (from SOURCE_DATE_EPOCH)" in render(run, fixed / "o")
+
+
+def test_hostile_names_are_escaped(fixed):
+    evil = "<script>alert(\"x\")</script> & 'q'"
+    sc = make_scenario(name=evil, description="<img src=x onerror=alert(1)>",
+                       gpus=(GPUSpec("h100-sxm", "<b>H100</b> \"80GB\"", 81559 * MiB, "<i>src</i>"),),
+                       source_text="name: '<script>'\n")
+    html = render(toy_run(sc), fixed / "o")
+    assert "<script>" not in html and "<img" not in html and "<b>H100" not in html and "<i>src" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &#39;q&#39;" in html
+    for svg in re.findall(r"<svg.*?</svg>", html, flags=re.S):
+        ET.fromstring(svg)  # the GPU name inside the charts is escaped too, so each chart still parses
+
+
+def test_svg_charts_parse_as_xml(fixed, run):
+    html = render(run, fixed / "o")
+    svgs = re.findall(r"<svg.*?</svg>", html, flags=re.S)
+    assert len(svgs) == 3
+    for svg in svgs:
+        root = ET.fromstring(svg)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert root.find("{http://www.w3.org/2000/svg}title") is not None
+
+
+def test_user_template_overrides_one_file(fixed, run):
+    folder = fixed / "acme"
+    folder.mkdir()
+    (folder / "_summary.html.j2").write_text(
+        '<section id="summary"><p>ACME summary: {{ summary.sentences|length }} GPUs</p></section>\n')
+    sc = replace(run.scenario, path=str(fixed / "scenario.yaml"), report={**run.scenario.report, "templates": "acme"})
+    html = render(replace(run, scenario=sc), fixed / "o")
+    assert "ACME summary: 3 GPUs" in html
+    assert 'id="max-batch"' in html  # the other shipped templates still apply
+
+
+def test_missing_template_folder_is_a_scenario_error(fixed, run):
+    sc = replace(run.scenario, report={"templates": "nowhere"})
+    with pytest.raises(ScenarioError, match="report.templates"):
+        render(replace(run, scenario=sc), fixed / "o")
+
+
+def test_summary_numbers_match_results(run):
+    """Each sentence's batch and GiB agree with max_batch.csv, and results.csv flips from fits to not fits there."""
+    sc = run.scenario
+    summ = context.summary(sc, run.results, run.max_batch)
+    by_name = {g.name: g for g in sc.gpus}
+    ref = {C.SEQ_LEN: 4096, C.PRECISION: "bf16-mixed", C.OPTIMIZER: "adamw", C.CHECKPOINTING: "none"}
+    assert len(summ["sentences"]) == 3
+    for s in summ["sentences"]:
+        g = by_name[s["gpu"]]
+        mb = context._select(run.max_batch, {**ref, C.GPU: g.id}).iloc[0]
+        m = re.search(r"up to batch ([\d,]+) \(([\d.]+) of ([\d.]+) GiB usable\)", s["text"])
+        assert int(m.group(1).replace(",", "")) == mb[C.MAX_BATCH]
+        assert m.group(2) == f"{mb[C.TOTAL_AT_MAX_BATCH] / 2**30:.1f}"
+        rows = context._select(run.results, {**ref, C.GPU: g.id})
+        assert rows[rows[C.BATCH] <= mb[C.MAX_BATCH]][C.FITS].all()
+        assert not rows[rows[C.BATCH] > mb[C.MAX_BATCH]][C.FITS].any()
+
+
+def test_summary_hand_computed_l4(run):
+    # L4: usable = int(23034 MiB · 0.95) = int(24,152,899,584 · 0.95) = 22,945,254,604
+    # fixed = 2·4e9 (weights + grads) + 8e9 (AdamW) + 536,870,912 + 8,519,680 = 16,545,390,592
+    # per sample = 4096 · 200,000 = 819,200,000; (22,945,254,604 − 16,545,390,592) // 819,200,000 = 7
+    # total at 7 = 16,545,390,592 + 5,734,400,000 = 22,279,790,592 B = 20.75 GiB -> "20.7"
+    summ = context.summary(run.scenario, run.results, run.max_batch)
+    assert summ["sentences"][0]["text"] == ("Toy 1B training, seq 4,096, bf16-mixed adamw: fits an L4 24GB up to "
+                                            "batch 7 (20.7 of 21.4 GiB usable).")
+    # target batch 8 at seq 4096: L4 (7) misses; A100 40GB and H100 meet it, smallest first
+    assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
+
+
+def test_does_not_fit_sentence(run):
+    sc = make_scenario(gpus=(GPUSpec("t4", "T4 16GB", 15360 * MiB, "nvidia-smi"),))
+    r = toy_run(sc)
+    text = context.summary(sc, r.results, r.max_batch)["sentences"][0]["text"]
+    # batch 1: 16,545,390,592 + 819,200,000 = 17,364,590,592 B = 16.17 GiB > 15 GiB · 0.95
+    assert text == ("Toy 1B training, seq 4,096, bf16-mixed adamw: does not fit a T4 16GB even at batch 1 "
+                    "(needs 16.2 GiB, 14.2 GiB usable).")
+    assert context.summary(sc, r.results, r.max_batch)["target"]["met"] is False
+
+
+def test_wide_grid_splits_tables():
+    gpus = tuple(GPUSpec(f"g{i}", f"GPU {i}", (16 + 8 * i) * 1024 * MiB, "test") for i in range(10))
+    sc = make_scenario(gpus=gpus)
+    r = toy_run(sc)
+    tables, _ = context.max_batch_tables(sc, r.max_batch)
+    # 2 checkpointing values (split axis) x ceil(10 / 7) GPU chunks
+    assert len(tables) == 4
+    assert [len(t["gpu_headers"]) for t in tables] == [7, 3, 7, 3]
+    assert all(len(t["rows"]) == 8 for t in tables)  # seq 2 x precision 2 x optimizer 2
+
+
+def test_table_cells_and_frontier(run):
+    tables, heat = context.max_batch_tables(run.scenario, run.max_batch)
+    first = tables[0]
+    assert first["caption"] == "checkpointing none"
+    assert [g["name"] for g in first["gpu_headers"]] == ["L4 24GB", "A100 40GB", "H100 SXM5 80GB"]
+    row = first["rows"][4]  # seq 4096, bf16-mixed, adamw
+    assert row["axes"] == ["4,096", "bf16-mixed", "adamw"]
+    assert [c["text"] for c in row["cells"]] == ["7", "29", "78"]
+    assert [c["edge"] for c in row["cells"]] == [True, False, False]
+    assert len(heat["rows"]) == 16 and heat["truncated"] is False
+
+
+def test_validation_section_present_only_with_data(fixed, run):
+    assert 'id="validation"' not in render(run, fixed / "a")
+    table = pd.DataFrame({"case": ["gpt2-train"], "measured_bytes": [3 * 2**30], "estimated_bytes": [3.3 * 2**30],
+                          "rel_error": [0.1]})
+    html = render(run, fixed / "b", validation=table)
+    assert 'id="validation"' in html and "3.00" in html and "+10.0%" in html
+
+
+def test_letter_paper(fixed, run):
+    sc = replace(run.scenario, report={**run.scenario.report, "paper": "Letter"})
+    assert "size: Letter portrait" in render(replace(run, scenario=sc), fixed / "o")
+
+
+def test_formulas_come_from_citations(fixed, run):
+    html = render(run, fixed / "o")
+    assert "2 · b · s · L · kv_heads · head_dim · bytes" in html and "arXiv:2309.06180, §3" in html
+
+
+def _git(cwd, *args, date="2026-02-03T04:05:06Z"):
+    env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True, env=env)
+
+
+def test_provenance_commit_date_and_dirty_warning(tmp_path, monkeypatch, run):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    _git(tmp_path, "init", "-q")
+    Path("scenario.yaml").write_text(run.scenario.source_text)
+    _git(tmp_path, "add", "scenario.yaml")
+    _git(tmp_path, "commit", "-q", "-m", "scenario")
+    render_report(run, tmp_path / "a", "scenario.yaml", pdf=False, formulas=FORMULAS, validation=None)
+    clean = (tmp_path / "a" / "report.html").read_text()
+    assert "2026-02-03 (from config commit)" in clean and "uncommitted" not in clean
+    Path("scenario.yaml").write_text(run.scenario.source_text + "# edited\n")
+    render_report(run, tmp_path / "b", "scenario.yaml", pdf=False, formulas=FORMULAS, validation=None)
+    assert "the config file has uncommitted changes" in (tmp_path / "b" / "report.html").read_text()
+
+
+def test_pdf_is_written(fixed, run):
+    Path("scenario.yaml").write_text(run.scenario.source_text)
+    written = render_report(run, fixed / "o", "scenario.yaml", formulas=FORMULAS, validation=None)
+    pdf = (fixed / "o" / "report.pdf").read_bytes()
+    assert [p.name for p in written] == ["report.html", "report.pdf"]
+    assert pdf.startswith(b"%PDF-") and len(pdf) > 10_000
+
+
+def test_toy_components_add_up(run):
+    """The synthetic frame honours the contract it stands in for: components sum to the peak on every row."""
+    r = run.results
+    assert (r[list(C.COMPONENTS)].sum(axis=1) == r[C.PEAK_ALLOCATED]).all()
+    assert (r[C.TOTAL] == r[C.PEAK_ALLOCATED] + OVERHEAD).all() and PARAMS == 10**9
