@@ -107,7 +107,7 @@ def stacked_bars(title: str, bars: list[tuple[str, list[int]]], segment_names: l
         xx = x(cap)
         body.append(f'<line x1="{_n(xx)}" y1="{top - 4}" x2="{_n(xx)}" y2="{_n(axis_y)}" stroke="#000" '
                     f'stroke-dasharray="4 3"/>')
-    body.append(f'<line x1="{left}" y1="{_n(axis_y)}" x2="{right}" y2="{_n(axis_y)}" stroke="#444"/>')
+    body.append(f'<line x1="{_n(left)}" y1="{_n(axis_y)}" x2="{right}" y2="{_n(axis_y)}" stroke="#444"/>')
     items = [(name, COMPONENT_COLOURS[j % len(COMPONENT_COLOURS)]) for j, name in enumerate(segment_names) if name]
     legend, bottom = _legend(items, axis_y + 50, left=8)
     body += legend

@@ -20,9 +20,8 @@ from .provenance import Provenance
 
 GPUS_PER_TABLE = 7  # a table wider than this is split (A4 portrait holds ~7 GPU columns beside 3 axis columns)
 HEATMAP_MAX_ROWS = 40
-BREAKDOWN_MAX_BARS = 12
+BREAKDOWN_MAX_BARS = 16
 LINE_MAX_SERIES = 6
-BAR_AXES = (C.PRECISION, C.OPTIMIZER, C.CHECKPOINTING, C.ATTENTION, C.OPTIMIZER_IMPL)
 
 
 # ---------------------------------------------------------------------------------------------------- selection
@@ -32,16 +31,19 @@ def _varying(sc: Scenario) -> list[str]:
 
 
 def reference_point(sc: Scenario) -> dict[str, Any]:
-    """The point the summary speaks about: the target's values, then `report.reference`, then each axis's first."""
-    chosen = dict(sc.report.get("reference") or {})
-    chosen.update({k: v for k, v in (sc.target or {}).items() if k in C.GRID_AXES})
+    """The point the summary speaks about: `report.reference_batch/_seq_len`, then the target, then each axis's first.
+
+    A reference batch need not be a grid value (the summary reports the max batch, not this one); other axes must be.
+    """
+    chosen = {k: v for k, v in (sc.target or {}).items() if k in C.GRID_AXES}
+    for axis in (C.BATCH, C.SEQ_LEN):
+        if sc.report.get(f"reference_{axis}") is not None:
+            chosen[axis] = sc.report[f"reference_{axis}"]
     point = {}
     for axis in C.GRID_AXES:
         values = tuple(sc.grid.get(axis, ()))
-        if axis in chosen and chosen[axis] in values:
+        if axis in chosen and (chosen[axis] in values or axis == C.BATCH):
             point[axis] = chosen[axis]
-        elif axis in chosen and axis == C.BATCH:
-            point[axis] = chosen[axis]  # a target batch need not be a grid value
         elif values:
             point[axis] = values[0]
     return point
@@ -73,30 +75,47 @@ def _usable(results: pd.DataFrame, sc: Scenario) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------------------------- summary
 def describe_point(sc: Scenario, point: dict[str, Any], with_batch: bool = False) -> str:
-    """'Llama 3.1 8B training, seq 4,096, bf16-mixed AdamW' (only the axes that say something)."""
+    """'Llama 3.1 8B training, seq 4,096, bf16-mixed adamw' (only the axes that say something)."""
     parts = [f"{sc.model.name} {'inference' if sc.mode == 'infer' else 'training'}"]
     if with_batch and C.BATCH in point:
         parts.append(f"batch {thousands(point[C.BATCH])}")
     if sc.mode == "infer":
-        if point.get(C.CACHE_TOKENS) is not None:
-            parts.append(f"prompt {thousands(point[C.CACHE_TOKENS])}")
-        if point.get(C.DECODE_TOKENS) is not None:
+        if point.get(C.SEQ_LEN) is not None:
+            parts.append(f"prompt {thousands(point[C.SEQ_LEN])}")
+        if point.get(C.DECODE_TOKENS):
             parts.append(f"{thousands(point[C.DECODE_TOKENS])} generated")
-        if point.get(C.CACHE_TOKENS) is None and point.get(C.SEQ_LEN) is not None:
-            parts.append(f"seq {thousands(point[C.SEQ_LEN])}")
-        parts.append(str(point.get(C.PRECISION, "")))
+        if point.get(C.CACHE_TOKENS):
+            parts.append(f"{thousands(point[C.CACHE_TOKENS])} cached")
+        parts.append(str(point.get(C.PRECISION) or ""))
     else:
         if point.get(C.SEQ_LEN) is not None:
             parts.append(f"seq {thousands(point[C.SEQ_LEN])}")
-        parts.append(f"{point.get(C.PRECISION, '')} {point.get(C.OPTIMIZER, '')}".strip())
+        parts.append(f"{point.get(C.PRECISION) or ''} {point.get(C.OPTIMIZER) or ''}".strip())
         ck = point.get(C.CHECKPOINTING)
         if ck and ck != "none":
             parts.append(f"{ck} checkpointing")
     varying = set(_varying(sc))
     for axis in (C.ATTENTION, C.OPTIMIZER_IMPL):
-        if axis in varying:
+        if axis in varying and axis in point:
             parts.append(f"{point[axis]} {AXIS_LABELS[axis]}")
     return ", ".join(p for p in parts if p)
+
+
+def _recipe(sc: Scenario, row: dict[str, Any]) -> str:
+    """The varying axes of a row other than sequence length: 'bf16 sgd-momentum, full checkpointing'."""
+    words, extras = [], []
+    for axis in _varying(sc):
+        v = row[axis]
+        if axis == C.SEQ_LEN:
+            continue
+        if axis in (C.PRECISION, C.OPTIMIZER):
+            words.append(str(v))
+        elif axis == C.CHECKPOINTING:
+            if v != "none":
+                extras.append(f"{v} checkpointing")
+        else:
+            extras.append(f"{AXIS_LABELS[axis]} {axis_value(axis, v)}")
+    return ", ".join(([" ".join(words)] if words else []) + extras)
 
 
 def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dict[str, Any]:
@@ -129,8 +148,20 @@ def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dic
         if meeting:
             text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
         else:
-            text = f"Target ({what}) is met by none of the GPUs in this scenario."
-        target = {"text": text, "met": bool(meeting), "gpus": meeting}
+            text = f"Target ({what}) is met by none of the GPUs with this recipe."
+        # any recipe in the grid, at the target's sequence length: the cheapest way each GPU gets there
+        seq = {C.SEQ_LEN: point[C.SEQ_LEN]} if C.SEQ_LEN in point else {}
+        ok = _select(max_batch, seq)
+        ok = ok[ok[C.MAX_BATCH] >= want]
+        others = []
+        for g in _gpu_order(sc):
+            rows = ok[ok[C.GPU] == g.id]
+            if g.name not in meeting and not rows.empty:
+                others.append(f"{g.name} ({_recipe(sc, rows.iloc[0].to_dict())})")
+        other_text = ""
+        if others and len(_varying(sc)) > (1 if seq else 0):
+            other_text = f"With another recipe from the grid: {'; '.join(others)}."
+        target = {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
     headroom = f"Usable memory is the GPU's reported capacity less {percent(sc.headroom)} headroom."
     return {"sentences": sentences, "target": target, "reference": prefix, "headroom_note": headroom}
 
@@ -202,44 +233,56 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[s
 
 
 # ---------------------------------------------------------------------------------------------------- charts
-def _breakdown_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:
-    gpu0 = _gpu_order(sc)[0].id
-    base = results[results[C.GPU] == gpu0]
-    bar_axes = [a for a in BAR_AXES if a in _varying(sc)]
-    fixed = {k: v for k, v in point.items() if k not in bar_axes}
+def _bar_points(sc: Scenario, point: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], str]], set[str]]:
+    """The points drawn as stacked bars: `report.reference_points`, else precision x optimizer (or another varying
+    recipe axis, or batch) around the reference point."""
+    chosen = sc.report.get("reference_points")
+    if chosen:
+        return [({**point, **p}, " · ".join(f"{AXIS_LABELS[k]} {axis_value(k, v)}" if k in (C.BATCH, C.SEQ_LEN)
+                                           else str(v) for k, v in p.items())) for p in chosen], \
+            {k for p in chosen for k in p}
+    varying = _varying(sc)
+    bar_axes = [a for a in (C.PRECISION, C.OPTIMIZER) if a in varying] or \
+        [a for a in (C.CHECKPOINTING, C.ATTENTION, C.OPTIMIZER_IMPL, C.DECODE_TOKENS) if a in varying][:1]
     if bar_axes:
         combos = list(product(*(sc.grid[a] for a in bar_axes)))[:BREAKDOWN_MAX_BARS]
-        points = [({**fixed, **dict(zip(bar_axes, c))}, " · ".join(str(v) for v in c)) for c in combos]
-        about = f"batch {thousands(point.get(C.BATCH))}, seq {thousands(point.get(C.SEQ_LEN))}"
-    else:
-        batches = sorted(sc.grid.get(C.BATCH, ()))[:BREAKDOWN_MAX_BARS]
-        points = [({**fixed, C.BATCH: b}, f"batch {b:,}") for b in batches]
-        about = describe_point(sc, point)
+        return [({**point, **dict(zip(bar_axes, c))}, " · ".join(str(v) for v in c)) for c in combos], set(bar_axes)
+    batches = sorted(sc.grid.get(C.BATCH, ()))[:BREAKDOWN_MAX_BARS]
+    return [({**point, C.BATCH: b}, f"batch {b:,}") for b in batches], {C.BATCH}
+
+
+def _breakdown_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any],
+                     usable: dict[str, int]) -> tuple[str, str]:
+    gpu0 = _gpu_order(sc)[0].id
+    base = results[results[C.GPU] == gpu0]
+    batches = tuple(sc.grid.get(C.BATCH, ()))
+    at = dict(point)
+    if at.get(C.BATCH) not in batches:
+        at[C.BATCH] = batches[0]
     segs = list(C.COMPONENTS) + [C.OVERHEAD]
     bars = []
+    points, varied = _bar_points(sc, at)
     for pt, label in points:
         rows = _select(base, pt)
-        if rows.empty:
-            continue
-        r = rows.iloc[0]
-        bars.append((label, [int(r[s]) for s in segs]))
-    used = [j for j in range(len(segs)) if any(b[1][j] > 0 for b in bars)]
-    # keep colours tied to the component, even when some components are zero everywhere
-    names = [COMPONENT_LABELS[s] if j in used else "" for j, s in enumerate(segs)]
+        if not rows.empty:
+            bars.append((label, [int(v) for v in rows.iloc[0][segs]]))
+    # colours stay tied to the component; components that are zero in every bar get no legend entry
+    names = [COMPONENT_LABELS[s] if any(b[1][j] > 0 for b in bars) else "" for j, s in enumerate(segs)]
     caps = [(f"{g.name} {gib(usable[g.id])}", usable[g.id]) for g in _gpu_order(sc) if g.id in usable]
+    about = describe_point(sc, {k: v for k, v in at.items() if k not in varied}, with_batch=C.BATCH not in varied)
     return charts.stacked_bars("Memory at the peak, by component", bars, names, caps), about
 
 
 def _memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:
     gpu0 = _gpu_order(sc)[0].id
-    line_axis = C.CACHE_TOKENS if sc.mode == "infer" and len(sc.grid.get(C.CACHE_TOKENS, ())) > 1 else C.SEQ_LEN
+    line_axis = C.SEQ_LEN
     fixed = {k: v for k, v in point.items() if k not in (C.BATCH, line_axis)}
     sub = _select(results[results[C.GPU] == gpu0], fixed)
     xs = sorted({int(b) for b in sc.grid.get(C.BATCH, ())})
     series = []
     for v in list(sc.grid.get(line_axis, ()))[:LINE_MAX_SERIES]:
         s = sub[sub[line_axis] == v].drop_duplicates(C.BATCH).set_index(C.BATCH)[C.TOTAL]
-        series.append((f"{AXIS_LABELS[line_axis]} {axis_value(line_axis, v)}",
+        series.append((f"{'prompt' if sc.mode == 'infer' else 'seq len'} {axis_value(line_axis, v)}",
                        [int(s[b]) if b in s.index else None for b in xs]))
     caps = [(g.name, usable[g.id]) for g in _gpu_order(sc) if g.id in usable]
     svg = charts.line_chart("Total memory against batch", xs, series, caps, "batch")
@@ -339,7 +382,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     paper = str(sc.report.get("paper", "A4"))
     n_points = len(results)
     return {
-        "title": sc.name,
+        "title": str(sc.report.get("title") or sc.name),
         "description": sc.description,
         "paper": "Letter" if paper.lower() == "letter" else "A4",
         "provenance": {
