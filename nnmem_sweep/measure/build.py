@@ -1,0 +1,167 @@
+"""Build what a case describes (model, optimizer, inputs) and measure it, with fake or real CPU tensors.
+
+The same function serves both: `fake=True` wraps construction and the run in FakeTensorMode so an 8B model costs
+no memory; `fake=False` runs real tensors (tests/measure/test_method.py checks the two agree byte for byte).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from .hf_configs import MIXTRAL_SMALL, hf_dict
+from .tracker import Workload, run_workload
+
+PRECISIONS = ("fp32", "bf16", "bf16-mixed")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
+LR = 1e-4
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """16-bit models are built by setting the default dtype first, as from_pretrained(dtype=...) does
+    (Module.to(dtype) cannot swap FakeTensor parameters)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def model_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The HF config dict a case is built from, and its origin."""
+    if "hf_config" in case:
+        return dict(case["hf_config"]), "case hf_config"
+    if case.get("model") == "mixtral-small":
+        return dict(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
+    return hf_dict(case["model"])
+
+
+def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, train: bool) -> torch.nn.Module:
+    import transformers
+    from transformers import AutoConfig
+
+    d = dict(cfg)
+    arch = d.pop("architectures")[0]
+    model_type = d.pop("model_type")
+    config = AutoConfig.for_model(model_type, **d)
+    config.architectures = [arch]
+    cls = getattr(transformers, arch)
+    # flash = SDPA (the CPU flash-style kernel runs only where dropout is 0); eager = explicit softmax(QK^T)V.
+    model = cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager")
+    if checkpointing == "full" and train:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def build_layer_model(layers: list[dict[str, Any]], input_shape: tuple[int, ...]) -> torch.nn.Module:
+    """A CNN/MLP from a layer list: the models package's builder when present, else the few types used here."""
+    try:
+        from nnmem_sweep.models.torch_layers import torch_module_from_layers
+    except ImportError:
+        torch_module_from_layers = None
+    if torch_module_from_layers is not None:
+        return torch_module_from_layers(layers, input_shape)
+    nn = torch.nn
+    mods: list[nn.Module] = []
+    c = input_shape[0]
+    for spec in layers:
+        t = spec["type"]
+        if t == "conv2d":
+            mods.append(nn.Conv2d(c, spec["out_channels"], spec["kernel_size"], spec.get("stride", 1),
+                                  spec.get("padding", 0), bias=spec.get("bias", True)))
+            c = spec["out_channels"]
+        elif t == "batchnorm2d":
+            mods.append(nn.BatchNorm2d(c))
+        elif t == "relu":
+            mods.append(nn.ReLU(inplace=spec.get("inplace", False)))
+        elif t == "maxpool2d":
+            mods.append(nn.MaxPool2d(spec["kernel_size"], spec.get("stride")))
+        elif t == "flatten":
+            mods.append(nn.Flatten())
+        elif t == "linear":
+            mods.append(nn.LazyLinear(spec["out_features"]) if "in_features" not in spec
+                        else nn.Linear(spec["in_features"], spec["out_features"]))
+        else:
+            raise ValueError(f"layer type {t!r} not supported by the fallback builder")
+    return nn.Sequential(*mods)
+
+
+def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    kw: dict[str, Any] = {}
+    if impl == "foreach":
+        kw["foreach"] = True  # the CUDA default; MEASURING.md pitfall 7
+    elif impl == "fused":
+        kw["fused"] = True
+    else:
+        kw["foreach"] = False
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=LR, **kw)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=LR, **kw)
+    if name in ("sgd", "sgd-momentum"):
+        return torch.optim.SGD(params, lr=LR, momentum=0.9 if name == "sgd-momentum" else 0.0, **kw)
+    if name == "adafactor":
+        kw.pop("fused", None)
+        return torch.optim.Adafactor(params, lr=LR, **kw)
+    raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
+
+
+def _lm_inputs(case: dict[str, Any], cfg: dict[str, Any], head: str) -> dict[str, torch.Tensor]:
+    b, s = int(case["batch"]), int(case["seq_len"])
+    vocab = int(cfg["vocab_size"])
+    ids = torch.randint(0, vocab, (b, s), dtype=torch.long)
+    if case["mode"] != "train":
+        return {"input_ids": ids}
+    if head.endswith("ForSequenceClassification"):
+        return {"input_ids": ids, "labels": torch.randint(0, 2, (b,), dtype=torch.long)}
+    # the collator's labels are a copy of the input ids (masked LM: the same shape, -100 where not masked)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
+    """Measure one case; returns run_workload's record plus the config used."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    precision = case.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    mode_ctx = FakeTensorMode() if fake else contextlib.nullcontext()
+    train = case["mode"] == "train"
+    torch.manual_seed(0)
+    cfg, origin = ({}, "layers") if "layers" in case else model_config(case)
+    with mode_ctx:
+        with default_dtype(dtype):
+            if "layers" in case:
+                shape = tuple(case["input_shape"])
+                model = build_layer_model(case["layers"], shape)
+                b = int(case["batch"])
+                inputs = {"x": torch.randn((b, *shape)), "y": torch.randint(0, int(case["num_classes"]), (b,))}
+                if any(isinstance(m, torch.nn.LazyLinear) for m in model.modules()):
+                    with torch.no_grad():
+                        model(inputs["x"][:1])
+            else:
+                model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"), train)
+                inputs = _lm_inputs(case, cfg, cfg["architectures"][0])
+            opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
+        loss_fn = None
+        if "layers" in case:
+            def loss_fn(m, inp):
+                return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
+
+            inputs_for_run = inputs
+        else:
+            inputs_for_run = inputs
+        w = Workload(model=model, inputs=inputs_for_run, mode=case["mode"], optimizer=opt,
+                     autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+                     decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
+        record = run_workload(w)
+    record["config"] = cfg
+    record["config_origin"] = origin
+    record["params"] = int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))
+    return record

@@ -1,0 +1,261 @@
+"""Run a training step or an inference request under MemTracker and record peaks per phase.
+
+torch's MemTracker (torch/distributed/_tools/mem_tracker.py) attributes every live storage to a category
+(Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other) and keeps one global peak. We need the peak of
+each phase (forward / backward / optimizer, prefill / decode), the module and op at which it was reached, and the
+attention kernels that really ran, so `PhaseTracker` extends it at its two extension points: the dispatch hook
+(every aten op) and the peak update. The workload mirrors what the estimator models (see MEASURING.md):
+two training steps, or generate()'s prefill with logits_to_keep=1 plus one-token decode steps.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+# MemTracker's category names (_MemRefType values) -> our short names, in report order.
+CATEGORY_NAMES = {
+    "Parameter": "param",
+    "Buffer": "buffer",
+    "Gradient": "grad",
+    "Activation": "act",
+    "Temp": "temp",
+    "Optstate": "opt",
+    "Other": "other",
+}
+CATEGORIES = tuple(CATEGORY_NAMES.values())
+
+# aten ops that tell which attention kernel ran on the CPU (MEASURING.md: the flash-style kernel refuses dropout > 0).
+ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
+MATH_PATH_OPS = ("_softmax", "bmm", "baddbmm")
+
+
+@dataclass
+class PhasePeak:
+    phase: str
+    step: int
+    peak_bytes: int = 0
+    categories: dict[str, int] = field(default_factory=dict)
+    module: str = ""
+    op: str = ""
+
+
+def _split(dev_snap: dict) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for key, value in dev_snap.items():
+        name = CATEGORY_NAMES.get(getattr(key, "value", key))
+        if name is not None:
+            out[name] += int(value)
+    return out
+
+
+class PhaseTracker(MemTracker):
+    """MemTracker that also keeps the peak of each phase, where it happened, and which aten ops ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.phases: list[PhasePeak] = []
+        self._phase: PhasePeak | None = None
+        self._last_op = ""
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int):
+        record = PhasePeak(name, step)
+        record.peak_bytes = self._current_total()
+        record.categories = self._current_split()
+        self._phase = record
+        try:
+            yield record
+        finally:
+            self._phase = None
+            self.phases.append(record)
+
+    def _current_total(self) -> int:
+        return sum(int(s["Total"]) for s in self._curr_mem_snap.values())
+
+    def _current_split(self) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for snap in self._curr_mem_snap.values():
+            for k, v in _split(snap).items():
+                out[k] += v
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        self._last_op = name
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _update_peak_stats(self, peak_state) -> None:  # noqa: ANN001
+        # The base class also refreshes a per-module peak for every tracked module on every op (O(modules) per
+        # op: 70 s for a 0.5B model). We keep only its global peak and our own per-phase peak, which names the
+        # innermost active module instead.
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = dict(dev_snap)
+        rec = self._phase
+        if rec is None:
+            return
+        total = self._current_total()
+        if total > rec.peak_bytes:
+            rec.peak_bytes = total
+            rec.categories = self._current_split()
+            parents = [p for p in self._mod_tracker.parents if p != "Global"]
+            rec.module = max(parents, key=lambda p: (p.count("."), len(p))) if parents else ""
+            rec.op = self._last_op
+
+    def attention_kernel(self) -> str:
+        """'flash' when the CPU flash-style SDPA kernel ran, 'math' when attention materialised softmax scores."""
+        if any(self.ops.get(op) for op in ATTENTION_OPS):
+            return "flash"
+        if any("softmax" in op and "log_softmax" not in op for op in self.ops):
+            return "math"
+        return "none"
+
+
+@contextlib.contextmanager
+def unpacked_sequences():
+    """transformers' packed-sequence check reads tensor data; under fake tensors it guesses "packed" and builds
+    a 4-D mask a real run never allocates (MEASURING.md pitfall 1). Our inputs are never packed: answer None,
+    exactly what the real check returns for them, in fake and real runs alike."""
+    try:
+        import transformers.masking_utils as mu
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = mu.find_packed_sequence_indices
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = original
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (tied weights counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        seen[id(st)] = int(st.nbytes())
+    return sum(seen.values())
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    return storage_bytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+
+
+@dataclass
+class Workload:
+    """What to run: built by the caller (inside the fake mode when fake)."""
+
+    model: torch.nn.Module
+    inputs: dict[str, Any]
+    mode: str  # train | infer
+    optimizer: torch.optim.Optimizer | None = None
+    autocast_dtype: torch.dtype | None = None
+    steps: int = 2
+    decode_tokens: int = 0
+    loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
+
+
+def _autocast(dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def run_workload(w: Workload) -> dict[str, Any]:
+    """Run the workload under a PhaseTracker; return peaks, splits and totals (plain ints and strings)."""
+    tracker = PhaseTracker()
+    externals: list[Any] = [w.model, *[v for v in w.inputs.values() if isinstance(v, torch.Tensor)]]
+    if w.optimizer is not None:
+        externals.append(w.optimizer)
+    tracker.track_external(*externals)
+    totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()),
+                              "buffer_bytes": storage_bytes(w.model.buffers())}
+    with tracker, unpacked_sequences():
+        if w.mode == "train":
+            w.model.train()
+            for step in (1, 2):
+                with tracker.phase("forward", step):
+                    with _autocast(w.autocast_dtype):
+                        if w.loss_fn is not None:
+                            loss = w.loss_fn(w.model, w.inputs)
+                        else:
+                            out = w.model(**w.inputs)
+                            loss = out.loss
+                            del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
+                with tracker.phase("backward", step):
+                    loss.backward()
+                    del loss
+                totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
+                with tracker.phase("optimizer", step):
+                    w.optimizer.step()
+                    w.optimizer.zero_grad(set_to_none=True)
+                tracker.reset_mod_stats()  # module stats are per step; the module hooks need them within one
+            totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
+        else:
+            totals.update(_run_infer(w, tracker))
+    phases = tracker.phases
+    top = max(phases, key=lambda p: p.peak_bytes)
+    per_phase: dict[str, dict[str, Any]] = {}
+    for p in phases:
+        best = per_phase.get(p.phase)
+        if best is None or p.peak_bytes > best["peak_bytes"]:
+            per_phase[p.phase] = {"peak_bytes": p.peak_bytes, "step": p.step, "categories": dict(p.categories),
+                                  "module": p.module, "op": p.op}
+    return {
+        "peak_bytes": top.peak_bytes,
+        "peak_phase": top.phase,
+        "peak_step": top.step,
+        "peak_module": top.module,
+        "peak_op": top.op,
+        "categories_at_peak": dict(top.categories),
+        "phases": per_phase,
+        "totals": totals,
+        "attention_kernel": tracker.attention_kernel(),
+        "attention_ops": {k: v for k, v in sorted(tracker.ops.items())
+                          if "attention" in k or "softmax" in k},
+    }
+
+
+def _run_infer(w: Workload, tracker: PhaseTracker) -> dict[str, int]:
+    """generate() without the sampling loop: prefill with logits_to_keep=1 and a DynamicCache, then one-token
+    decode steps; logits of the last position are upcast to fp32 as generate() does before choosing a token."""
+    from transformers import DynamicCache
+
+    w.model.eval()
+    cache = DynamicCache(config=w.model.config)
+    out_totals: dict[str, int] = {}
+    with torch.no_grad():
+        with tracker.phase("prefill", 1):
+            out = w.model(**w.inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+            del out
+            token = logits.argmax(dim=-1, keepdim=True)
+            del logits
+        tracker.reset_mod_stats()
+        for i in range(w.decode_tokens):
+            with tracker.phase("decode", i + 1):
+                out = w.model(input_ids=token, past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                del out
+                token = logits.argmax(dim=-1, keepdim=True)
+                del logits
+            tracker.reset_mod_stats()  # one module record per forward call
+        out_totals["kv_cache_bytes"] = storage_bytes(
+            t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None)))
+    return out_totals
