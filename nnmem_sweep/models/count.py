@@ -111,11 +111,14 @@ def _head_modules(arch: Architecture) -> list[_Module]:
     if arch.head == "masked_lm":
         if not bert:
             return [_Module("lm_head", (word,), 0 if arch.tied_embeddings else word, word)]
-        # BertOnlyMLMHead: transform (dense h->h + LayerNorm), decoder (V x h, tied) + its own bias (V)
+        # BertLMPredictionHead: transform (dense h->h + LayerNorm), decoder Linear (V x h + bias V) and an output
+        # bias (V). With tie_word_embeddings the decoder weight is the word embedding and the decoder bias is the
+        # output bias; untied, all three are separate tensors (transformers v5 _tied_weights_keys).
         return [
             _linear("mlm.transform.dense", h, h, True),
             _norm("mlm.transform.LayerNorm", arch),
             _Module("mlm.decoder", (word, v), v + (0 if arch.tied_embeddings else word), word),
+            _Module("mlm.bias", (v,), 0 if arch.tied_embeddings else v),
         ]
     if arch.head == "seq_cls":
         # BertForSequenceClassification: pooler + classifier with bias; the decoders' `score` has no bias

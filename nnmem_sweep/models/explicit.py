@@ -110,11 +110,14 @@ def architecture_from_fields(fields: dict, origin: str = "explicit") -> Architec
     q.setdefault("norm_bias", q["norm"] == "layernorm")  # LayerNorm has a bias, RMSNorm does not
     experts = q.get("num_experts", 0)
     if experts:
-        q.setdefault("experts_per_token", min(2, experts))
+        if "experts_per_token" not in fields:  # the family's top-k (Mixtral: 2), never more than the experts
+            q["experts_per_token"] = min(q.get("experts_per_token", 2), experts)
         if q["experts_per_token"] > experts or q["experts_per_token"] == 0:
             raise FieldError("experts_per_token", f"must be between 1 and num_experts ({experts})")
-    elif q.get("experts_per_token"):
+    elif fields.get("experts_per_token"):
         raise FieldError("experts_per_token", "needs num_experts > 0")
+    else:
+        q["experts_per_token"] = 0  # dense (e.g. family mixtral with num_experts: 0)
     if q["position"] == "rope":
         q.setdefault("max_position", 0)
     q.pop("family", None)

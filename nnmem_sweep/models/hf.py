@@ -210,7 +210,10 @@ def _qwen2(cfg: dict[str, Any]) -> dict[str, Any]:
     # max_window_layers on. One window for all layers is all Architecture can say: a partial window is left out
     # (full attention everywhere, which over- rather than under-estimates the KV cache).
     window = _opt_int(cfg, "sliding_window", 4096)
-    layers_with_window = q["layers"] - min(q["layers"], _opt_int(cfg, "max_window_layers", 28) or 0)
+    first = cfg.get("max_window_layers", 28)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ValueError(f"field 'max_window_layers' must be a non-negative integer, got {first!r}")
+    layers_with_window = q["layers"] - min(q["layers"], first)
     use = _flag(cfg, "use_sliding_window", False)
     q.update(sliding_window=window if use and window and layers_with_window == q["layers"] else None)
     return q
