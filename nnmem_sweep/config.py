@@ -185,18 +185,21 @@ class _Builder:
 
 
 def _compose(text: str, file: str) -> tuple[yaml.Node | None, yaml.SafeLoader]:
-    loader = yaml.SafeLoader(text)
     try:
+        loader = yaml.SafeLoader(text)  # the reader checks for non-printable characters here
         return loader.get_single_node(), loader
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         what = e.problem or e.context or "unreadable"
+        if e.problem and e.context and not e.context.startswith("while"):
+            what = f"{e.context}, {e.problem}"  # "expected a single document in the stream, but found another ..."
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
         raise ScenarioError([Problem(file, line, col, "", f"YAML syntax error: {what}")]) from None
     except yaml.reader.ReaderError as e:
         line = text.count("\n", 0, e.position) + 1
         col = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
-        msg = f"character {e.character!r} is not allowed in YAML text" if isinstance(e.character, str) else str(e)
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        msg = f"character U+{code:04X} is not allowed in YAML text"
         raise ScenarioError([Problem(file, line, col, "", msg)]) from None
     except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error above carries a mark or a position
         raise ScenarioError([Problem(file, None, None, "", f"YAML error: {e}")]) from None
@@ -395,6 +398,8 @@ def _gpus(data: dict, ck: _Checker) -> tuple[GPUSpec, ...]:
             except ValueError:
                 ck.add(path if isinstance(entry, str) else f"{path}.id", unknown_gpu_message(gpu_id))
                 continue
+        elif not {"name", "memory"} <= entry.keys():
+            continue  # reported by the schema as a missing key
         else:
             try:
                 memory = parse_size(entry["memory"])
