@@ -1,0 +1,261 @@
+"""Activations: what the forward pass saves for backward, per layer and outside the layers, in bytes per token.
+
+Derived from what the Hugging Face modules and PyTorch autograd keep (each term below names the tensors), starting
+from Korthikanti et al. 2022 §4: a GPT-style layer with 16-bit activations, 1-byte dropout masks and eager
+attention saves sbh(34 + 5as/h) bytes. The same bookkeeping is applied to Llama-style layers (SwiGLU: three
+projections, RMSNorm with its fp32 upcast, GQA: K/V of width kv_heads·head_dim, no dropout), MoE (router and top-k
+routed tokens) and flash attention (output + fp32 log-sum-exp instead of the s×s matrix).
+
+Symbols: h hidden, a heads, d head_dim, hq = a·d, hkv = kv_heads·d, I intermediate, V vocab, e bytes of matmul
+outputs (precision.act_bytes), r bytes of the residual stream (precision.residual_bytes), m = 1 (bool dropout mask).
+All functions return `Term`s in bytes per token (tok), per token per context token (s2), per sample (seq).
+
+Each term is one named function so a measurement can correct it in one place; no fitted fudge factors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog.precisions import Precision
+from ..citations import formula, source
+from ..models.arch import Architecture
+from .terms import ZERO, Term
+from .weights import autocast_copies_bytes
+
+KORTHIKANTI_2022 = source("korthikanti2022", "Korthikanti et al. 2022, Reducing Activation Recomputation in "
+                          "Large Transformer Models", "arXiv:2205.05198")
+DAO_2022 = source("dao2022", "Dao et al. 2022, FlashAttention: Fast and Memory-Efficient Exact Attention with "
+                  "IO-Awareness", "arXiv:2205.14135")
+HF_MODELING = source("hf-transformers5-modeling", "Hugging Face transformers 5 modeling code (modeling_llama.py, modeling_gpt2.py, "
+                     "modeling_bert.py, modeling_mixtral.py, integrations/sdpa_attention.py, loss/loss_utils.py)",
+                     "https://github.com/huggingface/transformers/tree/main/src/transformers")
+TORCH_CKPT = source("torch-checkpoint", "PyTorch torch.utils.checkpoint (activation checkpointing keeps the "
+                    "block inputs and recomputes the block during backward)",
+                    "https://pytorch.org/docs/stable/checkpoint.html")
+
+MASK = 1  # torch dropout masks are bool: 1 byte per element
+INDEX = 8  # int64 token ids / labels
+STAT = 4  # fp32 per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt, log-sum-exp)
+
+# Families whose attention upcasts softmax to fp32: softmax(..., dtype=torch.float32).to(query.dtype)
+_FP32_SOFTMAX = ("llama", "mistral", "qwen2", "mixtral")
+# Activation functions: extra tensors of width I saved besides the input (torch saves only the input of its
+# own GELU/SiLU/ReLU; transformers' NewGELUActivation (gelu_new) is written in Python ops and saves tanh(.),
+# 1 + tanh(.) and 0.5·x as well)
+_ACT_EXTRA_SAVED = {"gelu_new": 3}
+
+
+@dataclass(frozen=True)
+class TrainActivations:
+    saved: Term  # live at the end of forward, kept for backward (includes inputs and autocast weight copies)
+    inputs: Term  # the batch (token ids, labels): live through the whole step
+    forward_temp: Term  # extra at the top of forward: logits, their fp32 copy, log_softmax output
+    backward_start_temp: tuple[Term, ...]  # extra at the start of backward (the max of these)
+    backward_end_temp: Term  # extra at the end of backward (gradient of the embedding output)
+
+
+# ---------------------------------------------------------------- per-layer terms (bytes per token)
+
+@formula("norm_saved_bytes", "LayerNorm: r·h + 8;  RMSNorm: (4 + r)·h + 4", KORTHIKANTI_2022, HF_MODELING,
+         where="§4.1 (LayerNorm keeps its input, 2sbh); LlamaRMSNorm keeps the fp32 upcast input, the rsqrt and "
+         "the normalised tensor cast back to the input dtype")
+def norm_saved(arch: Architecture, p: Precision) -> Term:
+    h, r = arch.hidden, p.residual_bytes
+    if arch.norm == "rmsnorm":
+        return Term(tok=(4 + r) * h + STAT)
+    return Term(tok=r * h + 2 * STAT)
+
+
+@formula("attention_saved_bytes",
+         "e·h (qkv input) + e·(hq + 2·hkv) (Q, K, V) + e·hq (o_proj input) + m·h (residual dropout); "
+         "flash: + e·hq + 4a (output, log-sum-exp); eager: + a·s·(sm + [m + sm] + [e])",
+         KORTHIKANTI_2022, DAO_2022, HF_MODELING,
+         where="§4.1 attention block 11sbh + 5as²b; FlashAttention saves O and the softmax statistics")
+def attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
+    h, a, e = arch.hidden, arch.heads, p.act_bytes
+    hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    tok = e * h  # input of the q/k/v projections (their shared input, or its 16-bit cast under autocast)
+    s2 = 0
+    if attention == "flash":
+        tok += e * (hq + 2 * hkv)  # Q, K (after RoPE), V saved by SDPA; native GQA, no repeat_kv copies
+        tok += e * hq + STAT * a  # SDPA output and its fp32 log-sum-exp (a per token)
+    else:
+        kv_width = hq if hkv != hq else hkv  # repeat_kv materialises K and V at the query width for GQA
+        tok += e * (hq + 2 * kv_width)
+        sm = 4 if (arch.family in _FP32_SOFTMAX or p.autocast) else e  # softmax output dtype
+        per = sm  # softmax output, saved by softmax backward
+        if arch.attn_dropout > 0:
+            per += MASK + sm  # dropout mask and the dropped probabilities (saved by P·V)
+        if sm != e:
+            per += e  # the probabilities cast back to the value dtype for P·V
+        s2 = 0 if drop_scores else a * per
+    tok += e * hq  # attn output transposed to (b, s, hq) and made contiguous: the o_proj input
+    if arch.hidden_dropout > 0:
+        tok += MASK * h
+    return Term(tok=tok, s2=s2)
+
+
+@formula("mlp_saved_bytes",
+         "gelu: e·h + e·I·(2 + extra) + m·h;  gated (SwiGLU): e·h + 4·e·I;  MoE: e·h + router + k·(2·e·h + 4·e·I)",
+         KORTHIKANTI_2022, HF_MODELING, where="§4.1 MLP block 19sbh; LlamaMLP down(act(gate(x)) * up(x)); "
+                                              "MixtralSparseMoeBlock")
+def mlp_saved(arch: Architecture, p: Precision) -> Term:
+    h, i, e = arch.hidden, arch.intermediate, p.act_bytes
+    tok = e * h  # input of the first projection(s)
+    if arch.mlp == "gated":
+        expert = 4 * e * i  # gate out (saved by SiLU), SiLU out and up out (saved by *), product (down input)
+    else:
+        expert = e * i * (2 + _ACT_EXTRA_SAVED.get(arch.activation, 0))  # up out (act input), act out (down input)
+    if arch.num_experts:
+        k, n = arch.experts_per_token, arch.num_experts
+        # router: softmax(router_logits, dtype=fp32) output, top-k indices (int64), normalised weights (fp32)
+        # and their cast; each routed token: its gathered input, the expert MLP, the expert output (saved by the
+        # multiplication with its routing weight)
+        router = STAT * n + INDEX * k + STAT * k + STAT + e * k
+        tok += router + k * (expert + 2 * e * h)
+    else:
+        tok += expert
+    if arch.hidden_dropout > 0:
+        tok += MASK * h
+    return Term(tok=tok)
+
+
+def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
+    """One transformer layer without checkpointing (or with the attention scores dropped: selective)."""
+    return 2 * norm_saved(arch, p) + attention_saved(arch, p, attention, drop_scores) + mlp_saved(arch, p)
+
+
+@formula("checkpointed_layer_saved_bytes", "r·h per layer (the block input)", KORTHIKANTI_2022, TORCH_CKPT,
+         where="§4.2 full recomputation stores only the layer input, 2sbh")
+def checkpointed_layer_saved(arch: Architecture, p: Precision) -> Term:
+    return Term(tok=p.residual_bytes * arch.hidden)
+
+
+# ---------------------------------------------------------------- outside the layers
+
+@formula("embedding_saved_bytes", "GPT-2: m·h (embedding dropout); BERT: r·h + 8 + m·h (LayerNorm, dropout)",
+         KORTHIKANTI_2022, HF_MODELING, where="§4.3 embedding dropout sbh")
+def embedding_saved(arch: Architecture, p: Precision) -> Term:
+    tok = 0
+    if arch.family == "bert":
+        tok += norm_saved(arch, p).tok
+    if arch.hidden_dropout > 0:
+        tok += MASK * arch.hidden
+    return Term(tok=tok)
+
+
+@formula("head_saved_bytes", "causal LM: final norm + e·h (lm_head input); masked LM: transform (3 inputs) + e·h",
+         KORTHIKANTI_2022, HF_MODELING, where="§4.3 final LayerNorm 2sbh and output-layer input 2sbh")
+def head_saved(arch: Architecture, p: Precision) -> Term:
+    h, e = arch.hidden, p.act_bytes
+    t = ZERO if arch.family == "bert" else norm_saved(arch, p)  # post-norm BERT has no final norm
+    if arch.head == "causal_lm":
+        return t + Term(tok=e * h)
+    if arch.head == "masked_lm":  # dense input, GELU input, LayerNorm, decoder input
+        return t + Term(tok=2 * e * h + e * h) + norm_saved(arch, p)
+    if arch.head == "seq_cls":
+        if arch.family == "bert":  # pooler on the first token: dense input, tanh output, dropout mask, classifier
+            return t + Term(seq=3 * e * h + MASK * h)
+        return t + Term(tok=e * h)  # score() on every position, the last one picked
+    return t
+
+
+def _loss_dtypes(arch: Architecture, p: Precision) -> tuple[int, int, int]:
+    """(logits bytes, fp32 upcast copy bytes, log_softmax output bytes) per vocabulary entry."""
+    e = p.act_bytes
+    upcast = arch.head == "causal_lm" or p.autocast  # ForCausalLMLoss calls logits.float(); autocast: log_softmax fp32
+    ls = 4 if upcast else e
+    copy = 4 if (upcast and e < 4) else 0
+    return e, copy, ls
+
+
+@formula("loss_forward_temporary_bytes", "V·(e + 4·[e<4] + 4) + 16  (logits, fp32 copy, log_softmax; labels)",
+         KORTHIKANTI_2022, HF_MODELING, where="§4.3 fp32 logits 4sbV; ForCausalLMLoss upcasts logits.float() and "
+         "pads/shifts the labels; BertForMaskedLM uses CrossEntropyLoss on the logits as they are")
+def loss_forward_temp(arch: Architecture, p: Precision) -> Term:
+    if arch.head not in ("causal_lm", "masked_lm"):
+        return Term(seq=(p.act_bytes + 4 + 4) * max(arch.num_labels, 1))
+    e, copy, ls = _loss_dtypes(arch, p)
+    labels = 2 * INDEX if arch.head == "causal_lm" else 0  # pad(labels) and the contiguous shifted copy
+    return Term(tok=arch.vocab * (e + copy + ls) + labels)
+
+
+@formula("loss_backward_temporary_bytes", "3 · V · ls  (saved log_softmax output, its gradient, the input gradient)",
+         HF_MODELING, where="log_softmax_backward_data holds grad_output, output and grad_input at once")
+def loss_backward_temp(arch: Architecture, p: Precision) -> Term:
+    if arch.head not in ("causal_lm", "masked_lm"):
+        return Term(seq=3 * 4 * max(arch.num_labels, 1))
+    _, _, ls = _loss_dtypes(arch, p)
+    return Term(tok=3 * arch.vocab * ls)
+
+
+@formula("inputs_bytes", "8 · 2 per token (int64 input_ids and labels)", HF_MODELING,
+         where="the batch a training loop holds through forward, backward and step")
+def inputs_term(arch: Architecture) -> Term:
+    return Term(tok=2 * INDEX)
+
+
+# ---------------------------------------------------------------- assembled
+
+def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str) -> TrainActivations:
+    """Training terms of a transformer for one (precision, attention, checkpointing) combination."""
+    L = arch.layers
+    full_layer = layer_saved(arch, p, attention)
+    if checkpointing == "full":
+        layers = L * checkpointed_layer_saved(arch, p)
+    elif checkpointing == "selective":
+        layers = L * layer_saved(arch, p, attention, drop_scores=True)
+    else:
+        layers = L * full_layer
+    inputs = inputs_term(arch)
+    copies = Term(const=autocast_copies_bytes(arch, p))
+    saved = inputs + copies + embedding_saved(arch, p) + layers + head_saved(arch, p)
+    bwd_start = [loss_backward_temp(arch, p)]
+    if checkpointing == "full":  # the last layer is recomputed with everything it saves
+        bwd_start.append(full_layer)
+    elif checkpointing == "selective" and attention == "eager":  # the last layer's scores are recomputed
+        bwd_start.append(Term(s2=full_layer.s2))
+    return TrainActivations(
+        saved=saved,
+        inputs=inputs,
+        forward_temp=loss_forward_temp(arch, p),
+        backward_start_temp=tuple(bwd_start),
+        backward_end_temp=Term(tok=p.residual_bytes * arch.hidden),  # grad of the embedding output
+    )
+
+
+@formula("prefill_temporary_bytes",
+         "max(attention: 2·r·h + e·(hq + 2·hkv) + 2·e·hq [+ a·s·(e + sm + e)], MLP: 2·r·h + 3·e·I) per token "
+         "+ V·(e + 4) per sequence (last-position logits and their fp32 copy)",
+         HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32)")
+def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term, ...]:
+    """Largest transient of one prefill: one layer's intermediates for the whole prompt (no autograd, so only what
+    is alive inside the layer at once) plus the last position's logits."""
+    h, a, e, r = arch.hidden, arch.heads, p.act_bytes, p.residual_bytes
+    hq, hkv, i = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    k = max(arch.experts_per_token, 1)
+    resid = 2 * r * h + 2 * INDEX  # residual stream + norm output; input ids and attention mask
+    attn_tok = resid + e * (hq + 2 * hkv) + 2 * e * hq
+    attn_s2 = 0
+    if attention == "eager":
+        sm = 4 if (arch.family in _FP32_SOFTMAX or p.autocast) else e
+        attn_s2 = a * (e + sm + (e if sm != e else 0))  # scores, softmax, cast
+    mlp_tok = resid + k * 3 * e * i
+    logits = Term(seq=arch.vocab * (e + 4))
+    return (Term(tok=attn_tok, s2=attn_s2) + logits, Term(tok=mlp_tok) + logits)
+
+
+# ---------------------------------------------------------------- params models and layer nets
+
+@formula("activation_bytes.params", "b · (A_sample + A_token · s) · e", where="FORMULAS.md worked examples: "
+         "activation elements per sample (or per token) times the activation dtype")
+def params_activations(arch: Architecture, p: Precision) -> Term:
+    e = p.act_bytes
+    return Term(seq=arch.activation_elements_per_sample * e, tok=arch.activation_elements_per_token * e)
+
+
+@formula("activation_bytes.layers", "b · Σ_layers output_elements · e",
+         where="each layer's output is kept for backward (its value only; the gradients of activations are "
+         "transient and not counted), as in the CS231n per-layer memory count")
+def layer_net_activations(arch: Architecture, p: Precision) -> Term:
+    return Term(seq=sum(r.output_elements for r in arch.layer_table) * p.act_bytes)

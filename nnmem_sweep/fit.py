@@ -1,0 +1,89 @@
+"""The largest batch that fits, per combination of the other axes and GPU, in closed form.
+
+Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py), so the estimator evaluated at
+b = 1 and b = 2 gives k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is
+g(P) = P + ⌈f·P⌉ + context + workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with
+g(P*) ≤ usable. Then
+
+    b_max = min_j ⌊(P* − c_j) / k_j⌋          (phases with k_j = 0 only bound it when c_j > P*)
+
+and the result is checked with the real functions at b_max and b_max + 1, moving by one where rounding bites, so
+fits(b_max) and not fits(b_max + 1) hold exactly. b_max is 0 when batch 1 does not fit, and at most MAX_BATCH_CAP
+(a model whose memory does not grow with batch fits any batch; the cap stands for "unbounded").
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .components.overhead import overhead_bytes, usable_bytes
+from .components.peak import phase_totals
+from .models.arch import Architecture
+from .scenario import Overheads
+
+MAX_BATCH_CAP = 2**31 - 1
+
+
+def _totals_at(arch: Architecture, mode: str, points: pd.DataFrame, b: np.ndarray, ov: Overheads
+               ) -> tuple[list[np.ndarray], np.ndarray]:
+    frame = points.assign(**{C.BATCH: np.asarray(b, dtype=np.int64)})
+    phases = phase_totals(arch, mode, frame)
+    peak = np.max(np.stack(phases), axis=0)
+    return phases, peak + overhead_bytes(peak, ov)
+
+
+def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float
+              ) -> pd.DataFrame:
+    """`points`: the non-batch axes, gpu and gpu_memory_bytes, one row per combination (any batch column is
+    ignored). Returns the non-batch axes, gpu, max_batch, total_at_max_batch_bytes (0 when max_batch is 0),
+    total_at_batch_1_bytes, gpu_memory_bytes, usable_bytes."""
+    n = len(points)
+    points = points.drop(columns=[C.BATCH], errors="ignore").reset_index(drop=True)
+    usable = usable_bytes(points[C.GPU_MEMORY].to_numpy(dtype=np.int64), headroom)
+    one = np.ones(n, dtype=np.int64)
+    ph1, total1 = _totals_at(arch, mode, points, one, overheads)
+    ph2, _ = _totals_at(arch, mode, points, 2 * one, overheads)
+
+    # P*: the largest peak whose total fits. g(P) = P + ceil(f·P) + fixed is nondecreasing.
+    fixed = int(overheads.cuda_context_bytes) + int(overheads.cublas_workspace_bytes)
+    f = float(overheads.allocator_reserve_fraction)
+
+    def g(p: np.ndarray) -> np.ndarray:
+        return p + overhead_bytes(p, overheads)
+
+    pstar = np.floor((usable - fixed) / (1.0 + f)).astype(np.int64)
+    pstar = np.maximum(pstar, -1)
+    for _ in range(3):  # float rounding: settle on the exact boundary
+        pstar = np.where(g(pstar) > usable, pstar - 1, pstar)
+        pstar = np.where(g(pstar + 1) <= usable, pstar + 1, pstar)
+
+    bmax = np.full(n, MAX_BATCH_CAP, dtype=np.int64)
+    for t1, t2 in zip(ph1, ph2):
+        happens = t1 >= 0
+        k = t2 - t1
+        c = t1 - k
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = np.where(k > 0, np.floor_divide(pstar - c, np.where(k > 0, k, 1)), MAX_BATCH_CAP)
+        bound = np.where((k <= 0) & (c > pstar), -1, bound)
+        bmax = np.where(happens, np.minimum(bmax, bound), bmax)
+    bmax = np.clip(bmax, 0, MAX_BATCH_CAP)
+
+    # verify with the real functions; move by one where integer rounding bites
+    for _ in range(4):
+        _, t_at = _totals_at(arch, mode, points, np.maximum(bmax, 1), overheads)
+        _, t_next = _totals_at(arch, mode, points, np.minimum(bmax + 1, MAX_BATCH_CAP), overheads)
+        too_big = (bmax > 0) & (t_at > usable)
+        room = (bmax < MAX_BATCH_CAP) & (t_next <= usable)
+        if not too_big.any() and not room.any():
+            break
+        bmax = np.where(too_big, bmax - 1, np.where(room, bmax + 1, bmax))
+    _, t_at = _totals_at(arch, mode, points, np.maximum(bmax, 1), overheads)
+
+    out = points.drop(columns=[C.GPU_MEMORY]).copy()
+    out[C.MAX_BATCH] = bmax
+    out[C.TOTAL_AT_MAX_BATCH] = np.where(bmax > 0, t_at, 0)
+    out[C.TOTAL_AT_BATCH_1] = total1
+    out[C.GPU_MEMORY] = points[C.GPU_MEMORY].to_numpy(dtype=np.int64)
+    out[C.USABLE] = usable
+    return out
