@@ -1,0 +1,118 @@
+"""Layer-list nets: hand-computed counts and shapes, the same list built with torch.nn, and located errors."""
+from __future__ import annotations
+
+import pytest
+
+from nnmem_sweep.models._errors import FieldError
+from nnmem_sweep.models.count import params_breakdown
+from nnmem_sweep.models.layers import architecture_from_layers
+
+LENET5 = [
+    dict(type="conv2d", out_channels=6, kernel_size=5),
+    dict(type="relu"),
+    dict(type="maxpool2d", kernel_size=2),
+    dict(type="conv2d", out_channels=16, kernel_size=5),
+    dict(type="relu"),
+    dict(type="maxpool2d", kernel_size=2),
+    dict(type="flatten"),
+    dict(type="linear", out_features=120),
+    dict(type="relu"),
+    dict(type="linear", out_features=84),
+    dict(type="relu"),
+    dict(type="linear", out_features=10),
+]
+
+VGGISH = [
+    dict(type="conv2d", out_channels=16, kernel_size=3, padding=1, bias=False),
+    dict(type="batchnorm2d"),
+    dict(type="relu", name="act"),
+    dict(type="conv2d", in_channels=16, out_channels=32, kernel_size=3, stride=2, padding=1),
+    dict(type="conv2d", out_channels=32, kernel_size=3, padding="same", dilation=2, groups=4),
+    dict(type="maxpool2d", kernel_size=3, stride=2, padding=1),
+    dict(type="avgpool2d", kernel_size=2),
+    dict(type="adaptiveavgpool2d", output_size=2),
+    dict(type="flatten"),
+    dict(type="dropout", p=0.3),
+    dict(type="linear", out_features=64),
+    dict(type="layernorm"),
+    dict(type="gelu"),
+    dict(type="batchnorm1d"),
+    dict(type="tanh"),
+    dict(type="linear", out_features=10, bias=False),
+    dict(type="sigmoid"),
+    dict(type="silu"),
+]
+
+
+def test_lenet5_by_hand():
+    a = architecture_from_layers([1, 32, 32], LENET5)
+    rows = a.layer_table
+    # conv 1->6, 5x5: 6*1*25 + 6 = 156; 32 - 5 + 1 = 28
+    assert (rows[0].params, rows[0].output_shape, rows[0].output_elements) == (156, (6, 28, 28), 4704)
+    assert rows[2].output_shape == (6, 14, 14)  # 2x2 pool, stride defaults to the kernel
+    # conv 6->16, 5x5: 16*6*25 + 16 = 2416; 14 - 5 + 1 = 10
+    assert (rows[3].params, rows[3].output_shape) == (2416, (16, 10, 10))
+    assert rows[6].output_shape == (400,)  # 16*5*5
+    # linear 400->120: 48,120; 120->84: 10,164; 84->10: 850
+    assert [r.params for r in rows[7::2]] == [48_120, 10_164, 850]
+    assert a.params == 156 + 2416 + 48_120 + 10_164 + 850 == 61_706
+    # conv, relu 4704 each; pool 1176; conv, relu 1600 each; pool, flatten 400 each; linear+relu pairs; logits
+    assert sum(r.output_elements for r in rows) == 4704 * 2 + 1176 + 1600 * 2 + 400 * 2 + 120 * 2 + 84 * 2 + 10
+    b = params_breakdown(a)
+    assert b["linear_weight_in_layers"] == 150 + 2400 + 48_000 + 10_080 + 840  # weights without biases
+    assert b["largest_tensor"] == 48_000 and b["largest_layer_params"] == 48_120
+    assert [r.name for r in rows[:3]] == ["conv2d_1", "relu_1", "maxpool2d_1"]
+
+
+def test_vggish_by_hand():
+    a = architecture_from_layers([3, 32, 32], VGGISH)
+    shapes = [r.output_shape for r in a.layer_table]
+    # conv pad 1 keeps 32; stride 2: (32 + 2 - 2 - 1) // 2 + 1 = 16; 'same' keeps 16;
+    # maxpool k3 s2 p1: (16 + 2 - 2 - 1) // 2 + 1 = 8; avgpool 2: 4; adaptive: 2; flatten 32*2*2 = 128
+    assert shapes[:9] == [(16, 32, 32)] * 3 + [(32, 16, 16)] * 2 + [(32, 8, 8), (32, 4, 4), (32, 2, 2), (128,)]
+    # 16*3*9 (no bias) + BN 2*16 + (32*16*9 + 32) + (32*8*9 + 32) + (128*64 + 64) + LN 2*64 + BN1d 2*64 + 64*10
+    assert a.params == 432 + 32 + 4640 + 2336 + 8256 + 128 + 128 + 640 == 16_592
+    assert a.layer_table[2].name == "act"
+
+
+@pytest.mark.parametrize("layers, input_shape", [(LENET5, [1, 32, 32]), (VGGISH, [3, 32, 32])],
+                         ids=["lenet5", "vggish"])
+def test_matches_torch(layers, input_shape):
+    torch = pytest.importorskip("torch", reason="torch builds the reference module")
+    from nnmem_sweep.models.torch_layers import torch_module_from_layers
+
+    a = architecture_from_layers(input_shape, layers)
+    with torch.device("meta"):
+        net = torch_module_from_layers(input_shape, layers).eval()
+        x = torch.empty(2, *input_shape)
+    assert sum(p.numel() for p in net.parameters()) == a.params
+    for module, record in zip(net, a.layer_table, strict=True):
+        x = module(x)
+        assert tuple(x.shape) == (2, *record.output_shape), record.name
+        assert sum(p.numel() for p in module.parameters()) == record.params, record.name
+
+
+@pytest.mark.parametrize("layers, input_shape, key, message", [
+    ([dict(type="conv3d")], [3, 8, 8], "layers[0].type", "unknown layer type 'conv3d'"),
+    ([dict(type="flatten"), dict(type="conv2d", out_channels=4, kernel_size=3)], [3, 8, 8], "layers[1].type",
+     "conv2d needs a 3-D input"),
+    ([dict(type="conv2d", in_channels=4, out_channels=4, kernel_size=3)], [3, 8, 8], "layers[0].in_channels",
+     "is 4 but the previous layer gives 3"),
+    ([dict(type="relu"), dict(type="conv2d", out_channels=4, kernel_size=-3)], [3, 8, 8],
+     "layers[1].kernel_size", ">= 1"),
+    ([dict(type="conv2d", out_channels=4, kernel_size=9)], [3, 8, 8], "layers[0].kernel_size", "does not fit"),
+    ([dict(type="conv2d", out_channels=4)], [3, 8, 8], "layers[0].kernel_size", "missing"),
+    ([dict(type="conv2d", out_channels=4, kernel_size=3, groups=2)], [3, 8, 8], "layers[0].groups", "divide"),
+    ([dict(type="linear", out_features=4, kernel_size=3)], [8], "layers[0].kernel_size", "not a linear argument"),
+    ([dict(type="linear", in_features=9, out_features=4)], [8], "layers[0].in_features", "previous layer gives 8"),
+    ([dict(type="dropout", p=1.0)], [8], "layers[0].p", "probability"),
+    ([dict(type="relu", name="a"), dict(type="relu", name="a")], [8], "layers[1].name", "unique"),
+    ([dict(type="layernorm", normalized_shape=[5])], [8], "layers[0].normalized_shape", "does not end"),
+    ([dict(type="relu")], [3, -1], "input_shape[1]", "positive integer"),
+    ([], [3], "layers", "non-empty"),
+    (["relu"], [3], "layers[0]", "mapping"),
+])
+def test_errors_name_layer_and_key(layers, input_shape, key, message):
+    with pytest.raises(FieldError, match=message) as e:
+        architecture_from_layers(input_shape, layers)
+    assert e.value.key == key
