@@ -106,12 +106,10 @@ def _head_modules(arch: Architecture) -> list[_Module]:
     word = v * h
     bert = arch.family == "bert"
     pooler = [_linear("pooler", h, h, True)] if bert else []
-    if arch.head == "causal_lm":
-        return [_Module("lm_head", (word,), 0 if arch.tied_embeddings else word, word)]
-    if arch.head == "masked_lm":
+    if arch.head in ("causal_lm", "masked_lm"):
         if not bert:
             return [_Module("lm_head", (word,), 0 if arch.tied_embeddings else word, word)]
-        # BertLMPredictionHead: transform (dense h->h + LayerNorm), decoder Linear (V x h + bias V) and an output
+        # BertLMPredictionHead (BertForMaskedLM, and BertLMHeadModel for causal_lm): transform (dense h->h + LayerNorm), decoder Linear (V x h + bias V) and an output
         # bias (V). With tie_word_embeddings the decoder weight is the word embedding and the decoder bias is the
         # output bias; untied, all three are separate tensors (transformers v5 _tied_weights_keys).
         return [

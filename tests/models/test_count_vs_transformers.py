@@ -70,6 +70,7 @@ VARIANTS = {
     "gpt2-n_inner-1000-untied": _shrunk("gpt2", n_inner=1000, tie_word_embeddings=False),
     "bert-seq-cls": _shrunk("bert-base", architectures=["BertForSequenceClassification"], num_labels=5),
     "bert-base-model-with-pooler": _shrunk("bert-base", architectures=["BertModel"]),
+    "bert-lm-head-model": _shrunk("bert-base", architectures=["BertLMHeadModel"], is_decoder=True),
     "bert-mlm-untied": _shrunk("bert-base", tie_word_embeddings=False),
     "llama-attention-and-mlp-bias": _shrunk("smollm2-135m", attention_bias=True, mlp_bias=True),
     "llama-seq-cls": _shrunk("tinyllama-1.1b", architectures=["LlamaForSequenceClassification"], num_labels=4),

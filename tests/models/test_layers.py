@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from nnmem_sweep.models._errors import FieldError
 from nnmem_sweep.models.count import params_breakdown
@@ -116,3 +118,48 @@ def test_errors_name_layer_and_key(layers, input_shape, key, message):
     with pytest.raises(FieldError, match=message) as e:
         architecture_from_layers(input_shape, layers)
     assert e.value.key == key
+
+
+# Random conv / pool stacks: wherever shape inference accepts a net, torch agrees on every output shape and
+# parameter count; wherever it refuses one for its sizes, torch refuses it too.
+_conv = st.fixed_dictionaries(
+    {"type": st.just("conv2d"), "out_channels": st.sampled_from([2, 4, 6]), "kernel_size": st.integers(1, 5),
+     "stride": st.integers(1, 3), "padding": st.integers(0, 2), "dilation": st.integers(1, 2),
+     "groups": st.sampled_from([1, 2]), "bias": st.booleans()})
+_pool = st.fixed_dictionaries(
+    {"type": st.sampled_from(["maxpool2d", "avgpool2d"]), "kernel_size": st.integers(1, 4),
+     "stride": st.integers(1, 3), "padding": st.integers(0, 2)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_conv, _pool), min_size=1, max_size=4), st.integers(4, 20))
+def test_random_conv_pool_stacks_agree_with_torch(layers, size):
+    torch = pytest.importorskip("torch", reason="torch builds the reference module")
+    from torch import nn
+
+    input_shape = [2, size, size]
+    try:
+        a = architecture_from_layers(input_shape, layers)
+    except FieldError as e:
+        index = int(e.key.split("[")[1].split("]")[0])
+        assume(e.key.endswith((".kernel_size", ".padding")))  # groups / channel errors are ours alone
+        x, c = torch.empty(1, *input_shape, device="meta"), input_shape[0]
+        with pytest.raises((RuntimeError, ValueError)):
+            for spec in layers[: index + 1]:
+                args = {k: v for k, v in spec.items() if k != "type"}
+                if spec["type"] == "conv2d":
+                    module = nn.Conv2d(c, **args, device="meta")
+                    c = spec["out_channels"]
+                else:
+                    module = (nn.MaxPool2d if spec["type"] == "maxpool2d" else nn.AvgPool2d)(**args)
+                x = module(x)
+        return
+    from nnmem_sweep.models.torch_layers import torch_module_from_layers
+
+    with torch.device("meta"):
+        net = torch_module_from_layers(input_shape, layers)
+        x = torch.empty(1, *input_shape)
+    for module, record in zip(net, a.layer_table, strict=True):
+        x = module(x)
+        assert tuple(x.shape[1:]) == record.output_shape
+        assert sum(p.numel() for p in module.parameters()) == record.params
