@@ -106,10 +106,11 @@ class _Builder:
         self.bad: set[str] = set()  # paths already reported (the schema need not repeat them)
         self.visited = 0
 
-    def problem(self, path: str, message: str, at: tuple[int, int] | None) -> None:
+    def problem(self, path: str, message: str, at: tuple[int, int] | None, value_is_bad: bool = True) -> None:
         line, col = at if at else (None, None)
         self.problems.append(Problem(self.file, line, col, path, message))
-        self.bad.add(path)
+        if value_is_bad:  # a bad key in a mapping leaves the rest of the mapping worth checking
+            self.bad.add(path)
 
     def build(self, node: yaml.Node, path: str, stack: tuple[int, ...] = ()) -> Any:
         self.visited += 1
@@ -138,12 +139,17 @@ class _Builder:
         if node.tag not in _PLAIN_SCALAR_TAGS:
             self.problem(path, f"tag {_tag(node)!r} is not allowed: scenario files are plain YAML", _mark(node))
             return None
-        value = self.loader.construct_object(node)
+        try:
+            value = self.loader.construct_object(node)
+        except (ValueError, KeyError, yaml.YAMLError):  # e.g. "!!int abc", "!!bool maybe"
+            self.problem(path, f"{node.value!r} cannot be read as {_tag(node)}", _mark(node))
+            return None
         if isinstance(value, float) and not math.isfinite(value):
             self.problem(path, f"{node.value!r} is not a finite number", _mark(node))
         return value
 
-    def _pairs(self, node: yaml.MappingNode, stack: tuple[int, ...]) -> list[tuple[yaml.Node, yaml.Node, bool]]:
+    def _pairs(self, node: yaml.MappingNode, stack: tuple[int, ...],
+               path: str = "") -> list[tuple[yaml.Node, yaml.Node, bool]]:
         """(key, value, merged) pairs; `<<: *anchor` merge keys expanded after the explicit keys."""
         explicit, merged = [], []
         for key, value in node.value:
@@ -151,9 +157,13 @@ class _Builder:
                 sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
                 for src in sources:
                     if isinstance(src, yaml.MappingNode) and id(src) not in stack:
-                        merged += [(k, v, True) for k, v, _ in self._pairs(src, stack + (id(src),))]
+                        inner = self._pairs(src, stack + (id(src),), path)
+                        self.visited += len(inner)  # merges can nest aliases too: count what they expand to
+                        if self.visited > MAX_NODES:
+                            raise _TooBig
+                        merged += [(k, v, True) for k, v, _ in inner]
                     else:
-                        self.problem("", "'<<' must merge a mapping", _mark(src))
+                        self.problem(path, "'<<' must merge another mapping", _mark(src), value_is_bad=False)
             else:
                 explicit.append((key, value, False))
         return explicit + merged
@@ -161,22 +171,31 @@ class _Builder:
     def _mapping(self, node: yaml.MappingNode, path: str, stack: tuple[int, ...]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         first_line: dict[str, int] = {}
-        for key_node, value_node, merged in self._pairs(node, stack):
+        for key_node, value_node, merged in self._pairs(node, stack, path):
             self.visited += 1
             if self.visited > MAX_NODES:
                 raise _TooBig
             at = _mark(key_node)
-            key = self.loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag not in _PLAIN_SCALAR_TAGS | {_TIMESTAMP}:
-                key = None
+            key = None
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag in _PLAIN_SCALAR_TAGS:
+                try:
+                    key = self.loader.construct_object(key_node)
+                except (ValueError, KeyError, yaml.YAMLError):
+                    key = None
             if not isinstance(key, str):
-                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a collection"
-                self.problem(path, f"key {shown!r} must be a string (quote it)", at)
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag not in _PLAIN_SCALAR_TAGS | {_TIMESTAMP}:
+                    message = f"a key tagged {_tag(key_node)!r} is not allowed: scenario files are plain YAML"
+                elif isinstance(key_node, yaml.ScalarNode):
+                    message = f"key {key_node.value!r} must be a string (quote it)"
+                else:
+                    message = "a key must be a string, not a collection"
+                self.problem(path, message, at, value_is_bad=False)
                 continue
             child = _join(path, key)
             if key in out:
                 if not merged:
-                    self.problem(child, f"duplicate key {key!r} (first at line {first_line[key]})", at)
+                    self.problem(child, f"duplicate key {key!r} (first at line {first_line[key]})", at,
+                                 value_is_bad=False)
                 continue
             first_line[key] = at[0]
             self.key_at[child] = at
@@ -535,6 +554,8 @@ def _parse(text: str, file: str, base_dir: Path, digest: str) -> Scenario:
                               "use); a scenario is small: is this an alias bomb?") from None
         except RecursionError:
             raise _fail(file, "YAML nested too deeply to read") from None
+        if not isinstance(data, dict):  # a tagged or otherwise unreadable top-level mapping
+            raise ScenarioError(builder.problems)
         return _scenario(data, builder, file, base_dir, text, digest)
     finally:
         loader.dispose()

@@ -382,3 +382,20 @@ def test_scalar_and_one_item_list_mean_the_same(batch, as_scalar) -> None:
     written = batch[0] if as_scalar else batch
     sc = parse_scenario_text(MINIMAL_TRAIN.replace("batch: 4", f"batch: {written}"))
     assert sc.grid[C.BATCH] == tuple(dict.fromkeys([written] if as_scalar else batch))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=80), st.text(alphabet="{}[]:,-&*!<>?|\n #'\"ab01.~%@`\t", max_size=60)))
+def test_arbitrary_text_never_escapes_as_a_traceback(text: str) -> None:
+    # Tags, anchors, flow and block syntax, control characters: all must end in a located ScenarioError.
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario_text(text, file="t.yaml")
+    assert all(str(p).startswith("t.yaml") for p in info.value.problems)
+
+
+def test_tagged_top_level_mapping_is_a_located_problem() -> None:
+    # Found by the fuzzer: a custom tag on the top-level mapping used to reach the schema stage as None.
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario_text("!0\n?", file="t.yaml")
+    assert [str(p) for p in info.value.problems] == [
+        "t.yaml:1:1: tag '!0' is not allowed: scenario files are plain YAML"]
