@@ -163,3 +163,39 @@ def test_random_conv_pool_stacks_agree_with_torch(layers, size):
         x = module(x)
         assert tuple(x.shape[1:]) == record.output_shape
         assert sum(p.numel() for p in module.parameters()) == record.params
+
+
+def _conv_relu(out, k=3, **kw):
+    return [dict(type="conv2d", out_channels=out, kernel_size=k, **kw), dict(type="relu")]
+
+
+_POOL = dict(type="maxpool2d", kernel_size=2)
+VGG11 = [  # torchvision vgg11 (config "A"), no batch norm
+    *_conv_relu(64, padding=1), _POOL, *_conv_relu(128, padding=1), _POOL,
+    *_conv_relu(256, padding=1), *_conv_relu(256, padding=1), _POOL,
+    *_conv_relu(512, padding=1), *_conv_relu(512, padding=1), _POOL,
+    *_conv_relu(512, padding=1), *_conv_relu(512, padding=1), _POOL,
+    dict(type="adaptiveavgpool2d", output_size=7), dict(type="flatten"),
+    dict(type="linear", out_features=4096), dict(type="relu"), dict(type="dropout"),
+    dict(type="linear", out_features=4096), dict(type="relu"), dict(type="dropout"),
+    dict(type="linear", out_features=1000),
+]
+ALEXNET = [  # torchvision alexnet
+    *_conv_relu(64, k=11, stride=4, padding=2), dict(type="maxpool2d", kernel_size=3, stride=2),
+    *_conv_relu(192, k=5, padding=2), dict(type="maxpool2d", kernel_size=3, stride=2),
+    *_conv_relu(384, padding=1), *_conv_relu(256, padding=1), *_conv_relu(256, padding=1),
+    dict(type="maxpool2d", kernel_size=3, stride=2), dict(type="adaptiveavgpool2d", output_size=6),
+    dict(type="flatten"), dict(type="dropout"), dict(type="linear", out_features=4096), dict(type="relu"),
+    dict(type="dropout"), dict(type="linear", out_features=4096), dict(type="relu"),
+    dict(type="linear", out_features=1000),
+]
+
+
+@pytest.mark.parametrize("layers, published", [
+    pytest.param(VGG11, 132_863_336, id="vgg11-torchvision-VGG11_Weights.IMAGENET1K_V1-num_params"),
+    pytest.param(ALEXNET, 61_100_840, id="alexnet-torchvision-AlexNet_Weights.IMAGENET1K_V1-num_params"),
+])
+def test_published_imagenet_nets(layers, published):
+    a = architecture_from_layers([3, 224, 224], layers)
+    assert a.params == published
+    assert a.layer_table[-1].output_shape == (1000,)
