@@ -25,13 +25,13 @@ from .catalog.gpus import get_gpu, unknown_gpu_message
 from .errors import Problem, ScenarioError
 from .paths import safe_stem
 from .scenario import GPUSpec, Overheads, Scenario
-from .units import parse_size
+from .units import MiB, parse_size
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "scenario.schema.json"
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 # A scenario is a small text file: refuse anything that is clearly something else.
-MAX_FILE_BYTES = 1 << 20
+MAX_FILE_BYTES = MiB
 # Values visited while turning the node tree into Python values, aliases counted at every use. The largest shipped
 # config has a few hundred; a "billion laughs" document hits the limit within milliseconds.
 MAX_NODES = 100_000
@@ -479,8 +479,17 @@ def _needs_no_sequence(model) -> bool:
     return model.kind == "layers" or (model.kind == "params" and not model.activation_elements_per_token)
 
 
-def _report(data: dict, ck: _Checker) -> dict[str, Any]:
+def _report(data: dict, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[str, Any]:
     report = dict(data.get("report") or {}) if isinstance(data.get("report"), dict) else {}
+    # The report draws these points from the results: every axis but batch must be a value the grid has.
+    wanted = [("report.reference_seq_len", C.SEQ_LEN, report.get("reference_seq_len"))]
+    for i, point in enumerate(report.get("reference_points") or []):
+        if isinstance(point, dict):
+            wanted += [(f"report.reference_points[{i}].{a}", a, v) for a, v in point.items() if a != C.BATCH]
+    for path, axis, value in wanted:
+        if value is not None and grid.get(axis) and ck.clean(path) and value not in grid[axis]:
+            shown = ", ".join(map(str, grid[axis]))
+            ck.add(path, f"{value!r} is not in grid.{axis} ({shown})")
     if "templates" in report and ck.clean("report.templates"):
         folder = (ck.base_dir / report["templates"]).resolve()
         if not folder.is_dir():
@@ -496,13 +505,13 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
     grid = _grid(data, mode, ck)
     gpus = _gpus(data, ck)
     overheads = _overheads(data, ck)
-    report = _report(data, ck)
     model = _model(data, ck)
     if not grid[C.SEQ_LEN] and isinstance(data.get("grid"), dict) and ck.clean("grid"):
         if model is not None and _needs_no_sequence(model):
             grid[C.SEQ_LEN] = (1,)
         elif model is not None:
             ck.add("grid", "missing required key 'seq_len' (a transformer or per-token model needs it)", key=True)
+    report = _report(data, grid, ck)
     problems = b.problems + schema_problems + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))
