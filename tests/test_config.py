@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import jsonschema
@@ -83,6 +84,7 @@ def test_alias_bomb_stops_at_the_node_limit() -> None:
 
 def test_problem_lines_point_at_the_offending_text() -> None:
     # Every located problem's line:column must land on the key or value it names.
+    checked = 0
     for path in BAD_FILES:
         lines = path.read_text(encoding="utf-8").splitlines()
         for text in path.with_suffix(".expected").read_text(encoding="utf-8").splitlines():
@@ -91,6 +93,15 @@ def test_problem_lines_point_at_the_offending_text() -> None:
                 continue
             line, col = map(int, head.split(":"))
             assert 1 <= line <= len(lines) and 1 <= col <= len(lines[line - 1]) + 1, (path.name, text)
+            at = lines[line - 1][col - 1:]
+            # A key problem points at the key; a bad string value points at that string.
+            for pattern in (r"unknown key '([^']*)'", r"duplicate key '([^']*)'", r"got the string '([^']*)'",
+                            r"^\S+: the string '([^']*)' is not one of"):
+                found = re.search(pattern, text.split(": ", 1)[1])
+                if found:
+                    assert at.lstrip("'\"").startswith(found.group(1)), (path.name, text, at)
+                    checked += 1
+    assert checked >= 8, checked  # the patterns above really matched something
 
 
 # ---------------------------------------------------------------------------------------------------------------
