@@ -31,13 +31,36 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+@contextlib.contextmanager
+def fake_scalars():
+    """Adafactor's step reads Python floats (`p.norm(2).item()`), which fake tensors cannot give. The norm is still
+    computed (and tracked); only the float it is turned into is made up. Memory-neutral: `.item()` allocates
+    nothing, and no shape depends on the value."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.Tensor.item
+
+    def item(self):  # noqa: ANN001, ANN202
+        return 1.0 if isinstance(self, FakeTensor) else original(self)
+
+    torch.Tensor.item = item
+    try:
+        yield
+    finally:
+        torch.Tensor.item = original
+
+
 def model_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The HF config dict a case is built from, and its origin."""
     if "hf_config" in case:
-        return dict(case["hf_config"]), "case hf_config"
-    if case.get("model") == "mixtral-small":
-        return dict(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
-    return hf_dict(case["model"])
+        cfg, origin = dict(case["hf_config"]), "case hf_config"
+    elif case.get("model") == "mixtral-small":
+        cfg, origin = dict(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
+    else:
+        cfg, origin = hf_dict(case["model"])
+    if "head" in case:  # the class named by `architectures` decides the logits (causal LM, masked LM, seq cls)
+        cfg["architectures"] = [case["head"]]
+    return cfg, origin
 
 
 def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, train: bool) -> torch.nn.Module:
@@ -45,49 +68,28 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     from transformers import AutoConfig
 
     d = dict(cfg)
+    # the dtype comes from the precision recipe (the default dtype set around construction), never from the
+    # checkpoint's `torch_dtype` (a bf16 checkpoint trained with bf16-mixed has fp32 parameters)
+    d.pop("torch_dtype", None)
+    d.pop("dtype", None)
     arch = d.pop("architectures")[0]
     model_type = d.pop("model_type")
     config = AutoConfig.for_model(model_type, **d)
     config.architectures = [arch]
     cls = getattr(transformers, arch)
     # flash = SDPA (the CPU flash-style kernel runs only where dropout is 0); eager = explicit softmax(QK^T)V.
-    model = cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager")
+    model = cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
+                             dtype=torch.get_default_dtype())
     if checkpointing == "full" and train:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
 def build_layer_model(layers: list[dict[str, Any]], input_shape: tuple[int, ...]) -> torch.nn.Module:
-    """A CNN/MLP from a layer list: the models package's builder when present, else the few types used here."""
-    try:
-        from nnmem_sweep.models.torch_layers import torch_module_from_layers
-    except ImportError:
-        torch_module_from_layers = None
-    if torch_module_from_layers is not None:
-        return torch_module_from_layers(layers, input_shape)
-    nn = torch.nn
-    mods: list[nn.Module] = []
-    c = input_shape[0]
-    for spec in layers:
-        t = spec["type"]
-        if t == "conv2d":
-            mods.append(nn.Conv2d(c, spec["out_channels"], spec["kernel_size"], spec.get("stride", 1),
-                                  spec.get("padding", 0), bias=spec.get("bias", True)))
-            c = spec["out_channels"]
-        elif t == "batchnorm2d":
-            mods.append(nn.BatchNorm2d(c))
-        elif t == "relu":
-            mods.append(nn.ReLU(inplace=spec.get("inplace", False)))
-        elif t == "maxpool2d":
-            mods.append(nn.MaxPool2d(spec["kernel_size"], spec.get("stride")))
-        elif t == "flatten":
-            mods.append(nn.Flatten())
-        elif t == "linear":
-            mods.append(nn.LazyLinear(spec["out_features"]) if "in_features" not in spec
-                        else nn.Linear(spec["in_features"], spec["out_features"]))
-        else:
-            raise ValueError(f"layer type {t!r} not supported by the fallback builder")
-    return nn.Sequential(*mods)
+    """A CNN/MLP from a layer list, through the models package's builder (the estimator reads the same list)."""
+    from nnmem_sweep.models.torch_layers import torch_module_from_layers
+
+    return torch_module_from_layers(list(input_shape), layers)
 
 
 def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim.Optimizer:
@@ -142,9 +144,6 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
                 model = build_layer_model(case["layers"], shape)
                 b = int(case["batch"])
                 inputs = {"x": torch.randn((b, *shape)), "y": torch.randint(0, int(case["num_classes"]), (b,))}
-                if any(isinstance(m, torch.nn.LazyLinear) for m in model.modules()):
-                    with torch.no_grad():
-                        model(inputs["x"][:1])
             else:
                 model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"), train)
                 inputs = _lm_inputs(case, cfg, cfg["architectures"][0])
@@ -154,13 +153,11 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
             def loss_fn(m, inp):
                 return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
 
-            inputs_for_run = inputs
-        else:
-            inputs_for_run = inputs
-        w = Workload(model=model, inputs=inputs_for_run, mode=case["mode"], optimizer=opt,
+        w = Workload(model=model, inputs=inputs, mode=case["mode"], optimizer=opt,
                      autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                      decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
-        record = run_workload(w)
+        with fake_scalars() if fake else contextlib.nullcontext():
+            record = run_workload(w)
     record["config"] = cfg
     record["config_origin"] = origin
     record["params"] = int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))

@@ -29,9 +29,9 @@ FALLBACK: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2, "n_embd": 768, "n_head": 12, "n_layer": 12},
     "gpt2-medium": {**_GPT2, "n_embd": 1024, "n_head": 16, "n_layer": 24},
     # google-bert/bert-base-uncased, bert-large-uncased
-    "bert-base-uncased": {**_BERT, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "bert-base": {**_BERT, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                           "intermediate_size": 3072},
-    "bert-large-uncased": {**_BERT, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "bert-large": {**_BERT, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                            "intermediate_size": 4096},
     # meta-llama/Llama-3.2-1B (GQA 32/8, tied embeddings)
     "llama-3.2-1b": {**_LLAMA3, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,

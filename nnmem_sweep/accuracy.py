@@ -1,0 +1,195 @@
+"""The estimator against the committed measured cases (tests/data/truth/*.json); no torch needed.
+
+`compare(cases)` puts, per case, the measured and the estimated peak_allocated_bytes (and the peak of each phase),
+and the model states (weights, gradients, optimizer state) side by side with relative errors
+(estimate − measured) / measured. The report's "Validation" section and tests/test_accuracy.py use it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .errors import UsageError
+
+CASE = "case"
+MEASURED = "measured_peak_bytes"
+ESTIMATED = "estimated_peak_bytes"
+ERROR = "error"  # relative: (estimated - measured) / measured
+STATE_KINDS = ("weights", "gradients", "optimizer")
+# Phases measured per mode, in order (the estimator's phase names).
+PHASES = {"train": ("forward", "backward", "optimizer"), "infer": ("prefill", "decode")}
+
+
+def load_cases(truth_dir: str | Path) -> list[dict[str, Any]]:
+    """Every *.json case in `truth_dir`, sorted by case id."""
+    d = Path(truth_dir)
+    if not d.is_dir():
+        raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
+    cases = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if "case_id" in rec and "measured" in rec:
+            cases.append(rec)
+    return sorted(cases, key=lambda r: r["case_id"])
+
+
+def architecture_of(case: dict[str, Any]):
+    """The Architecture the estimator reads for a case: the very HF config that was measured, or the layer list."""
+    inputs = case["inputs"]
+    if "layers" in inputs:
+        from .models.resolve import resolve_model
+
+        return resolve_model({"input_shape": inputs["input_shape"], "layers": inputs["layers"]}, Path("."))
+    from .models.hf import architecture_from_hf
+
+    return architecture_from_hf(dict(case["hf_config"]), origin=f"truth case {case['case_id']}",
+                                preset=str(inputs.get("model", "")))
+
+
+def attention_for_estimate(case: dict[str, Any]) -> str:
+    """The estimator's attention mode that matches the kernel that really ran: CPU SDPA refuses dropout > 0 and
+    falls back to the math path, which materialises the s×s scores like eager attention (MEASURING.md)."""
+    kernel = case["measured"].get("attention_kernel", "")
+    if kernel == "math":
+        return "eager"
+    return case["inputs"].get("attention", "flash")
+
+
+def _frame(case: dict[str, Any]) -> pd.DataFrame:
+    i = case["inputs"]
+    infer = i["mode"] == "infer"
+    return pd.DataFrame({
+        C.BATCH: [int(i["batch"])], C.SEQ_LEN: [max(int(i.get("seq_len") or 1), 1)], C.PRECISION: [i["precision"]],
+        C.OPTIMIZER: ["none" if infer else i["optimizer"]],
+        C.OPTIMIZER_IMPL: ["none" if infer else i.get("optimizer_impl", "foreach")],
+        C.CHECKPOINTING: [i.get("checkpointing", "none")], C.ATTENTION: [attention_for_estimate(case)],
+        C.CACHE_TOKENS: [0], C.DECODE_TOKENS: [int(i.get("decode_tokens") or 0)],
+    })
+
+
+def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
+    """The estimator's figures for one measured case: peak, phase, components, per-phase totals, model states."""
+    from .catalog.optimizers import get_optimizer
+    from .catalog.precisions import get_precision
+    from .components import peak as peak_mod
+    from .components.optimizer import optimizer_state_bytes
+    from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
+
+    arch = architecture_of(case)
+    i = case["inputs"]
+    frame = _frame(case)
+    comps = peak_mod.estimate_components(arch, i["mode"], frame)
+    out: dict[str, Any] = {"peak_bytes": int(np.asarray(comps[C.PEAK_ALLOCATED])[0]),
+                           "peak_phase": str(np.asarray(comps[C.PEAK_PHASE])[0])}
+    for c in C.COMPONENTS:
+        v = comps.get(c, 0)
+        out[c] = int(np.asarray(v)[0]) if np.ndim(v) else int(v)
+    # per-phase maxima (the estimator may model one phase at several moments, e.g. backward start and end)
+    phases: dict[str, int] = {}
+    for name, total, _ in peak_mod._phases(arch, i["mode"], frame):  # noqa: SLF001 - no public per-phase names yet
+        phases[name] = max(phases.get(name, -1), int(np.asarray(total)[0]))
+    out["phases"] = phases
+    prec = get_precision(i["precision"])
+    out["weights"] = weights_bytes(arch, prec) + master_weights_bytes(arch, prec)
+    if i["mode"] == "train":
+        out["gradients"] = gradients_bytes(arch, prec)
+        out["optimizer"] = optimizer_state_bytes(arch, prec, get_optimizer(i["optimizer"]),
+                                                 i.get("optimizer_impl", "foreach"))
+    return out
+
+
+def _rel(est: float, meas: float) -> float:
+    return (est - meas) / meas if meas else (0.0 if est == meas else float("inf"))
+
+
+def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per case: measured vs estimated peak (and per phase and per model state), relative errors,
+    the case's tolerances and whether it is within them."""
+    rows = []
+    for case in cases:
+        m = case["measured"]
+        i = case["inputs"]
+        row: dict[str, Any] = {CASE: case["case_id"], "model": i.get("model", ""), C.MODE: i["mode"],
+                               "attention_kernel": m.get("attention_kernel", ""),
+                               "estimated_attention": attention_for_estimate(case), "measured_phase": m["peak_phase"],
+                               MEASURED: int(m["peak_bytes"])}
+        try:
+            est = estimate_case(case)
+        except Exception as e:  # noqa: BLE001 - one case the estimator cannot take must not hide the others
+            row.update({ESTIMATED: -1, ERROR: float("nan"), "estimated_phase": "", "estimate_error": str(e)})
+            rows.append(row)
+            continue
+        row.update({ESTIMATED: est["peak_bytes"], ERROR: _rel(est["peak_bytes"], m["peak_bytes"]),
+                    "estimated_phase": est["peak_phase"], "estimate_error": ""})
+        for ph in PHASES[i["mode"]]:
+            mp = m["phases"].get(ph, {}).get("peak_bytes")
+            ep = est["phases"].get(ph, -1)
+            row[f"{ph}_measured_bytes"] = -1 if mp is None else int(mp)
+            row[f"{ph}_estimated_bytes"] = int(ep)
+            row[f"{ph}_error"] = _rel(ep, mp) if (mp is not None and ep >= 0) else float("nan")
+        totals = m["totals"]
+        measured_states = {"weights": totals["param_bytes"], "gradients": totals.get("grad_bytes"),
+                           "optimizer": totals.get("optimizer_state_bytes")}
+        for kind in STATE_KINDS:
+            mv, ev = measured_states[kind], est.get(kind)
+            row[f"{kind}_measured_bytes"] = -1 if mv is None else int(mv)
+            row[f"{kind}_estimated_bytes"] = -1 if ev is None else int(ev)
+            row[f"{kind}_error"] = _rel(ev, mv) if (mv is not None and ev is not None) else float("nan")
+        tol = case.get("tolerance", {})
+        row["peak_tolerance"] = float(tol.get("peak", 0.08))
+        row["state_tolerance"] = float(tol.get("states", 0.001))
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    state_err = df[[f"{k}_error" for k in STATE_KINDS]].abs().max(axis=1, skipna=True).fillna(0.0)
+    df["within_tolerance"] = (df[ERROR].abs() <= df["peak_tolerance"]) & (state_err <= df["state_tolerance"])
+    return df
+
+
+def summary(df: pd.DataFrame) -> dict[str, float]:
+    """Median and max |error| of peak_allocated_bytes over the cases the estimator could take."""
+    e = df[ERROR].abs().dropna()
+    return {"cases": int(len(df)), "estimated": int(len(e)),
+            "median_abs_error": float(e.median()) if len(e) else float("nan"),
+            "max_abs_error": float(e.max()) if len(e) else float("nan"),
+            "within_tolerance": int(df.get("within_tolerance", pd.Series(dtype=bool)).sum())}
+
+
+def format_table(df: pd.DataFrame) -> str:
+    from .units import format_bytes
+
+    lines = [f"{'case':<62} {'measured':>12} {'estimated':>12} {'error':>8}  phase (meas/est)  states"]
+    for r in df.itertuples(index=False):
+        r = r._asdict()
+        est = format_bytes(r[ESTIMATED], "GiB", 3) if r[ESTIMATED] >= 0 else "n/a"
+        err = f"{r[ERROR]:+.1%}" if r[ERROR] == r[ERROR] else "n/a"
+        states = " ".join(f"{k[0]}{r.get(f'{k}_error'):+.2%}" for k in STATE_KINDS
+                          if r.get(f"{k}_error") == r.get(f"{k}_error") and r.get(f"{k}_error") is not None)
+        lines.append(f"{r[CASE]:<62} {format_bytes(r[MEASURED], 'GiB', 3):>12} {est:>12} {err:>8}  "
+                     f"{r['measured_phase']}/{r.get('estimated_phase', '')}  {states}"
+                     + (f"  [{r['estimate_error']}]" if r.get("estimate_error") else ""))
+    return "\n".join(lines)
+
+
+def accuracy_cli(truth_dir: str | Path) -> int:
+    cases = load_cases(truth_dir)
+    if not cases:
+        raise UsageError(f"no measured cases in {truth_dir}; regenerate them with `nnmem-sweep truth`")
+    df = compare(cases)
+    print(format_table(df))
+    s = summary(df)
+    print(f"\n{s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
+          f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
+          "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,120 @@
+"""The truth catalog: the measured cases committed under tests/data/truth/ (one JSON each, `nnmem-sweep truth`).
+
+Each case names its inputs the way the estimator's grid does (columns.GRID_AXES) so accuracy.compare() can put the
+estimate beside the measurement. Chosen to confirm one trap each (MEASURING.md, issue 7):
+  - math-path attention on the CPU for GPT-2/BERT (attention dropout 0.1), flash for Llama/Qwen/Mixtral (dropout 0);
+  - foreach AdamW temporaries in step() vs fused vs for-loop; optimizer state appearing at step 1;
+  - autocast's cached 16-bit weight copies (bf16-mixed); fp32 upcast logits and a 152k vocabulary (Qwen);
+  - causal LM vs masked LM vs sequence-classification heads; full checkpointing; prefill + decode with a KV cache.
+Tolerances are the issue's targets: peak within 8 %, weights / gradients / optimizer state within 0.1 %.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+PEAK_TOLERANCE = 0.08
+STATE_TOLERANCE = 0.001
+
+# A VGG-style CNN for 32x32 RGB images (CIFAR-10 shape), built from a layer list.
+CNN_LAYERS: list[dict[str, Any]] = [
+    {"type": "conv2d", "out_channels": 64, "kernel_size": 3, "padding": 1},
+    {"type": "batchnorm2d"}, {"type": "relu"},
+    {"type": "conv2d", "out_channels": 64, "kernel_size": 3, "padding": 1},
+    {"type": "batchnorm2d"}, {"type": "relu"},
+    {"type": "maxpool2d", "kernel_size": 2, "stride": 2},
+    {"type": "conv2d", "out_channels": 128, "kernel_size": 3, "padding": 1},
+    {"type": "batchnorm2d"}, {"type": "relu"},
+    {"type": "maxpool2d", "kernel_size": 2, "stride": 2},
+    {"type": "flatten"},
+    {"type": "linear", "out_features": 256}, {"type": "relu"},
+    {"type": "linear", "out_features": 10},
+]
+
+
+def _train(model: str, batch: int, seq: int, precision: str, optimizer: str = "adamw", impl: str = "foreach",
+           ckpt: str = "none", attention: str = "flash", **extra: Any) -> dict[str, Any]:
+    tag = f"{model}-train-{precision}-{optimizer}"
+    if impl != "foreach":
+        tag += f"-{impl}"
+    if ckpt != "none":
+        tag += f"-ckpt{ckpt}"
+    if attention != "flash":
+        tag += f"-{attention}"
+    if "head" in extra:
+        tag += "-" + extra["head"].removeprefix(model.split("-")[0].capitalize()).lower()
+    return {"id": f"{tag}-b{batch}-s{seq}", "model": model, "mode": "train", "batch": batch, "seq_len": seq,
+            "precision": precision, "optimizer": optimizer, "optimizer_impl": impl, "checkpointing": ckpt,
+            "attention": attention, "decode_tokens": 0, **extra}
+
+
+def _infer(model: str, batch: int, seq: int, precision: str, decode: int, attention: str = "flash") -> dict[str, Any]:
+    tag = f"{model}-infer-{precision}" + ("" if attention == "flash" else f"-{attention}")
+    return {"id": f"{tag}-b{batch}-s{seq}-d{decode}", "model": model, "mode": "infer", "batch": batch,
+            "seq_len": seq, "precision": precision, "optimizer": "none", "optimizer_impl": "foreach",
+            "checkpointing": "none", "attention": attention, "decode_tokens": decode}
+
+
+CASES: list[dict[str, Any]] = [
+    # GPT-2 small / medium: attention dropout 0.1, so CPU SDPA takes the math path (s x s tensors materialised)
+    _train("gpt2", 4, 512, "fp32"),
+    _train("gpt2", 1, 128, "fp32", "sgd"),
+    _train("gpt2", 8, 1024, "bf16-mixed"),
+    _train("gpt2", 8, 1024, "fp32", ckpt="full"),
+    _infer("gpt2", 4, 512, "fp32", 16),
+    _train("gpt2-medium", 2, 1024, "bf16"),
+    _train("gpt2-medium", 4, 512, "fp32", "adam", attention="eager"),
+    # BERT base / large: masked-LM head, one sequence-classification head
+    _train("bert-base", 32, 128, "fp32"),
+    _train("bert-base", 16, 512, "bf16-mixed"),
+    _train("bert-base", 8, 128, "fp32", "sgd-momentum", ckpt="full"),
+    _train("bert-base", 32, 128, "fp32", head="BertForSequenceClassification"),
+    _train("bert-large", 8, 512, "fp32"),
+    _train("bert-large", 16, 128, "bf16", "adafactor"),
+    # Llama 3.2 1B: GQA 32/8, tied embeddings, 128k vocabulary
+    _train("llama-3.2-1b", 1, 2048, "bf16"),
+    _train("llama-3.2-1b", 4, 1024, "bf16-mixed"),
+    _train("llama-3.2-1b", 2, 512, "bf16", attention="eager"),
+    _train("llama-3.2-1b", 8, 2048, "bf16", ckpt="full"),
+    _train("llama-3.2-1b", 2, 512, "fp32", "sgd-momentum"),
+    _train("llama-3.2-1b", 4, 1024, "bf16", "adafactor"),
+    _train("llama-3.2-1b", 1, 2048, "bf16", impl="fused"),
+    _train("llama-3.2-1b", 1, 2048, "bf16", impl="forloop"),
+    _infer("llama-3.2-1b", 1, 2048, "bf16", 32),
+    _infer("llama-3.2-1b", 16, 512, "bf16", 16),
+    # Llama 3.1 8B
+    _train("llama-3.1-8b", 1, 2048, "bf16"),
+    _train("llama-3.1-8b", 4, 4096, "bf16", ckpt="full"),
+    _train("llama-3.1-8b", 1, 1024, "bf16-mixed"),
+    _train("llama-3.1-8b", 1, 8192, "bf16", "sgd"),
+    _infer("llama-3.1-8b", 8, 4096, "bf16", 16),
+    _infer("llama-3.1-8b", 1, 128, "bf16", 8),
+    # Qwen2.5 0.5B: tied embeddings and a 152k vocabulary, so the fp32 loss is the peak
+    _train("qwen2.5-0.5b", 4, 1024, "bf16"),
+    _train("qwen2.5-0.5b", 8, 2048, "bf16-mixed"),
+    _train("qwen2.5-0.5b", 2, 512, "fp32", "adam"),
+    _infer("qwen2.5-0.5b", 4, 1024, "bf16", 16),
+    # a reduced Mixtral-style MoE (8 experts, top-2)
+    _train("mixtral-small", 2, 512, "bf16"),
+    _train("mixtral-small", 4, 512, "bf16", ckpt="full"),  # fp32: the grouped_mm meta kernel takes bf16 only
+    _infer("mixtral-small", 4, 256, "bf16", 8),
+    # a CNN from a layer list
+    {"id": "cnn-vgg-cifar-train-fp32-sgd-momentum-b64", "model": "cnn-vgg-cifar", "layers": CNN_LAYERS,
+     "input_shape": [3, 32, 32], "num_classes": 10, "mode": "train", "batch": 64, "seq_len": 0,
+     "precision": "fp32", "optimizer": "sgd-momentum", "optimizer_impl": "foreach", "checkpointing": "none",
+     "attention": "flash", "decode_tokens": 0},
+    {"id": "cnn-vgg-cifar-train-fp32-adamw-b256", "model": "cnn-vgg-cifar", "layers": CNN_LAYERS,
+     "input_shape": [3, 32, 32], "num_classes": 10, "mode": "train", "batch": 256, "seq_len": 0,
+     "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "none",
+     "attention": "flash", "decode_tokens": 0},
+]
+
+for _c in CASES:
+    _c.setdefault("tolerance", {"peak": PEAK_TOLERANCE, "states": STATE_TOLERANCE})
+
+
+def case_by_id() -> dict[str, dict[str, Any]]:
+    ids = [c["id"] for c in CASES]
+    dupes = {i for i in ids if ids.count(i) > 1}
+    if dupes:
+        raise ValueError(f"duplicate truth case ids: {sorted(dupes)}")
+    return {c["id"]: c for c in CASES}

@@ -1,0 +1,90 @@
+"""Regenerate the committed truth: measure every catalog case and write tests/data/truth/<case_id>.json."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..paths import atomic_write_text, safe_stem
+from .cases import case_by_id
+
+# Keys of a case that describe its inputs (copied verbatim into the JSON).
+INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
+              "attention", "decode_tokens", "head", "layers", "input_shape", "num_classes")
+
+METHOD = (
+    "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
+    "peak per phase (nnmem_sweep/measure/tracker.py). Random init, no download. Train: two steps of forward "
+    "(loss only kept), backward, optimizer.step(), zero_grad(set_to_none=True); peak over both. Infer: no_grad, "
+    "prefill with DynamicCache and logits_to_keep=1, then one-token decode steps, last-position logits upcast "
+    "to fp32 as generate() does. No attention mask is passed (unpacked sequences; transformers' "
+    "packed-sequence check answered None as a real run does). Categories are MemTracker's at the moment of the "
+    "peak: param, buffer, grad, act (forward), temp (backward), opt (state and step() temporaries), other "
+    "(inputs and labels). Optimizer 'step' scalars are counted (a CUDA run keeps them on the host unless "
+    "capturable/fused)."
+)
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        out["transformers"] = ""
+    return out
+
+
+def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written for one case: inputs, measured figures, environment, method."""
+    rec: dict[str, Any] = {"case_id": case["id"]}
+    rec["inputs"] = {k: case[k] for k in INPUT_KEYS if k in case}
+    rec["tolerance"] = case["tolerance"]
+    rec["hf_config"] = measured["config"] or None
+    rec["hf_config_origin"] = measured["config_origin"]
+    rec["params"] = measured["params"]
+    rec["measured"] = {
+        "peak_bytes": measured["peak_bytes"],
+        "peak_phase": measured["peak_phase"],
+        "peak_step": measured["peak_step"],
+        "peak_module": measured["peak_module"],
+        "peak_op": measured["peak_op"],
+        "categories_at_peak": measured["categories_at_peak"],
+        "phases": measured["phases"],
+        "totals": measured["totals"],
+        "attention_kernel": measured["attention_kernel"],
+        "attention_ops": measured["attention_ops"],
+    }
+    rec["versions"] = versions()
+    rec["device"] = "cpu (FakeTensorMode)"
+    rec["method"] = METHOD
+    return rec
+
+
+def regenerate(out_dir: Path, only: list[str]) -> int:
+    from .build import measure_case
+
+    catalog = case_by_id()
+    unknown = [c for c in only if c not in catalog]
+    if unknown:
+        from ..errors import UsageError
+
+        raise UsageError(f"unknown truth case(s): {', '.join(unknown)}; see nnmem_sweep/measure/cases.py")
+    ids = only or list(catalog)
+    out_dir = Path(out_dir)
+    for i, cid in enumerate(ids, 1):
+        t0 = time.perf_counter()
+        measured = measure_case(catalog[cid], fake=True)
+        rec = case_record(catalog[cid], measured)
+        path = out_dir / f"{safe_stem(cid)}.json"
+        atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
+        print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "
+              f"({measured['attention_kernel']} attention) {time.perf_counter() - t0:.1f} s -> {path}",
+              file=sys.stderr, flush=True)
+    return 0
