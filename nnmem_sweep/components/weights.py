@@ -84,14 +84,22 @@ def transformer_tensors(arch: Architecture) -> tuple[Tensor, ...]:
         t += _norm(arch, "embeddings.LayerNorm", 1)
     # one block
     t += _norm(arch, "attn_norm", L)
-    t += _linear("q_proj", hq, h, L, arch.qkv_bias, True)
-    t += _linear("k_proj", hkv, h, L, arch.qkv_bias, True)
-    t += _linear("v_proj", hkv, h, L, arch.qkv_bias, True)
+    if arch.family == "gpt2":  # GPT2Attention.c_attn: one Conv1D of weight (h, 3h) for q, k and v
+        t.append(Tensor("c_attn.weight", (h, hq + 2 * hkv), L, block_linear=True, matmul=True))
+        if arch.qkv_bias:
+            t.append(Tensor("c_attn.bias", (hq + 2 * hkv,), L))
+    else:
+        t += _linear("q_proj", hq, h, L, arch.qkv_bias, True)
+        t += _linear("k_proj", hkv, h, L, arch.qkv_bias, True)
+        t += _linear("v_proj", hkv, h, L, arch.qkv_bias, True)
     t += _linear("o_proj", h, hq, L, arch.attn_out_bias, True)
     t += _norm(arch, "mlp_norm", L)
     if arch.num_experts:
-        t.append(Tensor("router.weight", (arch.num_experts, h), L, matmul=True))  # stays 16-bit when quantised
-        t += _mlp(arch, "experts", L * arch.num_experts)
+        e, i = arch.num_experts, arch.intermediate
+        t.append(Tensor("router.weight", (e, h), L, matmul=True))  # stays 16-bit when quantised
+        # transformers 5 MixtralExperts: all experts in two 3-D parameters
+        t.append(Tensor("experts.gate_up_proj", (e, 2 * i, h), L, block_linear=True, matmul=True))
+        t.append(Tensor("experts.down_proj", (e, h, i), L, block_linear=True, matmul=True))
     else:
         t += _mlp(arch, "mlp", L)
     if not bert:  # pre-norm stacks end with a final norm
@@ -167,7 +175,7 @@ def weights_bytes(arch: Architecture, prec: Precision) -> int:
     if not prec.quant or arch.kind != "transformer":
         return s.total * prec.weight_bytes
     q = _QUANT[prec.quant]
-    quantised = sum(q(*x.shape) * x.count for x in s.tensors if x.block_linear)
+    quantised = sum(q(prod(x.shape[:-1]), x.shape[-1]) * x.count for x in s.tensors if x.block_linear)
     return quantised + (s.total - s.block_linear) * prec.weight_bytes
 
 

@@ -1,0 +1,94 @@
+"""Per-layer activation terms counted by hand, and Korthikanti et al. 2022's sbh(34 + 5as/h) reproduced."""
+import pytest
+
+from nnmem_sweep.catalog.precisions import get_precision
+from nnmem_sweep.components import activations as act
+from nnmem_sweep.components.terms import Term
+
+from .tiny_models import TINY_GPT2, TINY_LLAMA, replace
+
+FP32, BF16 = get_precision("fp32"), get_precision("bf16")
+
+
+def test_korthikanti_2022_table2_gpt_layer():
+    # GPT layer, 16-bit activations, 1-byte dropout masks, GeLU MLP (ffn = 4h), eager attention:
+    # sbh(34 + 5as/h) bytes, i.e. 34h per token + 5a per token per context token. We also count LayerNorm's fp32
+    # mean and rstd (2 x 4 B per token per LayerNorm), which the paper leaves out: + 16.
+    arch = replace(TINY_GPT2, hidden=64, heads=4, head_dim=16, kv_heads=4, intermediate=256)
+    layer = act.layer_saved(arch, BF16, "eager")
+    assert layer == Term(tok=34 * 64 + 16, s2=5 * 4)
+    # selective recomputation removes exactly the 5as²b term
+    assert act.layer_saved(arch, BF16, "eager", drop_scores=True) == Term(tok=34 * 64 + 16)
+    # full recomputation keeps the layer input, 2sbh
+    assert act.checkpointed_layer_saved(arch, BF16) == Term(tok=2 * 64)
+
+
+def test_tiny_llama_layer_fp32_flash():
+    # RMSNorm: (4 + 4)·8 + 4 = 68, twice: 136
+    assert act.norm_saved(TINY_LLAMA, FP32) == Term(tok=68)
+    # attention: qkv input 4·8 + Q,K,V 4·(8 + 4 + 4) + SDPA output 4·8 + lse 4·2 + o_proj input 4·8 = 168
+    assert act.attention_saved(TINY_LLAMA, FP32, "flash") == Term(tok=32 + 64 + 32 + 8 + 32)
+    # SwiGLU: input 4·8 + gate, silu, up, product 4·4·16 = 288
+    assert act.mlp_saved(TINY_LLAMA, FP32) == Term(tok=32 + 256)
+    assert act.layer_saved(TINY_LLAMA, FP32, "flash") == Term(tok=592)
+
+
+def test_tiny_llama_eager_gqa_repeats_kv_and_keeps_fp32_softmax():
+    # eager: repeat_kv copies K and V to the query width 8: Q,K,V 4·24 = 96; softmax (fp32) a·4 per s
+    assert act.attention_saved(TINY_LLAMA, FP32, "eager") == Term(tok=32 + 96 + 32, s2=2 * 4)
+    # bf16: fp32 softmax output 4 + its bf16 cast 2 = 6 per head
+    assert act.attention_saved(TINY_LLAMA, BF16, "eager").s2 == 2 * 6
+
+
+def test_gelu_new_saves_three_more_intermediates():
+    new = replace(TINY_GPT2, activation="gelu_new")
+    diff = act.mlp_saved(new, BF16).tok - act.mlp_saved(TINY_GPT2, BF16).tok
+    assert diff == 3 * 2 * 32  # tanh(.), 1 + tanh(.), 0.5·x, each e·I
+
+
+def test_moe_routes_k_tokens_per_token():
+    moe = replace(TINY_LLAMA, num_experts=4, experts_per_token=2)
+    # input 4·8 + router (4·4 + 8·2 + 4·2 + 4 + 4·2 = 52) + 2 x (expert MLP 256 + gathered input and output 2·4·8)
+    assert act.mlp_saved(moe, FP32) == Term(tok=32 + 52 + 2 * (256 + 64))
+
+
+def test_train_terms_tiny_llama_fp32():
+    t = act.train_activations(TINY_LLAMA, FP32, "flash", "none")
+    # inputs 16 + 2 layers x 592 + head (final norm 68 + lm_head input 32) = 1300 per token
+    assert t.saved == Term(tok=1300)
+    assert t.inputs == Term(tok=16)
+    # fp32 logits are their own upcast: logits 4·32 + log_softmax 4·32 + labels pad/shift 16
+    assert t.forward_temp == Term(tok=128 + 128 + 16)
+    assert t.backward_start_temp == (Term(tok=3 * 4 * 32),)
+    assert t.backward_end_temp == Term(tok=32)
+
+
+def test_full_checkpointing_recomputes_one_layer_in_backward():
+    t = act.train_activations(TINY_LLAMA, FP32, "flash", "full")
+    assert t.saved == Term(tok=16 + 2 * 32 + 100)  # inputs + layer inputs + head
+    assert Term(tok=592) in t.backward_start_temp
+
+
+def test_bf16_mixed_adds_autocast_copies_and_upcasts_logits():
+    p = get_precision("bf16-mixed")
+    t = act.train_activations(TINY_LLAMA, p, "flash", "none")
+    assert t.saved.const == 2816  # 16-bit copies of the 1408 matmul weights
+    # bf16 logits 2·32 + fp32 copy 4·32 + fp32 log_softmax 4·32 + labels 16
+    assert t.forward_temp == Term(tok=64 + 128 + 128 + 16)
+
+
+def test_prefill_temp_tiny_llama_bf16():
+    attn, mlp = act.prefill_temp(TINY_LLAMA, BF16, "flash")
+    # residual + norm output 2·2·8 + ids/mask 16 = 48; Q,K,V 2·16; output and its contiguous copy 2·2·8
+    assert attn == Term(tok=48 + 32 + 32, seq=32 * 6)
+    # MLP: 48 + SiLU, up, product 3·2·16; last-position logits bf16 + fp32 copy 32·6 per sequence
+    assert mlp == Term(tok=48 + 96, seq=32 * 6)
+
+
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_checkpointing_never_adds_saved_activations(attention):
+    for p in (FP32, BF16):
+        none = act.train_activations(TINY_GPT2, p, attention, "none").saved
+        sel = act.train_activations(TINY_GPT2, p, attention, "selective").saved
+        full = act.train_activations(TINY_GPT2, p, attention, "full").saved
+        assert full.tok <= sel.tok <= none.tok and full.s2 <= sel.s2 <= none.s2
