@@ -13,8 +13,12 @@ import torch
 from .hf_configs import MIXTRAL_SMALL, hf_dict
 from .tracker import Workload, run_workload
 
-PRECISIONS = ("fp32", "bf16", "bf16-mixed")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adagrad", "rmsprop")
+# model dtype and autocast dtype of each recipe (FORMULAS.md, precision recipes)
+_MODEL_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "bf16-mixed": torch.float32, "fp16-mixed": torch.float32}
+_AUTOCAST_DTYPE = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 LR = 1e-4
 
@@ -110,6 +114,11 @@ def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim
     if name == "adafactor":
         kw.pop("fused", None)
         return torch.optim.Adafactor(params, lr=LR, **kw)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=LR, **kw)
+    if name == "rmsprop":
+        kw.pop("fused", None)
+        return torch.optim.RMSprop(params, lr=LR, **kw)
     raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
 
 
@@ -132,7 +141,7 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     precision = case.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = _MODEL_DTYPE[precision]
     mode_ctx = FakeTensorMode() if fake else contextlib.nullcontext()
     train = case["mode"] == "train"
     torch.manual_seed(0)
@@ -154,7 +163,7 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
                 return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
 
         w = Workload(model=model, inputs=inputs, mode=case["mode"], optimizer=opt,
-                     autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
+                     autocast_dtype=_AUTOCAST_DTYPE.get(precision),
                      decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
         with fake_scalars() if fake else contextlib.nullcontext():
             record = run_workload(w)

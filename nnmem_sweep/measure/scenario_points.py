@@ -1,0 +1,145 @@
+"""`nnmem-sweep measure`: measure a scenario's grid points and write measured.csv beside the estimate."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from .. import columns as C
+from ..errors import UsageError
+from ..paths import atomic_write_text
+from .build import OPTIMIZERS, PRECISIONS
+from .tracker import CATEGORIES
+
+MEASURED_PEAK = "measured_peak_bytes"
+MEASURED_PHASE = "measured_peak_phase"
+MEASURED_MODULE = "measured_peak_module"
+KERNEL = "attention_kernel"
+ESTIMATED_ATTENTION = "estimated_attention"
+REL_ERROR = "relative_error"  # (estimate - measured) / measured
+STATUS = "status"  # measured | skipped: <why> | failed: <why>
+
+
+def category_column(cat: str) -> str:
+    return f"measured_{cat}_bytes"
+
+
+def parse_points(points: list[str]) -> dict[str, str]:
+    """["batch=4", "precision=bf16"] -> {"batch": "4", "precision": "bf16"}; unknown axes are a UsageError."""
+    out: dict[str, str] = {}
+    for p in points:
+        axis, sep, value = p.partition("=")
+        axis, value = axis.strip(), value.strip()
+        if not sep or not axis or not value:
+            raise UsageError(f"--point {p!r}: use AXIS=VALUE, e.g. --point batch=4")
+        if axis not in C.GRID_AXES:
+            raise UsageError(f"--point {p!r}: unknown axis {axis!r}; use one of {', '.join(C.GRID_AXES)}")
+        out[axis] = value
+    return out
+
+
+def model_spec(sc) -> dict[str, Any]:  # noqa: ANN001
+    """The scenario's `model:` mapping as written (preset, hf_config or layer list), resolved against its folder."""
+    doc = yaml.safe_load(sc.source_text) if sc.source_text else {}
+    spec = dict((doc or {}).get("model") or {})
+    if "preset" in spec:
+        return {"model": spec["preset"]}
+    if "hf_config" in spec:
+        import json
+
+        path = Path(spec["hf_config"])
+        if not path.is_absolute():
+            path = Path(sc.path).parent / path
+        return {"model": sc.model.preset or path.stem, "hf_config": json.loads(path.read_text())}
+    if "layers" in spec:
+        return {"model": sc.model.name, "layers": spec["layers"], "input_shape": spec["input_shape"],
+                "num_classes": int(sc.model.layer_table[-1].output_elements) if sc.model.layer_table else 10}
+    raise UsageError("measuring needs a model given by preset, hf_config or a layer list; "
+                     "a params or architecture model has no network to run")
+
+
+def _skip_reason(row: dict[str, Any], mode: str) -> str:
+    if row[C.PRECISION] not in PRECISIONS:
+        return f"precision {row[C.PRECISION]} is not measured (measured: {', '.join(PRECISIONS)})"
+    if mode == "train" and row[C.OPTIMIZER] not in OPTIMIZERS:
+        return f"optimizer {row[C.OPTIMIZER]} is not in torch.optim"
+    if row[C.CHECKPOINTING] == "selective":
+        return "selective checkpointing has no transformers switch"
+    if mode == "infer" and int(row[C.CACHE_TOKENS]) > 0:
+        return "a preallocated cache (cache_tokens > 0) is not measured; generate() grows a DynamicCache"
+    return ""
+
+
+def select_points(frame: pd.DataFrame, filters: dict[str, str], limit: int) -> pd.DataFrame:
+    points = frame[list(C.GRID_AXES)].astype(str).drop_duplicates()
+    for axis, value in filters.items():
+        points = points[points[axis] == value]
+    if points.empty:
+        raise UsageError("no grid point matches " + ", ".join(f"{a}={v}" for a, v in filters.items()))
+    return points.head(max(int(limit), 0)).reset_index(drop=True)
+
+
+def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: int) -> int:
+    from ..config import load_scenario
+    from ..grid import expand_grid
+    from ..runner import estimate_frame
+    from .build import measure_case
+
+    sc = load_scenario(config_path)
+    spec = model_spec(sc)
+    selected = select_points(expand_grid(sc), parse_points(points), limit)
+    rows = []
+    for n, point in enumerate(selected.to_dict("records"), 1):
+        row: dict[str, Any] = {C.MODEL: sc.model.name, C.MODE: sc.mode, **point}
+        for axis in (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS):
+            row[axis] = int(point[axis])
+        reason = _skip_reason(row, sc.mode)
+        if reason:
+            rows.append({**row, STATUS: f"skipped: {reason}"})
+            continue
+        case = {**spec, "mode": sc.mode, "batch": row[C.BATCH], "seq_len": row[C.SEQ_LEN],
+                "precision": row[C.PRECISION], "optimizer": row[C.OPTIMIZER],
+                "optimizer_impl": row[C.OPTIMIZER_IMPL], "checkpointing": row[C.CHECKPOINTING],
+                "attention": row[C.ATTENTION], "decode_tokens": row[C.DECODE_TOKENS]}
+        t0 = time.perf_counter()
+        try:
+            m = measure_case(case, fake=True)
+        except Exception as e:  # noqa: BLE001 - one point PyTorch cannot run must not lose the others
+            rows.append({**row, STATUS: f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+            continue
+        row.update({MEASURED_PEAK: m["peak_bytes"], MEASURED_PHASE: m["peak_phase"],
+                    MEASURED_MODULE: m["peak_module"], KERNEL: m["attention_kernel"], STATUS: "measured"})
+        for cat in CATEGORIES:
+            row[category_column(cat)] = m["categories_at_peak"][cat]
+        rows.append(row)
+        print(f"[{n}/{len(selected)}] {m['peak_bytes']:,} B at {m['peak_phase']} "
+              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows)
+    df = _with_estimate(df, sc, estimate_frame)
+    out = Path(out_dir) / "measured.csv"
+    atomic_write_text(out, df.to_csv(index=False))
+    print(out)
+    return 0
+
+
+def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noqa: ANN001
+    """The estimate of the same points beside the measurement; the attention mode matched to the kernel that ran
+    (CPU SDPA falls back to the math path when dropout > 0, which the estimator calls eager)."""
+    ok = df[STATUS] == "measured" if STATUS in df else pd.Series(False, index=df.index)
+    if not ok.any():
+        return df
+    pts = df.loc[ok, list(C.GRID_AXES)].copy()
+    pts[C.ATTENTION] = [("eager" if k == "math" else a) for k, a in zip(df.loc[ok, KERNEL], pts[C.ATTENTION])]
+    pts[C.GPU_MEMORY] = sc.gpus[0].memory_bytes
+    est = estimate_frame(sc.model, sc.mode, pts, sc.overheads, sc.headroom)
+    df[ESTIMATED_ATTENTION] = pd.Series(pts[C.ATTENTION], index=pts.index)
+    df[C.PEAK_ALLOCATED] = pd.Series(est[C.PEAK_ALLOCATED].astype("int64"), index=pts.index).astype("Int64")
+    df["estimated_peak_phase"] = pd.Series(est[C.PEAK_PHASE], index=pts.index)
+    df[REL_ERROR] = (df[C.PEAK_ALLOCATED] - df[MEASURED_PEAK]) / df[MEASURED_PEAK]
+    for c in [MEASURED_PEAK] + [category_column(c) for c in CATEGORIES]:
+        df[c] = df[c].astype("Int64")
+    return df
