@@ -40,8 +40,10 @@ def load_formulas() -> list:
 
 def load_validation(truth_dir: Path | None = None):
     """accuracy.compare over the committed measured cases, or None when either is not there (section omitted)."""
+    import importlib
+
     try:
-        from .. import accuracy
+        accuracy = importlib.import_module("nnmem_sweep.accuracy")
     except ModuleNotFoundError as e:
         if e.name != "nnmem_sweep.accuracy":
             raise

@@ -7,6 +7,7 @@ Coordinates are rounded to 0.1 px so the output does not depend on float noise.
 from __future__ import annotations
 
 import math
+import re
 from xml.sax.saxutils import escape, quoteattr
 
 from ..units import GiB
@@ -70,6 +71,34 @@ def _legend(items: list[tuple[str, str]], y: float, left: float) -> tuple[list[s
     return out, y + 8
 
 
+def spread(wanted: list[float], gap: float, lo: float, hi: float) -> list[float]:
+    """Positions as close as possible to `wanted` (ascending), at least `gap` apart, kept within [lo, hi] when they fit."""
+    out: list[float] = []
+    for w in wanted:
+        out.append(max(w, lo, out[-1] + gap) if out else max(w, lo))
+    for i in range(len(out) - 1, -1, -1):  # pushed past the bottom: slide the stack back up
+        limit = hi if i == len(out) - 1 else out[i + 1] - gap
+        out[i] = min(out[i], limit)
+    return out
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Words into lines of at most `width` characters; a longer word breaks after its hyphens ('A100-SXM4-' '40GB')."""
+    lines: list[str] = []
+    words = []
+    for word in text.split():
+        words += re.findall(r"[^-]+-?|-", word) if len(word) > width else [word]
+    for word in words:
+        if lines and lines[-1].endswith("-") and len(lines[-1]) + len(word) <= width:
+            lines[-1] += word
+            continue
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
 def stacked_bars(title: str, bars: list[tuple[str, list[int]]], segment_names: list[str],
                  capacities: list[tuple[str, int]]) -> str:
     """Horizontal stacked bars in GiB: one bar per (label, [bytes per segment]); dashed lines at GPU capacities."""
@@ -113,8 +142,9 @@ def stacked_bars(title: str, bars: list[tuple[str, list[int]]], segment_names: l
     body += legend
     if capacities:
         caps = "; ".join(label for label, _ in capacities)
-        body.append(_text(8, bottom + 12, f"dashed lines: usable memory of {caps}", size=10))
-        bottom += 16
+        for line in _wrap(f"dashed lines, left to right: usable memory of {caps}", int((WIDTH - 16) / 5.7)):
+            body.append(_text(8, bottom + 12, line, size=10))
+            bottom += 14
     return _svg(bottom + 4, body, title)
 
 
@@ -124,7 +154,7 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
 
     The x axis is log2 when the batch values span a factor of 8 or more (batches are usually powers of two).
     """
-    left, right, top, plot_h = 56, WIDTH - 150, 10, 230
+    left, right, top, plot_h = 56, WIDTH - 150, 10, 260
     xs = sorted(xs)
     log = len(xs) > 1 and xs[0] > 0 and xs[-1] / xs[0] >= 8
     fx = (lambda v: math.log2(v)) if log else (lambda v: float(v))
@@ -154,16 +184,14 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
         body.append(_text(px(v), bottom_y + 16, f"{v:,}", "middle"))
     body.append(_text((left + right) / 2, bottom_y + 32, x_label + (" (log scale)" if log else ""), "middle"))
     body.append(f'<line x1="{left}" y1="{_n(bottom_y)}" x2="{right}" y2="{_n(bottom_y)}" stroke="#444"/>')
-    # capacity lines, labelled at the right edge; labels pushed apart so they never overlap
-    label_ys: list[float] = []
-    for label, cap in sorted(capacities, key=lambda c: -c[1]):
+    # capacity lines, labelled at the right edge; labels spread apart so they never overlap
+    caps = sorted(capacities, key=lambda c: -c[1])  # top of the plot first
+    wanted = [py(cap) + 4 for _, cap in caps]
+    for label, cap in caps:
         yy = py(cap)
         body.append(f'<line x1="{left}" y1="{_n(yy)}" x2="{right}" y2="{_n(yy)}" stroke="#000" stroke-dasharray="5 3"/>')
-        ly = yy + 4
-        if label_ys and ly < label_ys[-1] + 12:
-            ly = label_ys[-1] + 12
-        label_ys.append(ly)
-        body.append(_text(right + 4, ly, label[:24], size=10))
+    for (label, _), ly in zip(caps, spread(wanted, 11, top + 4, bottom_y + 4)):
+        body.append(_text(right + 4, ly, label if len(label) <= 26 else label[:25] + "…", size=9))
     for k, (label, ys) in enumerate(series):
         colour = LINE_COLOURS[k % len(LINE_COLOURS)]
         pts = [(px(xv), py(yv)) for xv, yv in zip(xs, ys) if yv is not None]
@@ -179,25 +207,32 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
     return _svg(end + 4, body, title)
 
 
-def heatmap(title: str, row_labels: list[str], col_labels: list[str], cells: list[list[tuple[str, int]]]) -> str:
-    """A grid of (text, level) cells; level 0..5 picks the shade (0 = does not fit)."""
-    left = min(300, max(60, max((len(r) for r in row_labels), default=4) * CHAR_W + 10))
+def heatmap(title: str, row_labels: list[str], col_labels: list[str], cells: list[list[int]],
+            legend: list[str]) -> str:
+    """A grid of shaded cells, level 0..5 (0 = does not fit), with a legend of what each shade means.
+
+    Cells carry no numbers (the tables do): a PDF renderer lays out every SVG text separately, and hundreds of them
+    cost seconds.
+    """
+    left = min(300, max(60, max((len(r) for r in row_labels), default=4) * 5.7 + 10))
     cols = max(1, len(col_labels))
-    cell_w = min(90, (WIDTH - left - 4) / cols)
-    cell_h, head = 16, 34
+    cell_w = min(70, (WIDTH - left - 4) / cols)
+    per_line = max(4, int(cell_w / 5.4))
+    wrapped = [_wrap(label, per_line)[:4] for label in col_labels]
+    cell_h, head = 12, 8 + 11 * max((len(w) for w in wrapped), default=1)
     body: list[str] = []
-    for j, label in enumerate(col_labels):
+    for j, lines in enumerate(wrapped):
         cx = left + (j + 0.5) * cell_w
-        short = label if len(label) * 5.6 <= cell_w * 2 else label[: int(cell_w * 2 / 5.6) - 1] + "…"
-        body.append(_text(cx, head - 6, short, "middle", size=9,
-                          extra=f' transform="rotate(-20 {_n(cx)} {head - 6})"' if len(label) * 5.6 > cell_w else ""))
+        for k, line in enumerate(lines):
+            y = head - 4 - 11 * (len(lines) - 1 - k)
+            body.append(_text(cx, y, line if len(line) <= per_line else line[: per_line - 1] + "…", "middle", size=9))
     for i, (label, row) in enumerate(zip(row_labels, cells)):
         y = head + i * cell_h
-        body.append(_text(left - 6, y + cell_h - 4, label, "end", size=10))
-        for j, (text, level) in enumerate(row):
-            xx = left + j * cell_w
-            body.append(f'<rect x="{_n(xx)}" y="{_n(y)}" width="{_n(cell_w - 1)}" height="{cell_h - 1}" '
-                        f'fill="{LEVEL_FILL[level]}"/>')
-            body.append(_text(xx + cell_w / 2, y + cell_h - 4, text, "middle", size=10,
-                              extra=f' fill="{LEVEL_TEXT[level]}"'))
-    return _svg(head + len(row_labels) * cell_h + 6, body, title)
+        body.append(_text(left - 6, y + cell_h - 3, label, "end", size=9))
+        for j, level in enumerate(row):
+            body.append(f'<rect x="{_n(left + j * cell_w)}" y="{_n(y)}" width="{_n(cell_w - 1)}" '
+                        f'height="{cell_h - 1}" fill="{LEVEL_FILL[level]}"/>')
+    y = head + len(row_labels) * cell_h + 18
+    items = [(text, LEVEL_FILL[k]) for k, text in enumerate(legend) if text]
+    out, end = _legend(items, y, left=8)
+    return _svg(end + 4, body + out, title)

@@ -160,7 +160,7 @@ def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dic
                 others.append(f"{g.name} ({_recipe(sc, rows.iloc[0].to_dict())})")
         other_text = ""
         if others and len(_varying(sc)) > (1 if seq else 0):
-            other_text = f"With another recipe from the grid: {'; '.join(others)}."
+            other_text = f"With another recipe from the grid (the first that meets it): {'; '.join(others)}."
         target = {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
     headroom = f"Usable memory is the GPU's reported capacity less {percent(sc.headroom)} headroom."
     return {"sentences": sentences, "target": target, "reference": prefix, "headroom_note": headroom}
@@ -184,8 +184,21 @@ def level(value: int, top: int) -> int:
     return max(1, min(5, math.ceil(5 * math.log2(1 + value) / math.log2(1 + top))))
 
 
-def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Tables of max batch (rows: the chosen axes; columns: GPUs); returns the tables and the heatmap data."""
+def level_legend(values: np.ndarray, top: int) -> list[str]:
+    """What each shade means in this report: the range of max batch values that got it ('' where none did)."""
+    levels = np.array([level(int(v), top) for v in np.unique(values)])
+    uniq = np.unique(values)
+    out = ["does not fit"]
+    for lv in range(1, 6):
+        got = uniq[levels == lv]
+        out.append("" if got.size == 0 else f"{got.min():,}" if got.min() == got.max() else f"{got.min():,}–{got.max():,}")
+    return out
+
+
+def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
+                     point: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Tables of max batch (rows: the chosen axes; columns: GPUs, smallest first) and the heatmap data: the rows of
+    the table at the reference point's values of the other varying axes (e.g. the reference sequence length)."""
     row_axes = table_rows_axes(sc)
     split_axes = [a for a in _varying(sc) if a not in row_axes]
     gpus = [g for g in _gpu_order(sc) if g.id in set(max_batch[C.GPU])]
@@ -195,6 +208,8 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[s
     for rec in max_batch[key_cols + [C.MAX_BATCH]].itertuples(index=False, name=None):
         lookup[tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec[:-1])] = int(rec[-1])
 
+    point = point if point is not None else reference_point(sc)
+    heat_key = tuple(point.get(a) for a in split_axes)
     tables, heat_rows, heat_cells, total_rows = [], [], [], 0
     for split_values in product(*(sc.grid[a] for a in split_axes)):
         caption_bits = [f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, split_values)]
@@ -211,10 +226,11 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[s
                    "cells": [{"text": DASH if not c else f"{c:,}", "level": level(c or 0, top),
                               "edge": j == first_fit} for j, c in enumerate(cells)]}
             rows.append(row)
-            total_rows += 1
-            if len(heat_rows) < HEATMAP_MAX_ROWS:
-                heat_rows.append(" · ".join(row["axes"] + [axis_value(a, v) for a, v in zip(split_axes, split_values)]))
-                heat_cells.append([(c["text"], c["level"]) for c in row["cells"]])
+            if tuple(split_values) == heat_key:
+                total_rows += 1
+                if len(heat_rows) < HEATMAP_MAX_ROWS:
+                    heat_rows.append(" · ".join(row["axes"]))
+                    heat_cells.append([c["level"] for c in row["cells"]])
         for start in range(0, len(gpus), GPUS_PER_TABLE):
             chunk = gpus[start:start + GPUS_PER_TABLE]
             part = ""
@@ -228,7 +244,9 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame) -> tuple[list[dict[s
                 "rows": [{"axes": r["axes"], "cells": r["cells"][start:start + len(chunk)]} for r in rows],
             })
     heat = {"rows": heat_rows, "cols": [g.name for g in gpus], "cells": heat_cells,
-            "truncated": total_rows > len(heat_rows)}
+            "legend": level_legend(max_batch[C.MAX_BATCH].to_numpy(), top),
+            "truncated": total_rows > len(heat_rows),
+            "about": ", ".join(f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, heat_key))}
     return tables, heat
 
 
@@ -290,28 +308,40 @@ def _memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str,
 
 
 # ---------------------------------------------------------------------------------------------------- assumptions
-def _per_param(value: Any) -> str:
+def _bytes_or_dash(value: Any) -> str:
     return DASH if not value else f"{value} B"
 
 
-def _catalog_entry(entry_id: str, entry: Any) -> dict[str, Any]:
-    """One catalog entry as the report shows it: bytes per parameter where the entry has them, and its `stores` line."""
-    get = (lambda k: entry.get(k)) if isinstance(entry, dict) else (lambda k: getattr(entry, k, None))
-    stores = get("stores") or get("description") or ""
-    fields = {}
-    if dataclasses.is_dataclass(entry):
-        fields = dataclasses.asdict(entry)
-    elif isinstance(entry, dict):
-        fields = dict(entry)
-    per_param = [{"key": k.replace("_bytes", "").replace("_", " "), "value": _per_param(v)}
-                 for k, v in fields.items() if k.endswith("_bytes") and isinstance(v, int)]
-    if get("quant_bits"):
-        per_param.append({"key": "quantised weights", "value": f"{get('quant_bits')} bits ({get('quant')})"})
-    return {"id": entry_id, "stores": str(stores), "per_param": per_param}
+def _precision_entry(p: Any) -> dict[str, str]:
+    """A precisions.Precision as the report shows it: bytes per element of each kind of tensor, and its `stores`."""
+    g = (lambda k: getattr(p, k, None))
+    per = [f"weights {_bytes_or_dash(g('weight_bytes'))}", f"grads {_bytes_or_dash(g('grad_bytes'))}",
+           f"master {_bytes_or_dash(g('master_bytes'))}", f"optimizer state {_bytes_or_dash(g('state_bytes'))}",
+           f"activations {_bytes_or_dash(g('act_bytes'))}"]
+    if g("quant_bits"):
+        per.append(f"quantised weights {g('quant_bits')} bits ({g('quant')})")
+    return {"id": str(g("name")), "stores": str(g("stores") or ""), "detail": ", ".join(per)}
 
 
-def _catalog(module_name: str, ids: list[str]) -> list[dict[str, Any]]:
-    """Entries of a catalog module (precisions, optimizers) for the ids the scenario uses; [] when not available."""
+_LAYOUTS = {"full": "one tensor of Ψ elements each, in the parameter's dtype",
+            "factored": "a row and a column vector per matrix (factored second moment)",
+            "8bit": "uint8 per element plus an fp32 absmax per 2,048-element block"}
+
+
+def _optimizer_entry(o: Any) -> dict[str, str]:
+    """An optimizers.Optimizer: its state tensors, their layout and the temporaries of one step()."""
+    g = (lambda k: getattr(o, k, None))
+    state = ", ".join(g("state") or ()) or "no state"
+    layout = _LAYOUTS.get(str(g("layout")), str(g("layout") or ""))
+    stores = f"{state} ({layout})" if g("state") else state
+    temps = [f"foreach: {g('foreach_temps') or 0}·Ψ", f"for-loop: {g('forloop_temps') or 0}× the largest tensor"]
+    note = str(g("note") or "")
+    return {"id": str(g("name")), "stores": f"{g('implementation') or ''}: {stores}".lstrip(": "),
+            "detail": "step() temporaries " + ", ".join(temps) + (f". {note}" if note else "")}
+
+
+def _catalog(module_name: str, ids: list[str]) -> list[dict[str, str]]:
+    """Entries of catalog/precisions.py or catalog/optimizers.py for the ids the scenario uses ([] when absent)."""
     import importlib
 
     try:
@@ -321,7 +351,8 @@ def _catalog(module_name: str, ids: list[str]) -> list[dict[str, Any]]:
     table = getattr(mod, module_name.upper(), None)
     if not isinstance(table, dict) or not all(i in table for i in ids):
         return []
-    return [_catalog_entry(i, table[i]) for i in ids]
+    entry = _precision_entry if module_name == "precisions" else _optimizer_entry
+    return [entry(table[i]) for i in ids]
 
 
 def assumptions(sc: Scenario) -> dict[str, Any]:
@@ -375,10 +406,10 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
                   elapsed_s: float | None = None) -> dict[str, Any]:
     point = reference_point(sc)
     usable = _usable(results, sc)
-    tables, heat = max_batch_tables(sc, max_batch)
+    tables, heat = max_batch_tables(sc, max_batch, point)
     breakdown_svg, breakdown_about = _breakdown_chart(sc, results, point, usable)
     lines_svg, lines_about = _memory_vs_batch_chart(sc, results, point, usable)
-    heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"])
+    heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"], heat["legend"])
     paper = str(sc.report.get("paper", "A4"))
     n_points = len(results)
     return {
@@ -399,7 +430,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "charts": {
             "breakdown": breakdown_svg, "breakdown_about": breakdown_about,
             "lines": lines_svg, "lines_about": lines_about,
-            "heatmap": heat_svg, "heatmap_truncated": heat["truncated"],
+            "heatmap": heat_svg, "heatmap_truncated": heat["truncated"], "heatmap_about": heat["about"],
             "heatmap_max_rows": str(HEATMAP_MAX_ROWS),
         },
         "assumptions": assumptions(sc),

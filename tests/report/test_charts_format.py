@@ -38,13 +38,23 @@ def test_charts_are_deterministic_and_valid_xml():
         return [
             charts.stacked_bars("t", [("a & b", [GiB, 2 * GiB]), ("<c>", [3 * GiB, 0])], ["w", "g"], [("H100", 75 * GiB)]),
             charts.line_chart("t", [1, 2, 4, 8], [("seq 1", [GiB, 2 * GiB, None, 8 * GiB])], [("A100", 38 * GiB)], "batch"),
-            charts.heatmap("t", ["r1", "r<2>"], ["G1", "G2"], [[("1", 1), ("–", 0)], [("9", 5), ("4", 3)]]),
+            charts.heatmap("t", ["r1", "r<2>"], ["G1", "A100-SXM4-40GB"], [[1, 0], [5, 3]], ["no", "1", "", "4", "", "9"]),
         ]
     first, second = draw(), draw()
     assert first == second
     for svg in first:
         ET.fromstring(svg)
-    assert "&lt;c&gt;" in first[0] and "a &amp; b" in first[0]
+    assert "&lt;c&gt;" in first[0] and "a &amp; b" in first[0] and "r&lt;2&gt;" in first[2]
+
+
+def test_wrap_breaks_long_names_after_hyphens():
+    assert charts._wrap("A100-SXM4-40GB", 11) == ["A100-SXM4-", "40GB"]
+    assert charts._wrap("H100 SXM5 80GB (H100 80GB HBM3)", 11) == ["H100 SXM5", "80GB (H100", "80GB HBM3)"]
+
+
+def test_spread_keeps_labels_apart_and_inside():
+    assert charts.spread([10, 12, 50], 11, 0, 100) == [10, 21, 50]
+    assert charts.spread([95, 96, 97], 11, 0, 100) == [78, 89, 100]
 
 
 def test_formatters():

@@ -27,11 +27,10 @@ KWON = Source("kwon2023", "Kwon et al. 2023, PagedAttention (vLLM)", "arXiv:2309
 FORMULAS = [Formula("kv_cache_bytes", "2 · b · s · L · kv_heads · head_dim · bytes", (KWON,), "§3",
                     "nnmem_sweep.components.kv", note="paged caches round up to whole blocks")]
 CATALOG = {
-    "precisions": [{"id": "bf16-mixed", "stores": "fp32 params, bf16 activations",
-                    "per_param": [{"key": "weight", "value": "4 B"}]},
-                   {"id": "bf16", "stores": "model cast to bf16", "per_param": [{"key": "weight", "value": "2 B"}]}],
-    "optimizers": [{"id": "adamw", "stores": "exp_avg, exp_avg_sq", "per_param": [{"key": "state", "value": "8 B"}]},
-                   {"id": "sgd", "stores": "momentum_buffer", "per_param": [{"key": "state", "value": "4 B"}]}],
+    "precisions": [{"id": "bf16-mixed", "stores": "fp32 params, bf16 activations", "detail": "weights 4 B"},
+                   {"id": "bf16", "stores": "model cast to bf16", "detail": "weights 2 B"}],
+    "optimizers": [{"id": "adamw", "stores": "exp_avg, exp_avg_sq", "detail": "foreach: 1·Ψ"},
+                   {"id": "sgd", "stores": "no state", "detail": "foreach: 0·Ψ"}],
 }
 
 
@@ -182,7 +181,12 @@ def test_table_cells_and_frontier(run):
     assert row["axes"] == ["4,096", "bf16-mixed", "adamw"]
     assert [c["text"] for c in row["cells"]] == ["7", "29", "78"]
     assert [c["edge"] for c in row["cells"]] == [True, False, False]
-    assert len(heat["rows"]) == 16 and heat["truncated"] is False
+    # the heatmap shows the reference slice (checkpointing none, the first value): the first table's 8 rows
+    assert len(heat["rows"]) == 8 and heat["truncated"] is False and heat["about"] == "checkpointing none"
+    # shade = ceil(5·log2(1 + mb) / log2(1 + 3549)), 3549 the largest max batch: 7 -> ceil(1.27) = 2,
+    # 29 -> ceil(2.08) = 3, 78 -> ceil(2.67) = 3
+    assert heat["cells"][4] == [2, 3, 3]
+    assert heat["legend"][0] == "does not fit" and heat["legend"][2].startswith("7–")
 
 
 def test_validation_section_present_only_with_data(fixed, run):
@@ -237,3 +241,18 @@ def test_toy_components_add_up(run):
     r = run.results
     assert (r[list(C.COMPONENTS)].sum(axis=1) == r[C.PEAK_ALLOCATED]).all()
     assert (r[C.TOTAL] == r[C.PEAK_ALLOCATED] + OVERHEAD).all() and PARAMS == 10**9
+
+
+def test_catalog_entries_read_the_catalog_fields():
+    from types import SimpleNamespace as NS
+
+    p = NS(name="bf16-master", weight_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4, act_bytes=2,
+           quant_bits=0, quant="", stores="bf16 weights, fp32 master")
+    assert context._precision_entry(p) == {
+        "id": "bf16-master", "stores": "bf16 weights, fp32 master",
+        "detail": "weights 2 B, grads 2 B, master 4 B, optimizer state 4 B, activations 2 B"}
+    o = NS(name="adamw", implementation="torch.optim.AdamW", state=("exp_avg", "exp_avg_sq"), layout="full",
+           foreach_temps=1, forloop_temps=2, note="")
+    e = context._optimizer_entry(o)
+    assert e["stores"].startswith("torch.optim.AdamW: exp_avg, exp_avg_sq (one tensor of Ψ")
+    assert e["detail"] == "step() temporaries foreach: 1·Ψ, for-loop: 2× the largest tensor"
