@@ -82,6 +82,11 @@ class _TooBig(Exception):
     pass
 
 
+def _under(path: str, root: str) -> bool:
+    """`path` is `root` or inside it ("grid.batch[2]" is under "grid" and "grid.batch", not under "gri")."""
+    return path == root or path.startswith(root + ".") or path.startswith(root + "[")
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -266,13 +271,13 @@ def _schema_problems(data: Any, b: _Builder) -> list[Problem]:
     def add(path: str, message: str, key: bool = False) -> None:
         at = (b.key_at.get(path) if key else None) or _locate(path, b)
         problem = Problem(b.file, at[0] if at else None, at[1] if at else None, path, message)
-        if problem not in found:  # jsonschema reports a missing key once per `required` keyword that names it
+        if problem not in found:  # jsonschema yields one `required` error per missing key, each with the full list
             found.append(problem)
 
     for err in sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         path = _path_of(err.absolute_path)
-        if path in b.bad or any(path.startswith(bad + ".") or path.startswith(bad + "[") for bad in b.bad if bad):
-            continue
+        if any(_under(path, bad) for bad in b.bad if bad):
+            continue  # the builder already said what is wrong here
         kind, want, inst = err.validator, err.validator_value, err.instance
         if kind == "additionalProperties":
             allowed = sorted(err.schema.get("properties", {}))
@@ -331,11 +336,7 @@ class _Checker:
 
     def clean(self, path: str) -> bool:
         """No problem reported at `path`, inside it, or at one of its ancestors."""
-        for d in self.dirty:
-            if d == path or d.startswith(path + ".") or d.startswith(path + "[") or (
-                    d and (path.startswith(d + ".") or path.startswith(d + "["))):
-                return False
-        return True
+        return not any(_under(d, path) or (d and _under(path, d)) for d in self.dirty)
 
     def add(self, path: str, message: str, key: bool = False) -> None:
         at = (self.b.key_at.get(path) if key else None) or _locate(path, self.b)
