@@ -395,7 +395,7 @@ def _grid(data: dict, mode: str, ck: _Checker) -> dict[str, tuple[Any, ...]]:
         out[axis] = _dedupe(values)
     if mode == "infer" and all(ck.clean(f"grid.{a}") for a in (C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS)):
         need = max(out[C.SEQ_LEN], default=0) + max(out[C.DECODE_TOKENS], default=0)
-        for i, tokens in enumerate(out[C.CACHE_TOKENS]):
+        for i, tokens in enumerate(_as_list(grid.get(C.CACHE_TOKENS, 0))):  # as written, so [i] is the user's
             if 0 < tokens < need:
                 where = f"grid.{C.CACHE_TOKENS}" + (f"[{i}]" if isinstance(grid.get(C.CACHE_TOKENS), list) else "")
                 ck.add(where, f"a static cache of {tokens:,} tokens cannot hold seq_len + decode_tokens = "
