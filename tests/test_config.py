@@ -410,3 +410,14 @@ def test_tagged_top_level_mapping_is_a_located_problem() -> None:
         parse_scenario_text("!0\n?", file="t.yaml")
     assert [str(p) for p in info.value.problems] == [
         "t.yaml:1:1: tag '!0' is not allowed: scenario files are plain YAML"]
+
+
+def test_static_cache_problem_names_the_index_as_written() -> None:
+    # [0, 0, 100]: the bad value is item 2 as the user wrote it (item 1 after de-duplication). 512 + 1 = 513 tokens.
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario_text("mode: infer\nmodel: {preset: gpt2}\n"
+                            "grid: {batch: 1, seq_len: 512, precision: bf16, cache_tokens: [0, 0, 100]}\n"
+                            "gpus: [l4]\n", file="c.yaml")
+    assert [str(p) for p in info.value.problems] == [
+        "c.yaml:3:70: grid.cache_tokens[2]: a static cache of 100 tokens cannot hold seq_len + decode_tokens = 513 "
+        "tokens; use 0 (a dynamic cache) or at least 513"]
