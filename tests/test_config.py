@@ -421,3 +421,12 @@ def test_static_cache_problem_names_the_index_as_written() -> None:
     assert [str(p) for p in info.value.problems] == [
         "c.yaml:3:70: grid.cache_tokens[2]: a static cache of 100 tokens cannot hold seq_len + decode_tokens = 513 "
         "tokens; use 0 (a dynamic cache) or at least 513"]
+
+
+def test_bom_and_crlf_files_load_and_hash_the_bytes_on_disk(tmp_path: Path) -> None:
+    # Editors on Windows write a UTF-8 byte-order mark and CRLF line ends: both are plain YAML.
+    raw = b"\xef\xbb\xbf" + MINIMAL_TRAIN.replace("\n", "\r\n").encode("utf-8")
+    (tmp_path / "w.yaml").write_bytes(raw)
+    sc = load_scenario(tmp_path / "w.yaml")
+    assert sc.grid[C.BATCH] == (4,) and sc.name == "w"
+    assert sc.sha256 == hashlib.sha256(raw).hexdigest()
