@@ -47,6 +47,8 @@ class PhasePeak:
     categories: dict[str, int] = field(default_factory=dict)
     module: str = ""
     op: str = ""
+    end_bytes: int = 0  # live at the end of the phase (after a forward: what is saved for backward + the loss)
+    end_categories: dict[str, int] = field(default_factory=dict)
 
 
 def _split(dev_snap: dict) -> dict[str, int]:
@@ -78,6 +80,8 @@ class PhaseTracker(MemTracker):
             yield record
         finally:
             self._phase = None
+            record.end_bytes = self._current_total()
+            record.end_categories = self._current_split()
             self.phases.append(record)
 
     def _current_total(self) -> int:
@@ -216,7 +220,8 @@ def run_workload(w: Workload) -> dict[str, Any]:
         best = per_phase.get(p.phase)
         if best is None or p.peak_bytes > best["peak_bytes"]:
             per_phase[p.phase] = {"peak_bytes": p.peak_bytes, "step": p.step, "categories": dict(p.categories),
-                                  "module": p.module, "op": p.op}
+                                  "module": p.module, "op": p.op, "end_bytes": p.end_bytes,
+                                  "end_categories": dict(p.end_categories)}
     return {
         "peak_bytes": top.peak_bytes,
         "peak_phase": top.phase,

@@ -1,0 +1,45 @@
+"""`nnmem-sweep measure` on a shipped scenario: measured.csv holds the measurement beside the estimate."""
+from __future__ import annotations
+
+import pytest
+
+from nnmem_sweep.errors import UsageError
+from nnmem_sweep.measure.scenario_points import parse_points
+
+pytest.importorskip("torch", reason="the [measure] extra (torch) is not installed")
+pytest.importorskip("transformers", reason="the [measure] extra (transformers) is not installed")
+
+
+def test_parse_points():
+    assert parse_points(["batch=4", " precision = bf16 "]) == {"batch": "4", "precision": "bf16"}
+    with pytest.raises(UsageError, match="unknown axis 'gpus'"):
+        parse_points(["gpus=h100"])
+    with pytest.raises(UsageError, match="AXIS=VALUE"):
+        parse_points(["batch"])
+
+
+def test_measure_tiny_llama_scenario(tmp_path):
+    import pandas as pd
+
+    from nnmem_sweep.cli import main
+
+    rc = main(["measure", "configs/hf.yaml", "--out", str(tmp_path), "--point", "batch=1", "--point", "seq_len=256",
+               "--point", "optimizer=sgd", "--limit", "2"])
+    assert rc == 0
+    df = pd.read_csv(tmp_path / "measured.csv")
+    assert list(df["precision"]) == ["fp32", "bf16-mixed"]
+    assert (df["status"] == "measured").all()
+    cats = [c for c in df.columns if c.startswith("measured_") and c.endswith("_bytes") and c != "measured_peak_bytes"]
+    # the category split at the peak adds up to the peak, on every row
+    assert (df[cats].sum(axis=1) == df["measured_peak_bytes"]).all()
+    assert (df["attention_kernel"] == "flash").all()
+    assert df["peak_allocated_bytes"].notna().all()
+    assert ((df["peak_allocated_bytes"] - df["measured_peak_bytes"]) / df["measured_peak_bytes"]
+            - df["relative_error"]).abs().max() < 1e-12
+
+
+def test_no_match_is_a_usage_error(tmp_path):
+    from nnmem_sweep.cli import main
+
+    assert main(["measure", "configs/hf.yaml", "--out", str(tmp_path), "--point", "batch=3"]) == 2
+    assert not (tmp_path / "measured.csv").exists()
