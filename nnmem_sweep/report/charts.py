@@ -148,6 +148,22 @@ def stacked_bars(title: str, bars: list[tuple[str, list[int]]], segment_names: l
     return _svg(bottom + 4, body, title)
 
 
+def _clip_to_top(points: list[tuple[int, int]], limit: float, px, py) -> list[tuple[float, float]]:
+    """Pixel points of a line, ending where it first rises above `limit` (the crossing found on the drawn segment)."""
+    out: list[tuple[float, float]] = []
+    for i, (x, y) in enumerate(points):
+        if y <= limit:
+            out.append((px(x), py(y)))
+            continue
+        if i > 0:
+            (x0, y0), (ax, ay) = points[i - 1], (px(points[i - 1][0]), py(points[i - 1][1]))
+            bx, by = px(x), py(y)
+            t = (limit - y0) / (y - y0)
+            out.append((ax + t * (bx - ax), ay + t * (by - ay)))
+        break
+    return out
+
+
 def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | None]]],
                capacities: list[tuple[str, int]], x_label: str) -> str:
     """Total memory (bytes) against batch, one line per series, each GPU's usable memory as a horizontal line.
@@ -162,6 +178,11 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
     if x1 == x0:
         x1 = x0 + 1
     values = [v for _, ys in series for v in ys if v is not None] + [c for _, c in capacities] + [1]
+    # a line far above every GPU would flatten the capacities into the floor: cap the axis at 1.5x the largest
+    # capacity and stop a line where it leaves the plot (totals only grow with batch)
+    top_value = min(max(values), int(1.5 * max(c for _, c in capacities))) if capacities else max(values)
+    clipped = top_value < max(values)
+    values = [top_value]
     step = nice_step(max(values) / GiB)
     ymax = math.ceil(max(values) / GiB / step) * step
     bottom_y = top + plot_h
@@ -194,7 +215,7 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
         body.append(_text(right + 4, ly, label if len(label) <= 26 else label[:25] + "…", size=9))
     for k, (label, ys) in enumerate(series):
         colour = LINE_COLOURS[k % len(LINE_COLOURS)]
-        pts = [(px(xv), py(yv)) for xv, yv in zip(xs, ys) if yv is not None]
+        pts = _clip_to_top([(xv, yv) for xv, yv in zip(xs, ys) if yv is not None], ymax * GiB, px, py)
         if not pts:
             continue
         body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
@@ -204,6 +225,9 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
     legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, (label, _) in enumerate(series)],
                           bottom_y + 52, left=8)
     body += legend
+    if clipped:
+        body.append(_text(8, end + 10, f"Lines that end early leave the plot above {ymax:,.0f} GiB.", size=10))
+        end += 14
     return _svg(end + 4, body, title)
 
 

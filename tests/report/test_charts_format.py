@@ -62,3 +62,13 @@ def test_formatters():
     assert percent(0.05) == "5%" and percent(0.125) == "12.5%"
     assert [article(n) for n in ("H100 SXM", "A100 40GB", "L4", "RTX 4090", "T4", "GeForce", "Tesla")] == \
         ["an", "an", "an", "an", "a", "a", "a"]
+
+
+def test_line_chart_stops_a_line_where_it_leaves_the_plot():
+    # axis capped at 1.5 x 10 GiB = 15 GiB (nice step 5); the line 5 -> 10 -> 40 GiB crosses 15 GiB a sixth of
+    # the way from batch 2 to batch 4, so its polyline has 3 points and the chart says so
+    svg = charts.line_chart("t", [1, 2, 4], [("s", [5 * GiB, 10 * GiB, 40 * GiB])], [("G", 10 * GiB)], "batch")
+    ET.fromstring(svg)
+    points = svg.split('points="')[1].split('"')[0].split()
+    assert len(points) == 3
+    assert "leave the plot above 15 GiB" in svg

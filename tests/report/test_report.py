@@ -191,10 +191,14 @@ def test_table_cells_and_frontier(run):
 
 def test_validation_section_present_only_with_data(fixed, run):
     assert 'id="validation"' not in render(run, fixed / "a")
-    table = pd.DataFrame({"case": ["gpt2-train"], "measured_bytes": [3 * 2**30], "estimated_bytes": [3.3 * 2**30],
-                          "rel_error": [0.1]})
+    table = pd.DataFrame({"case": ["gpt2-train", "bert-train"], "measured_peak_bytes": [3 * 2**30, 2**30],
+                          "estimated_peak_bytes": [int(3.3 * 2**30), -1], "error": [0.1, float("nan")],
+                          "within_tolerance": [False, False], "forward_error": [0.2, 0.0]})
     html = render(run, fixed / "b", validation=table)
-    assert 'id="validation"' in html and "3.00" in html and "+10.0%" in html
+    # 3.3 GiB estimated vs 3 measured: +10.0%; the case the estimator could not take shows dashes
+    assert "<td>gpt2-train</td><td>3.00</td><td>3.30</td><td>+10.0%</td><td>no</td>" in html
+    assert "<td>bert-train</td><td>1.00</td><td>–</td><td>–</td><td>no</td>" in html
+    assert "Median |error| 10.0%, largest 10.0% over 1 cases" in html and "0 of 2 within" in html
 
 
 def test_letter_paper(fixed, run):
@@ -228,12 +232,52 @@ def test_provenance_commit_date_and_dirty_warning(tmp_path, monkeypatch, run):
     assert "the config file has uncommitted changes" in (tmp_path / "b" / "report.html").read_text()
 
 
-def test_pdf_is_written(fixed, run):
-    Path("scenario.yaml").write_text(run.scenario.source_text)
-    written = render_report(run, fixed / "o", "scenario.yaml", formulas=FORMULAS, validation=None)
-    pdf = (fixed / "o" / "report.pdf").read_bytes()
-    assert [p.name for p in written] == ["report.html", "report.pdf"]
-    assert pdf.startswith(b"%PDF-") and len(pdf) > 10_000
+SMALL_YAML = """\
+name: GPT-2 small smoke test
+model: {preset: gpt2}
+mode: train
+grid:
+  batch: [1, 4, 16]
+  seq_len: [512, 1024]
+  precision: [bf16-mixed, fp32]
+  optimizer: [adamw]
+gpus: [t4, h100-sxm]
+target: {batch: 16, seq_len: 1024}
+"""
+
+
+def test_make_report_end_to_end_summary_matches_csv(tmp_path, monkeypatch):
+    """The real pipeline (config, estimator, CSVs, HTML, PDF); every summary sentence agrees with max_batch.csv,
+    and results.csv says batch b fits exactly when b <= that max batch."""
+    pytest.importorskip("nnmem_sweep.runner")
+    from nnmem_sweep.report import make_report
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(SMALL_YAML)
+    written = make_report(cfg, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in written) == ["max_batch.csv", "report.html", "report.pdf", "results.csv"]
+    assert (tmp_path / "out" / "report.pdf").read_bytes().startswith(b"%PDF-")
+    html = (tmp_path / "out" / "report.html").read_text()
+    results = pd.read_csv(tmp_path / "out" / "results.csv")
+    mb = pd.read_csv(tmp_path / "out" / "max_batch.csv")
+    ref = (mb[C.SEQ_LEN] == 1024) & (mb[C.PRECISION] == "bf16-mixed")
+    names = {"t4": "Tesla T4", "h100-sxm": None}
+    sentences = re.findall(r"<li[^>]*>(GPT-2 small.*?)</li>", html)
+    assert len(sentences) == 2
+    for gpu_id, sentence in zip(["t4", "h100-sxm"], sentences):  # smallest GPU first
+        row = mb[ref & (mb[C.GPU] == gpu_id)].iloc[0]
+        if names[gpu_id]:
+            assert names[gpu_id] in sentence
+        m = re.search(r"up to batch ([\d,]+) \(([\d.]+) of", sentence)
+        if row[C.MAX_BATCH] == 0:
+            assert "does not fit" in sentence and f"needs {row[C.TOTAL_AT_BATCH_1] / 2**30:.1f} GiB" in sentence
+            continue
+        assert int(m.group(1).replace(",", "")) == row[C.MAX_BATCH]
+        assert m.group(2) == f"{row[C.TOTAL_AT_MAX_BATCH] / 2**30:.1f}"
+        pts = results[(results[C.SEQ_LEN] == 1024) & (results[C.PRECISION] == "bf16-mixed")
+                      & (results[C.GPU] == gpu_id)]
+        assert (pts[C.FITS] == (pts[C.BATCH] <= row[C.MAX_BATCH])).all()
 
 
 def test_toy_components_add_up(run):
