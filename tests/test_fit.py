@@ -58,9 +58,9 @@ def test_zero_when_batch_one_does_not_fit():
 
 
 def test_tiny_llama_by_hand():
-    # fp32 AdamW foreach, flash, s = 8, no overheads: backward-start total 20,448 + 8·(1300 + 384)·b = 20,448 +
-    # 13,472 b; the optimizer phase 34,208 does not grow. With 200,000 usable: b ≤ (200,000 − 20,448) / 13,472
-    # = 13.3 -> 13
+    # fp32 AdamW foreach, flash, s = 8, no overheads: backward-start total 20,448 + 256 (RoPE) + 8·(1236 + 384)·b
+    # = 20,704 + 12,960 b; the optimizer phase 34,208 does not grow. With 200,000 usable:
+    # b ≤ (200,000 − 20,704) / 12,960 = 13.8 -> 13
     gpu = GPUSpec("g", "g", 200_000, "test")
     res = _check(scenario(TINY_LLAMA, gpus=(gpu,)))
     assert res.max_batch[C.MAX_BATCH].tolist() == [13]

@@ -67,8 +67,8 @@ def norm_saved(arch: Architecture, p: Precision) -> Term:
 
 
 @formula("attention_saved_bytes",
-         "e·h (qkv input) + e·(hq + 2·hkv) (Q, K, V) + e·hq (o_proj input) + m·h (residual dropout); "
-         "flash: + e·hq + 4a (output, log-sum-exp); eager: + a·s·(sm + [m + sm] + [e])",
+         "e·h (qkv input) + e·(hq + 2·hkv) (Q, K, V) + m·h (residual dropout); "
+         "flash: + e·hq + 4a (output, log-sum-exp); eager: + e·hq (o_proj input) + a·s·(sm + [m + sm] + [e])",
          KORTHIKANTI_2022, DAO_2022, HF_MODELING,
          where="§4.1 attention block 11sbh + 5as²b; FlashAttention saves O and the softmax statistics")
 def attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
@@ -78,7 +78,9 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
     s2 = 0
     if attention == "flash":
         tok += e * (hq + 2 * hkv)  # Q, K (after RoPE), V saved by SDPA; native GQA, no repeat_kv copies
-        tok += e * hq + STAT * a  # SDPA output and its fp32 log-sum-exp (a per token)
+        # SDPA output (already in (b, s, heads, d) memory order, so the transpose/reshape that feeds o_proj is a
+        # view of it: one tensor saved twice) and its fp32 log-sum-exp (a per token)
+        tok += e * hq + STAT * a
     else:
         kv_width = hq if hkv != hq else hkv  # repeat_kv materialises K and V at the query width for GQA
         tok += e * (hq + 2 * kv_width)
@@ -89,7 +91,7 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
         if sm != e:
             per += e  # the probabilities cast back to the value dtype for P·V
         s2 = 0 if drop_scores else a * per
-    tok += e * hq  # attn output transposed to (b, s, hq) and made contiguous: the o_proj input
+        tok += e * hq  # P·V output (b, heads, s, d) transposed and made contiguous: the o_proj input
     if arch.hidden_dropout > 0:
         tok += MASK * h
     return Term(tok=tok, s2=s2)
@@ -123,6 +125,15 @@ def mlp_saved(arch: Architecture, p: Precision) -> Term:
 def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
     """One transformer layer without checkpointing (or with the attention scores dropped: selective)."""
     return 2 * norm_saved(arch, p) + attention_saved(arch, p, attention, drop_scores) + mlp_saved(arch, p)
+
+
+@formula("rope_saved_bytes", "2 · s · d · r  (cos and sin for every position, shared by the batch and all layers)",
+         HF_MODELING, where="LlamaRotaryEmbedding returns cos, sin cast to the hidden dtype; apply_rotary_pos_emb "
+         "multiplies q and k by them, so autograd keeps them")
+def rope_saved(arch: Architecture, p: Precision) -> Term:
+    if arch.position != "rope":
+        return Term()
+    return Term(pos=2 * arch.head_dim * p.residual_bytes)
 
 
 @formula("checkpointed_layer_saved_bytes", "r·h per layer (the block input)", KORTHIKANTI_2022, TORCH_CKPT,
@@ -209,7 +220,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
         layers = L * full_layer
     inputs = inputs_term(arch)
     copies = Term(const=autocast_copies_bytes(arch, p))
-    saved = inputs + copies + embedding_saved(arch, p) + layers + head_saved(arch, p)
+    saved = inputs + copies + embedding_saved(arch, p) + rope_saved(arch, p) + layers + head_saved(arch, p)
     bwd_start = [loss_backward_temp(arch, p)]
     if checkpointing == "full":  # the last layer is recomputed with everything it saves
         bwd_start.append(full_layer)
@@ -224,10 +235,17 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     )
 
 
+# Activation functions evaluated without autograd: tensors of width I alive at once inside the MLP besides the
+# first projection's output. torch's GELU/SiLU: its output; transformers' gelu_new (Python ops): 0.5·x, 1 + tanh(.)
+# and the result (or pow(x, 3) and its scaled copy mid-way)
+_ACT_LIVE = {"gelu_new": 3}
+
+
 @formula("prefill_temporary_bytes",
-         "max(attention: 2·r·h + e·(hq + 2·hkv) + 2·e·hq [+ a·s·(e + sm + e)], MLP: 2·r·h + 3·e·I) per token "
-         "+ V·(e + 4) per sequence (last-position logits and their fp32 copy)",
-         HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32)")
+         "max(attention: 2·r·h + e·(hq + 2·hkv) + e·hq [+ a·s·(e + sm + e)], MLP: 2·r·h + live·e·I) per token "
+         "+ V·(e + 4) per sequence (last-position logits and their fp32 copy) + RoPE cos/sin",
+         HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32)",
+         note="live: SwiGLU 3 (SiLU out, up out, product); GeLU 2 (up out, GeLU out); gelu_new 4")
 def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term, ...]:
     """Largest transient of one prefill: one layer's intermediates for the whole prompt (no autograd, so only what
     is alive inside the layer at once) plus the last position's logits."""
@@ -235,14 +253,16 @@ def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term
     hq, hkv, i = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     k = max(arch.experts_per_token, 1)
     resid = 2 * r * h + 2 * INDEX  # residual stream + norm output; input ids and attention mask
-    attn_tok = resid + e * (hq + 2 * hkv) + 2 * e * hq
+    attn_tok = resid + e * (hq + 2 * hkv) + e * hq
     attn_s2 = 0
     if attention == "eager":
         sm = 4 if (arch.family in _FP32_SOFTMAX or p.autocast) else e
         attn_s2 = a * (e + sm + (e if sm != e else 0))  # scores, softmax, cast
-    mlp_tok = resid + k * 3 * e * i
-    logits = Term(seq=arch.vocab * (e + 4))
-    return (Term(tok=attn_tok, s2=attn_s2) + logits, Term(tok=mlp_tok) + logits)
+        attn_tok += e * hq  # P·V output and its contiguous transpose
+    live = 3 if arch.mlp == "gated" else 1 + _ACT_LIVE.get(arch.activation, 1)
+    mlp_tok = resid + k * live * e * i
+    shared = Term(seq=arch.vocab * (e + 4)) + rope_saved(arch, p)
+    return (Term(tok=attn_tok, s2=attn_s2) + shared, Term(tok=mlp_tok) + shared)
 
 
 # ---------------------------------------------------------------- params models and layer nets

@@ -55,6 +55,7 @@ class _TermTable:
 
     def __init__(self, terms: list[Term]):
         self.const = np.array([t.const for t in terms], dtype=np.int64)
+        self.pos = np.array([t.pos for t in terms], dtype=np.int64)
         self.seq = np.array([t.seq for t in terms], dtype=np.int64)
         self.tok = np.array([t.tok for t in terms], dtype=np.int64)
         self.s2 = np.array([t.s2 for t in terms], dtype=np.int64)
@@ -62,7 +63,8 @@ class _TermTable:
     def eval(self, code: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         per = self.tok[code] + s * self.s2[code] if self.s2.any() else self.tok[code]
         per = self.seq[code] + s * per
-        return self.const[code] + b * per
+        out = self.const[code] + b * per
+        return out + s * self.pos[code] if self.pos.any() else out
 
 
 def _precisions(names: list, mode: str) -> list[Precision]:
@@ -205,7 +207,7 @@ def _infer(arch, frame, b, s, p_code, precs, n):
     one = np.ones_like(s)
     dstep = None
     for j in range(2):
-        tj = [Term(seq=t[j].seq, tok=t[j].tok) for t in pre_terms]
+        tj = [Term(pos=t[j].pos, seq=t[j].seq, tok=t[j].tok) for t in pre_terms]
         v = _TermTable(tj).eval(k, b, one)
         if j == 0:
             s2 = np.array([t[0].s2 for t in pre_terms], dtype=np.int64)[k]

@@ -1,4 +1,4 @@
-"""Byte terms that are affine in batch: const + b · (seq + s · tok + s² · s2), evaluated over whole columns.
+"""Byte terms that are affine in batch: const + s · pos + b · (seq + s · tok + s² · s2), over whole columns.
 
 Every memory term of a step is of this shape (weights and state are `const`; activations scale with tokens b·s and
 eager attention with b·s²), so a phase total is affine in batch and fit.py can solve for the largest batch in closed
@@ -14,15 +14,17 @@ import numpy as np
 @dataclass(frozen=True)
 class Term:
     const: int = 0  # bytes independent of batch and sequence (weights, state)
+    pos: int = 0  # bytes per position, shared by the batch (RoPE cos/sin tables)
     seq: int = 0  # bytes per sequence (per sample), independent of s
     tok: int = 0  # bytes per token (b·s)
     s2: int = 0  # bytes per token per token of context (b·s²): materialised attention scores
 
     def __add__(self, other: "Term") -> "Term":
-        return Term(self.const + other.const, self.seq + other.seq, self.tok + other.tok, self.s2 + other.s2)
+        return Term(self.const + other.const, self.pos + other.pos, self.seq + other.seq, self.tok + other.tok,
+                    self.s2 + other.s2)
 
     def __mul__(self, k: int) -> "Term":
-        return Term(self.const * k, self.seq * k, self.tok * k, self.s2 * k)
+        return Term(self.const * k, self.pos * k, self.seq * k, self.tok * k, self.s2 * k)
 
     __rmul__ = __mul__
 
@@ -33,7 +35,7 @@ class Term:
 
     def eval(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         b = np.asarray(b, dtype=np.int64)
-        return self.const + b * self.per_sample(s)
+        return self.const + np.asarray(s, dtype=np.int64) * self.pos + b * self.per_sample(s)
 
 
 ZERO = Term()

@@ -26,15 +26,18 @@ def test_korthikanti_2022_table2_gpt_layer():
 def test_tiny_llama_layer_fp32_flash():
     # RMSNorm: (4 + 4)·8 + 4 = 68, twice: 136
     assert act.norm_saved(TINY_LLAMA, FP32) == Term(tok=68)
-    # attention: qkv input 4·8 + Q,K,V 4·(8 + 4 + 4) + SDPA output 4·8 + lse 4·2 + o_proj input 4·8 = 168
-    assert act.attention_saved(TINY_LLAMA, FP32, "flash") == Term(tok=32 + 64 + 32 + 8 + 32)
+    # attention: qkv input 4·8 + Q,K,V 4·(8 + 4 + 4) + SDPA output 4·8 (also the o_proj input) + lse 4·2 = 136
+    assert act.attention_saved(TINY_LLAMA, FP32, "flash") == Term(tok=32 + 64 + 32 + 8)
     # SwiGLU: input 4·8 + gate, silu, up, product 4·4·16 = 288
     assert act.mlp_saved(TINY_LLAMA, FP32) == Term(tok=32 + 256)
-    assert act.layer_saved(TINY_LLAMA, FP32, "flash") == Term(tok=592)
+    assert act.layer_saved(TINY_LLAMA, FP32, "flash") == Term(tok=560)
+    # RoPE cos and sin, fp32, per position, shared by the batch and the layers: 2 x 4 x 4
+    assert act.rope_saved(TINY_LLAMA, FP32) == Term(pos=32)
 
 
 def test_tiny_llama_eager_gqa_repeats_kv_and_keeps_fp32_softmax():
-    # eager: repeat_kv copies K and V to the query width 8: Q,K,V 4·24 = 96; softmax (fp32) a·4 per s
+    # eager: repeat_kv copies K and V to the query width 8: Q,K,V 4·24 = 96; o_proj input (contiguous transpose
+    # of P·V) 4·8; softmax (fp32) a·4 per s
     assert act.attention_saved(TINY_LLAMA, FP32, "eager") == Term(tok=32 + 96 + 32, s2=2 * 4)
     # bf16: fp32 softmax output 4 + its bf16 cast 2 = 6 per head
     assert act.attention_saved(TINY_LLAMA, BF16, "eager").s2 == 2 * 6
@@ -54,8 +57,8 @@ def test_moe_routes_k_tokens_per_token():
 
 def test_train_terms_tiny_llama_fp32():
     t = act.train_activations(TINY_LLAMA, FP32, "flash", "none")
-    # inputs 16 + 2 layers x 592 + head (final norm 68 + lm_head input 32) = 1300 per token
-    assert t.saved == Term(tok=1300)
+    # inputs 16 + 2 layers x 560 + head (final norm 68 + lm_head input 32) = 1236 per token; RoPE 32 per position
+    assert t.saved == Term(tok=1236, pos=32)
     assert t.inputs == Term(tok=16)
     # fp32 logits are their own upcast: logits 4·32 + log_softmax 4·32 + labels pad/shift 16
     assert t.forward_temp == Term(tok=128 + 128 + 16)
@@ -65,8 +68,8 @@ def test_train_terms_tiny_llama_fp32():
 
 def test_full_checkpointing_recomputes_one_layer_in_backward():
     t = act.train_activations(TINY_LLAMA, FP32, "flash", "full")
-    assert t.saved == Term(tok=16 + 2 * 32 + 100)  # inputs + layer inputs + head
-    assert Term(tok=592) in t.backward_start_temp
+    assert t.saved == Term(tok=16 + 2 * 32 + 100, pos=32)  # inputs + layer inputs + head; RoPE
+    assert Term(tok=560) in t.backward_start_temp
 
 
 def test_bf16_mixed_adds_autocast_copies_and_upcasts_logits():
@@ -79,10 +82,10 @@ def test_bf16_mixed_adds_autocast_copies_and_upcasts_logits():
 
 def test_prefill_temp_tiny_llama_bf16():
     attn, mlp = act.prefill_temp(TINY_LLAMA, BF16, "flash")
-    # residual + norm output 2·2·8 + ids/mask 16 = 48; Q,K,V 2·16; output and its contiguous copy 2·2·8
-    assert attn == Term(tok=48 + 32 + 32, seq=32 * 6)
+    # residual + norm output 2·2·8 + ids/mask 16 = 48; Q,K,V 2·16; SDPA output 2·8; RoPE cos/sin 2·4·2 per position
+    assert attn == Term(tok=48 + 32 + 16, seq=32 * 6, pos=16)
     # MLP: 48 + SiLU, up, product 3·2·16; last-position logits bf16 + fp32 copy 32·6 per sequence
-    assert mlp == Term(tok=48 + 96, seq=32 * 6)
+    assert mlp == Term(tok=48 + 96, seq=32 * 6, pos=16)
 
 
 @pytest.mark.parametrize("attention", ["flash", "eager"])
