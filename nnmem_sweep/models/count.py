@@ -170,7 +170,8 @@ def _layer_net_breakdown(arch: Architecture) -> dict[str, int]:
     rows = arch.layer_table
     total = sum(r.params for r in rows)
     weights = sum(r.weight_params for r in rows)
-    # A layer's largest tensor is its weight (kernel / matrix), or for a norm one of its two equal vectors.
+    # A layer's largest tensor is its weight (kernel / matrix) or its bias; a norm holds two equal vectors (γ, β).
+    # (A LayerNorm with bias=False holds one: halved here, which never matters next to any conv or linear weight.)
     largest = max([max(r.weight_params, r.params - r.weight_params if r.weight_params else r.params // 2)
                    for r in rows] + [0])
     return dict(embeddings=0, per_layer=0, layers_total=total, final_norm=0, head=0, total=total,
