@@ -51,7 +51,7 @@ class TrainActivations:
     inputs: Term  # the batch (token ids, labels): live through the whole step
     forward_temp: Term  # extra at the top of forward: logits, their fp32 copy, log_softmax output
     backward_start_temp: tuple[Term, ...]  # extra at the start of backward (the max of these)
-    backward_end_temp: Term  # extra at the end of backward (gradient of the embedding output)
+    backward_end_temp: tuple[Term, ...]  # extra at the end of backward, one Term per moment (each its own phase)
 
 
 # ---------------------------------------------------------------- per-layer terms (bytes per token)
@@ -231,8 +231,21 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
         inputs=inputs,
         forward_temp=loss_forward_temp(arch, p),
         backward_start_temp=tuple(bwd_start),
-        backward_end_temp=Term(tok=p.residual_bytes * arch.hidden),  # grad of the embedding output
+        backward_end_temp=embedding_backward_temp(arch, p),
     )
+
+
+@formula("embedding_backward_temporary_bytes",
+         "r·h per token + [tied] V·h·g;  tied, when the two gradients are summed: 2·V·h·g", HF_MODELING,
+         where="embedding_dense_backward builds a dense (V, h) gradient from the gradient of the embedding output; "
+         "with tied input/output embeddings AccumulateGrad then adds it to the LM head's contribution out of place",
+         note="g = gradient bytes; G already counts one (V, h) gradient")
+def embedding_backward_temp(arch: Architecture, p: Precision) -> tuple[Term, ...]:
+    grad_out = Term(tok=p.residual_bytes * arch.hidden)
+    if not (arch.tied_embeddings and arch.head in ("causal_lm", "masked_lm")):
+        return (grad_out,)  # the dense gradient becomes .grad itself
+    wte = arch.vocab * arch.hidden * p.grad_bytes
+    return (grad_out + Term(const=wte), Term(const=2 * wte))
 
 
 # Activation functions evaluated without autograd: tensors of width I alive at once inside the MLP besides the

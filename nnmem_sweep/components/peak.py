@@ -4,7 +4,8 @@ Training (the modelled step is step 2: optimizer state exists; zero_grad(set_to_
 
     forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
     backward start  W + M + S + saved activations + loss-backward temporaries (or one recomputed layer)
-    backward end    W + M + S + G + inputs + gradient of the embedding output
+    backward end    W + M + S + G + inputs + gradient of the embedding output (+ the tied embedding's second
+                    gradient and their sum, a moment of its own)
     optimizer       W + M + S + G + inputs + the step's temporaries
 
 During backward the saved activations shrink layer by layer while the gradients grow by the same layers' weights,
@@ -164,14 +165,18 @@ def _train(arch, frame, b, s, p_code, precs, n):
         tj = [t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms]
         v = _TermTable(tj).eval(k, b, s)
         bwd0 = v if bwd0 is None else np.maximum(bwd0, v)
-    bwd1 = _TermTable([t.backward_end_temp for t in terms]).eval(k, b, s)
+    n_end = max(len(t.backward_end_temp) for t in terms)
+    bwd_end = []
+    for j in range(n_end):
+        tj = [t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms]
+        bwd_end.append(_TermTable(tj).eval(k, b, s))
 
     base = W + M + S
     phases = [
         ("forward", base + saved + fwd_tmp, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         ("backward", base + saved + bwd0, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: bwd0})),
-        ("backward", base + G + inputs + bwd1,
-         dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: bwd1})),
+        *[("backward", base + G + inputs + t, dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: t}))
+          for t in bwd_end],
         ("optimizer", base + G + inputs + T_opt,
          dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})),
     ]
