@@ -74,9 +74,16 @@ def _usable(results: pd.DataFrame, sc: Scenario) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------------- summary
+def has_sequence(sc: Scenario) -> bool:
+    """False for layer-list nets and per-sample params models, whose grid holds the placeholder seq_len 1."""
+    return sc.model.kind == "transformer" or tuple(sc.grid.get(C.SEQ_LEN, ())) != (1,)
+
+
 def describe_point(sc: Scenario, point: dict[str, Any], with_batch: bool = False) -> str:
     """'Llama 3.1 8B training, seq 4,096, bf16-mixed adamw' (only the axes that say something)."""
     parts = [f"{sc.model.name} {'inference' if sc.mode == 'infer' else 'training'}"]
+    if not has_sequence(sc):
+        point = {k: v for k, v in point.items() if k != C.SEQ_LEN}
     if with_batch and C.BATCH in point:
         parts.append(f"batch {thousands(point[C.BATCH])}")
     if sc.mode == "infer":
@@ -300,7 +307,8 @@ def _memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str,
     series = []
     for v in list(sc.grid.get(line_axis, ()))[:LINE_MAX_SERIES]:
         s = sub[sub[line_axis] == v].drop_duplicates(C.BATCH).set_index(C.BATCH)[C.TOTAL]
-        series.append((f"{'prompt' if sc.mode == 'infer' else 'seq len'} {axis_value(line_axis, v)}",
+        label = f"{'prompt' if sc.mode == 'infer' else 'seq len'} {axis_value(line_axis, v)}"
+        series.append((label if has_sequence(sc) else "total memory",
                        [int(s[b]) if b in s.index else None for b in xs]))
     caps = [(g.name, usable[g.id]) for g in _gpu_order(sc) if g.id in usable]
     svg = charts.line_chart("Total memory against batch", xs, series, caps, "batch")

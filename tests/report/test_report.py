@@ -300,3 +300,12 @@ def test_catalog_entries_read_the_catalog_fields():
     e = context._optimizer_entry(o)
     assert e["stores"].startswith("torch.optim.AdamW: exp_avg, exp_avg_sq (one tensor of Ψ")
     assert e["detail"] == "step() temporaries foreach: 1·Ψ, for-loop: 2× the largest tensor"
+
+
+def test_models_without_a_sequence_do_not_mention_one():
+    from nnmem_sweep.models.arch import Architecture
+
+    grid = {**make_scenario().grid, C.SEQ_LEN: (1,)}
+    sc = make_scenario(model=Architecture(name="VGG-11", kind="layers", params=PARAMS), grid=grid)
+    text = context.describe_point(sc, context.reference_point(sc))
+    assert text == "VGG-11 training, bf16-mixed adamw"
