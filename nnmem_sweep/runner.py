@@ -7,7 +7,8 @@ Library entry points:
   of points. `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
   column, peak_allocated_bytes, peak_phase, overhead_bytes, total_bytes, usable_bytes and fits. The accuracy
-  helper calls it on measured points.
+  comparison calls it on measured points, with device="cpu" where the measurement ran on the CPU (CPU dropout
+  keeps a noise tensor of the input dtype where CUDA keeps a 1-byte mask; nothing else differs).
 - `estimate_point(model=..., mode=..., batch=..., ...) -> pd.Series` and `format_breakdown(row) -> str` for
   `nnmem-sweep estimate`.
 
@@ -48,17 +49,18 @@ class RunResult:
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
-                   headroom: float) -> pd.DataFrame:
-    """The estimator on any frame of points (see the module docstring). Pure: returns a new frame."""
-    comps = estimate_components(arch, mode, frame)
+                   headroom: float, device: str = "cuda") -> pd.DataFrame:
+    """The estimator on any frame of points (see the module docstring). Pure: returns a new frame.
+    device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks)."""
+    comps = estimate_components(arch, mode, frame, device)
     peak = comps[C.PEAK_ALLOCATED]
     over = overhead_bytes(peak, overheads)
     total = peak + over
     usable = usable_bytes(frame[C.GPU_MEMORY].to_numpy(dtype=np.int64), headroom)
     out = {c: frame[c] for c in frame.columns if c != C.GPU_MEMORY}
-    for c in C.COMPONENTS:
-        out[c] = np.asarray(comps.get(c, 0), dtype=np.int64) if np.ndim(comps.get(c, 0)) else \
-            np.zeros(len(frame), dtype=np.int64)
+    for c in C.COMPONENTS:  # a component no phase holds is 0
+        v = comps.get(c)
+        out[c] = np.zeros(len(frame), dtype=np.int64) if v is None else np.asarray(v, dtype=np.int64)
     out[C.PEAK_ALLOCATED] = peak
     out[C.PEAK_PHASE] = comps[C.PEAK_PHASE]
     out[C.OVERHEAD] = over

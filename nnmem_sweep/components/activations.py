@@ -33,7 +33,18 @@ TORCH_CKPT = source("torch-checkpoint", "PyTorch torch.utils.checkpoint (activat
                     "block inputs and recomputes the block during backward)",
                     "https://pytorch.org/docs/stable/checkpoint.html")
 
-MASK = 1  # torch dropout masks are bool: 1 byte per element
+MASK = 1  # CUDA dropout (native_dropout) saves a bool mask: 1 byte per element
+DEVICES = ("cuda", "cpu")
+
+
+@formula("dropout_mask_bytes", "cuda: 1 (bool mask);  cpu: bytes of the input dtype (the scaled Bernoulli noise)",
+         source("torch-dropout", "PyTorch aten/src/ATen/native/Dropout.cpp: the fused native_dropout (CUDA) returns "
+                "a bool mask; elsewhere dropout multiplies by a noise tensor of the input's dtype",
+                "https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/native/Dropout.cpp"),
+         where="dropout / _dropout_impl", note="The estimator models CUDA; device='cpu' reproduces the CPU "
+         "measurements of the ground-truth cases (MEASURING.md).")
+def dropout_mask_bytes(device: str, dtype_bytes: int) -> int:
+    return MASK if device == "cuda" else dtype_bytes
 INDEX = 8  # int64 token ids / labels
 STAT = 4  # fp32 per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt, log-sum-exp)
 
@@ -71,7 +82,8 @@ def norm_saved(arch: Architecture, p: Precision) -> Term:
          "flash: + e·hq + 4a (output, log-sum-exp); eager: + e·hq (o_proj input) + a·s·(sm + [m + sm] + [e])",
          KORTHIKANTI_2022, DAO_2022, HF_MODELING,
          where="§4.1 attention block 11sbh + 5as²b; FlashAttention saves O and the softmax statistics")
-def attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
+def attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False,
+                    device: str = "cuda") -> Term:
     h, a, e = arch.hidden, arch.heads, p.act_bytes
     hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     tok = e * h  # input of the q/k/v projections (their shared input, or its 16-bit cast under autocast)
@@ -87,13 +99,13 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
         sm = 4 if (arch.family in _FP32_SOFTMAX or p.autocast) else e  # softmax output dtype
         per = sm  # softmax output, saved by softmax backward
         if arch.attn_dropout > 0:
-            per += MASK + sm  # dropout mask and the dropped probabilities (saved by P·V)
+            per += dropout_mask_bytes(device, sm) + sm  # dropout mask and the dropped probabilities (P·V input)
         if sm != e:
             per += e  # the probabilities cast back to the value dtype for P·V
         s2 = 0 if drop_scores else a * per
         tok += e * hq  # P·V output (b, heads, s, d) transposed and made contiguous: the o_proj input
     if arch.hidden_dropout > 0:
-        tok += MASK * h
+        tok += dropout_mask_bytes(device, e) * h
     return Term(tok=tok, s2=s2)
 
 
@@ -101,7 +113,7 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
          "gelu: e·h + e·I·(2 + extra) + m·h;  gated (SwiGLU): e·h + 4·e·I;  MoE: e·h + router + k·(2·e·h + 4·e·I)",
          KORTHIKANTI_2022, HF_MODELING, where="§4.1 MLP block 19sbh; LlamaMLP down(act(gate(x)) * up(x)); "
                                               "MixtralSparseMoeBlock")
-def mlp_saved(arch: Architecture, p: Precision) -> Term:
+def mlp_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
     h, i, e = arch.hidden, arch.intermediate, p.act_bytes
     tok = e * h  # input of the first projection(s)
     if arch.mlp == "gated":
@@ -118,13 +130,15 @@ def mlp_saved(arch: Architecture, p: Precision) -> Term:
     else:
         tok += expert
     if arch.hidden_dropout > 0:
-        tok += MASK * h
+        tok += dropout_mask_bytes(device, e) * h
     return Term(tok=tok)
 
 
-def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False) -> Term:
+def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False,
+                device: str = "cuda") -> Term:
     """One transformer layer without checkpointing (or with the attention scores dropped: selective)."""
-    return 2 * norm_saved(arch, p) + attention_saved(arch, p, attention, drop_scores) + mlp_saved(arch, p)
+    return (2 * norm_saved(arch, p) + attention_saved(arch, p, attention, drop_scores, device)
+            + mlp_saved(arch, p, device))
 
 
 @formula("rope_saved_bytes", "2 · s · d · r  (cos and sin for every position, shared by the batch and all layers)",
@@ -146,18 +160,18 @@ def checkpointed_layer_saved(arch: Architecture, p: Precision) -> Term:
 
 @formula("embedding_saved_bytes", "GPT-2: m·h (embedding dropout); BERT: r·h + 8 + m·h (LayerNorm, dropout)",
          KORTHIKANTI_2022, HF_MODELING, where="§4.3 embedding dropout sbh")
-def embedding_saved(arch: Architecture, p: Precision) -> Term:
+def embedding_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
     tok = 0
     if arch.family == "bert":
         tok += norm_saved(arch, p).tok
     if arch.hidden_dropout > 0:
-        tok += MASK * arch.hidden
+        tok += dropout_mask_bytes(device, p.residual_bytes) * arch.hidden
     return Term(tok=tok)
 
 
 @formula("head_saved_bytes", "causal LM: final norm + e·h (lm_head input); masked LM: transform (3 inputs) + e·h",
          KORTHIKANTI_2022, HF_MODELING, where="§4.3 final LayerNorm 2sbh and output-layer input 2sbh")
-def head_saved(arch: Architecture, p: Precision) -> Term:
+def head_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
     h, e = arch.hidden, p.act_bytes
     t = ZERO if arch.family == "bert" else norm_saved(arch, p)  # post-norm BERT has no final norm
     if arch.head == "causal_lm":
@@ -166,7 +180,7 @@ def head_saved(arch: Architecture, p: Precision) -> Term:
         return t + Term(tok=2 * e * h + e * h) + norm_saved(arch, p)
     if arch.head == "seq_cls":
         if arch.family == "bert":  # pooler on the first token: dense input, tanh output, dropout mask, classifier
-            return t + Term(seq=3 * e * h + MASK * h)
+            return t + Term(seq=3 * e * h + dropout_mask_bytes(device, e) * h)
         return t + Term(tok=e * h)  # score() on every position, the last one picked
     return t
 
@@ -208,19 +222,21 @@ def inputs_term(arch: Architecture) -> Term:
 
 # ---------------------------------------------------------------- assembled
 
-def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str) -> TrainActivations:
+def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str,
+                      device: str = "cuda") -> TrainActivations:
     """Training terms of a transformer for one (precision, attention, checkpointing) combination."""
     L = arch.layers
-    full_layer = layer_saved(arch, p, attention)
+    full_layer = layer_saved(arch, p, attention, device=device)
     if checkpointing == "full":
         layers = L * checkpointed_layer_saved(arch, p)
     elif checkpointing == "selective":
-        layers = L * layer_saved(arch, p, attention, drop_scores=True)
+        layers = L * layer_saved(arch, p, attention, drop_scores=True, device=device)
     else:
         layers = L * full_layer
     inputs = inputs_term(arch)
     copies = Term(const=autocast_copies_bytes(arch, p))
-    saved = inputs + copies + embedding_saved(arch, p) + rope_saved(arch, p) + layers + head_saved(arch, p)
+    saved = (inputs + copies + embedding_saved(arch, p, device) + rope_saved(arch, p) + layers
+             + head_saved(arch, p, device))
     bwd_start = [loss_backward_temp(arch, p)]
     if checkpointing == "full":  # the last layer is recomputed with everything it saves
         bwd_start.append(full_layer)

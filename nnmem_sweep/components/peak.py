@@ -47,10 +47,6 @@ def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, list]:
     return codes, list(uniques)
 
 
-def _gather(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    return table[codes] if table.shape[0] > 1 else np.broadcast_to(table[0], codes.shape)
-
-
 class _TermTable:
     """One Term per combination code, evaluated for all rows at once."""
 
@@ -100,31 +96,37 @@ def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.nd
     return out
 
 
-def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame) -> dict[str, object]:
-    """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes)."""
-    phases = _phases(arch, mode, frame)
+def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
+                        ) -> dict[str, object]:
+    """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
+    device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
+    CPU-measured ground truth only."""
+    phases = _phases(arch, mode, frame, device)
     return _pick([p[1] for p in phases], [p[2] for p in phases], [p[0] for p in phases], len(frame))
 
 
-def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame) -> list[np.ndarray]:
+def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda") -> list[np.ndarray]:
     """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
-    return [p[1] for p in _phases(arch, mode, frame)]
+    return [p[1] for p in _phases(arch, mode, frame, device)]
 
 
-def _phases(arch: Architecture, mode: str, frame: pd.DataFrame) -> list[tuple[str, np.ndarray, dict]]:
+def _phases(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
+            ) -> list[tuple[str, np.ndarray, dict]]:
+    if device not in act.DEVICES:
+        raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
     n = len(frame)
     b = frame[C.BATCH].to_numpy(dtype=np.int64)
     s = frame[C.SEQ_LEN].to_numpy(dtype=np.int64)
     p_code, p_names = _codes(frame, C.PRECISION)
     precs = _precisions(p_names, mode)
     if mode == "train":
-        return _train(arch, frame, b, s, p_code, precs, n)
+        return _train(arch, frame, b, s, p_code, precs, n, device)
     if mode == "infer":
         return _infer(arch, frame, b, s, p_code, precs, n)
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
 
 
-def _train(arch, frame, b, s, p_code, precs, n):
+def _train(arch, frame, b, s, p_code, precs, n, device):
     o_code, o_names = _codes(frame, C.OPTIMIZER)
     i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL)
     opts = [get_optimizer(o) for o in o_names]
@@ -154,7 +156,7 @@ def _train(arch, frame, b, s, p_code, precs, n):
     a_code, a_names = _codes(frame, C.ATTENTION)
     c_code, c_names = _codes(frame, C.CHECKPOINTING)
     nA, nC = len(a_names), len(c_names)
-    terms = [act.train_activations(arch, p, a, c) for p in precs for a in a_names for c in c_names]
+    terms = [act.train_activations(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
     k = (p_code.astype(np.int64) * nA + a_code) * nC + c_code
     saved = _TermTable([t.saved for t in terms]).eval(k, b, s)
     inputs = _TermTable([t.inputs for t in terms]).eval(k, b, s)

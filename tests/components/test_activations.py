@@ -102,3 +102,11 @@ def test_checkpointing_never_adds_saved_activations(attention):
         sel = act.train_activations(TINY_GPT2, p, attention, "selective").saved
         full = act.train_activations(TINY_GPT2, p, attention, "full").saved
         assert full.tok <= sel.tok <= none.tok and full.s2 <= sel.s2 <= none.s2
+
+
+def test_cpu_dropout_keeps_noise_in_the_input_dtype():
+    # CUDA's native_dropout saves a bool mask (1 B); the CPU path saves the scaled Bernoulli noise in the input
+    # dtype (2 B in bf16): two hidden-dropout masks of h and the attention-probability mask of a·s per token
+    arch = replace(TINY_GPT2, hidden=64, heads=4, head_dim=16, kv_heads=4, intermediate=256)
+    cpu = act.layer_saved(arch, BF16, "eager", device="cpu")
+    assert cpu == Term(tok=34 * 64 + 16 + 2 * (2 - 1) * 64, s2=(5 + 1) * 4)
