@@ -54,6 +54,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .config import load_scenario
+    from .diff import diff_scenarios, format_diff, scenario_at_revision
+    from .errors import UsageError
+
+    if args.against is not None:
+        if args.new is not None:
+            raise UsageError("give either OLD NEW or CONFIG --against REV, not both")
+        old, new = scenario_at_revision(args.old, args.against), load_scenario(args.old)
+        labels = (f"{args.old} at {args.against}", f"{args.old} (working tree)")
+    else:
+        if args.new is None:
+            raise UsageError("diff needs two scenario files (OLD NEW) or one with --against REV")
+        old, new = load_scenario(args.old), load_scenario(args.new)
+        labels = (args.old, args.new)
+    print(format_diff(diff_scenarios(old, new, max_rows=args.max_rows), *labels))
+    return 0
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .runner import estimate_point, format_breakdown
 
@@ -146,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the scenario and render the capacity-planning report (HTML and PDF).")
     common_run(s)
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("diff", help="list the max-batch cells that changed between two scenarios",
+                       description="Run two scenarios (OLD NEW, or CONFIG as it was at git revision REV against "
+                       "the working tree) and list the max-batch cells that changed: fits -> does not fit first, "
+                       "then decreases, increases, added and removed cells.")
+    s.add_argument("old", metavar="OLD", help="scenario YAML (the old side, or CONFIG with --against)")
+    s.add_argument("new", metavar="NEW", nargs="?", help="scenario YAML (the new side)")
+    s.add_argument("--against", metavar="REV", help="compare CONFIG at git revision REV with the working tree")
+    s.add_argument("--max-rows", type=int, default=20_000_000, metavar="N",
+                   help="refuse grids larger than N rows (default 20,000,000)")
+    s.set_defaults(fn=cmd_diff)
 
     s = sub.add_parser("estimate", help="estimate one configuration from flags and print its breakdown",
                        description="Estimate one point, e.g. --model llama-3.1-8b --batch 4 --seq-len 4096 "

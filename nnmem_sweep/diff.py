@@ -1,0 +1,139 @@
+"""Which max-batch cells changed between two runs of a scenario (two files, or one file at a git revision).
+
+`diff_max_batch(old, new)` compares the max_batch tables cell by cell: a cell is one combination of the non-batch
+axes and GPU (columns.NON_BATCH_AXES + gpu). The answer is ordered by what a reviewer must see first:
+
+    fits -> does not fit   (max_batch was >= 1, is now 0)
+    decrease               (largest drop first)
+    does not fit -> fits   (max_batch was 0, is now >= 1)
+    increase               (largest gain first)
+    added, removed         (the cell exists on one side only)
+
+`scenario_at_revision(config, rev)` reads CONFIG as it was at REV with `git show REV:./file`, run in the folder
+holding CONFIG, so the path is taken relative to the repository that contains it.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .errors import UsageError
+from .fit import MAX_BATCH_CAP
+from .scenario import Scenario
+
+KEY = C.NON_BATCH_AXES + (C.GPU,)
+OLD, NEW, DELTA, CHANGE = "old_max_batch", "new_max_batch", "delta", "change"
+FITS_TO_NOT = "fits -> does not fit"
+DECREASE = "decrease"
+NOT_TO_FITS = "does not fit -> fits"
+INCREASE = "increase"
+ADDED = "added"
+REMOVED = "removed"
+ORDER = (FITS_TO_NOT, DECREASE, NOT_TO_FITS, INCREASE, ADDED, REMOVED)
+
+
+def _table(mb: pd.DataFrame) -> pd.DataFrame:
+    """Key columns as plain strings/ints (categoricals of two runs never share categories) and max_batch."""
+    if not isinstance(mb, pd.DataFrame):  # a RunResult
+        mb = mb.max_batch
+    out = {k: (mb[k].astype(str) if not pd.api.types.is_integer_dtype(mb[k]) else mb[k].astype(np.int64))
+           for k in KEY}
+    out[C.MAX_BATCH] = mb[C.MAX_BATCH].astype(np.int64)
+    return pd.DataFrame(out)
+
+
+def diff_max_batch(old, new) -> pd.DataFrame:
+    """The changed cells between two max_batch tables (or RunResults): the key columns, old_max_batch,
+    new_max_batch (nullable Int64; <NA> on the missing side), delta (new − old) and change, ordered as in the
+    module docstring. Unchanged cells are left out; an empty frame means nothing changed."""
+    a, b = _table(old), _table(new)
+    m = a.merge(b, on=list(KEY), how="outer", suffixes=("_old", "_new"), indicator=True, sort=False)
+    o = m[f"{C.MAX_BATCH}_old"].astype("Int64")
+    n = m[f"{C.MAX_BATCH}_new"].astype("Int64")
+    both = (m["_merge"] == "both").to_numpy()
+    ov = o.fillna(0).to_numpy(dtype=np.int64)
+    nv = n.fillna(0).to_numpy(dtype=np.int64)
+    change = np.select(
+        [~both & (m["_merge"] == "right_only").to_numpy(), ~both,
+         (ov > 0) & (nv == 0), nv < ov, (ov == 0) & (nv > 0), nv > ov],
+        [ADDED, REMOVED, FITS_TO_NOT, DECREASE, NOT_TO_FITS, INCREASE], default="")
+    out = m[list(KEY)].copy()
+    out[OLD] = o
+    out[NEW] = n
+    out[DELTA] = (n - o).astype("Int64")
+    out[CHANGE] = change
+    out = out[out[CHANGE] != ""]
+    rank = pd.Series({c: i for i, c in enumerate(ORDER)})
+    # within a group: the largest drop or gain first; ties keep the old table's row order (stable sort)
+    size = out[DELTA].abs().fillna(0).to_numpy(dtype=np.int64)
+    out = out.assign(_r=rank[out[CHANGE]].to_numpy(), _s=-size).sort_values(["_r", "_s"], kind="stable")
+    out[CHANGE] = pd.Categorical(out[CHANGE], categories=list(ORDER))
+    return out.drop(columns=["_r", "_s"]).reset_index(drop=True)
+
+
+def _show(v) -> str:
+    if v is pd.NA:
+        return "-"
+    return "unbounded" if int(v) >= MAX_BATCH_CAP else str(int(v))
+
+
+def format_diff(d: pd.DataFrame, old_label: str, new_label: str) -> str:
+    """Text for `nnmem-sweep diff`: one line per changed cell, grouped by kind of change. Only the axes that
+    vary somewhere in the diff are printed, plus gpu."""
+    if d.empty:
+        return f"max batch: no cell changed between {old_label} and {new_label}"
+    shown = [k for k in KEY if k == C.GPU or d[k].nunique(dropna=False) > 1]
+    head = "  ".join(shown)
+    lines = [f"max batch: {len(d):,} cell(s) changed, {old_label} -> {new_label}"]
+    for kind in ORDER:
+        part = d[d[CHANGE] == kind]
+        if part.empty:
+            continue
+        lines.append(f"{kind} ({len(part):,}):  [{head}]")
+        keys = part[shown].astype(str).agg("  ".join, axis=1).tolist()
+        for key, o, n in zip(keys, part[OLD], part[NEW]):
+            lines.append(f"  {key}: {_show(o)} -> {_show(n)}")
+    return "\n".join(lines)
+
+
+def scenario_text_at_revision(config: str | Path, rev: str) -> str:
+    """The text of CONFIG at git revision REV; UsageError (one line) when git, the repository, the revision or
+    the file at that revision is missing."""
+    p = Path(config)
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{config}: no such folder {str(folder)!r}")
+    if rev.startswith("-"):
+        raise UsageError(f"--against {rev!r}: a revision cannot start with '-'")
+    try:
+        done = subprocess.run(["git", "show", f"{rev}:./{p.name}"], cwd=folder, capture_output=True, timeout=60)
+    except FileNotFoundError:
+        raise UsageError("--against needs git, which is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"git show {rev}:{config} took over 60 s") from None
+    if done.returncode != 0:
+        msg = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = msg[-1].removeprefix("fatal: ") if msg else f"git exit {done.returncode}"
+        raise UsageError(f"cannot read {config} at revision {rev!r}: {why}")
+    try:
+        return done.stdout.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise UsageError(f"{config} at revision {rev!r} is not UTF-8 text") from None
+
+
+def scenario_at_revision(config: str | Path, rev: str) -> Scenario:
+    """CONFIG as it was at REV, validated; relative paths inside it resolve from CONFIG's folder today."""
+    from .config import parse_scenario_text
+
+    text = scenario_text_at_revision(config, rev)
+    return parse_scenario_text(text, file=f"{rev}:{config}", base_dir=Path(config).parent)
+
+
+def diff_scenarios(old: Scenario, new: Scenario, max_rows: int = 20_000_000) -> pd.DataFrame:
+    from .runner import run_scenario
+
+    return diff_max_batch(run_scenario(old, max_rows=max_rows), run_scenario(new, max_rows=max_rows))
