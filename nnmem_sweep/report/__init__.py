@@ -70,7 +70,10 @@ def templates_dir(sc) -> Path | None:
 
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
                   formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True) -> list[Path]:
-    """Write report.html and report.pdf for a RunResult (scenario, results, max_batch, elapsed_s)."""
+    """Write report.html and report.pdf for a RunResult (scenario, results, max_batch).
+
+    `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
+    """
     from .context import build_context
     from .provenance import collect
     from .render import render_html, render_pdf
@@ -81,8 +84,7 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     prov = collect(config_path or sc.path, sc.source_text.encode("utf-8") if not path.is_file() else None)
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
-                        load_validation() if isinstance(validation, str) and validation == AUTO else validation,
-                        getattr(result, "elapsed_s", None))
+                        load_validation() if isinstance(validation, str) and validation == AUTO else validation)
     say("building HTML")
     html = render_html(ctx, templates_dir(sc))
     out_dir = Path(out_dir)

@@ -156,9 +156,9 @@ def _clip_to_top(points: list[tuple[int, int]], limit: float, px, py) -> list[tu
             out.append((px(x), py(y)))
             continue
         if i > 0:
-            (x0, y0), (ax, ay) = points[i - 1], (px(points[i - 1][0]), py(points[i - 1][1]))
-            bx, by = px(x), py(y)
-            t = (limit - y0) / (y - y0)
+            prev_x, prev_y = points[i - 1]
+            ax, ay, bx, by = px(prev_x), py(prev_y), px(x), py(y)
+            t = (limit - prev_y) / (y - prev_y)
             out.append((ax + t * (bx - ax), ay + t * (by - ay)))
         break
     return out
@@ -182,9 +182,8 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
     # capacity and stop a line where it leaves the plot (totals only grow with batch)
     top_value = min(max(values), int(1.5 * max(c for _, c in capacities))) if capacities else max(values)
     clipped = top_value < max(values)
-    values = [top_value]
-    step = nice_step(max(values) / GiB)
-    ymax = math.ceil(max(values) / GiB / step) * step
+    step = nice_step(top_value / GiB)
+    ymax = math.ceil(top_value / GiB / step) * step
     bottom_y = top + plot_h
 
     def px(v: float) -> float:

@@ -4,7 +4,6 @@ All arithmetic, unit conversion, selection and sorting of the report happens her
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from itertools import product
 from typing import Any
@@ -18,7 +17,7 @@ from . import charts
 from .format import AXIS_LABELS, COMPONENT_LABELS, DASH, article, axis_value, gib, gib_number, percent, thousands
 from .provenance import Provenance
 
-GPUS_PER_TABLE = 7  # a table wider than this is split (A4 portrait holds ~7 GPU columns beside 3 axis columns)
+TABLE_COLUMNS = 10  # axis + GPU columns an A4/Letter portrait table holds legibly; more GPUs split the table
 HEATMAP_MAX_ROWS = 40
 BREAKDOWN_MAX_BARS = 16
 LINE_MAX_SERIES = 6
@@ -125,6 +124,35 @@ def _recipe(sc: Scenario, row: dict[str, Any]) -> str:
     return ", ".join(([" ".join(words)] if words else []) + extras)
 
 
+def _target(sc: Scenario, max_batch: pd.DataFrame, point: dict[str, Any]) -> dict[str, Any]:
+    """Which GPUs meet the target (batch, seq_len): with the reference recipe, and failing that with any recipe."""
+    want = int(sc.target.get(C.BATCH, 1))
+    at = {**{k: v for k, v in point.items() if k != C.BATCH},
+          **{k: v for k, v in sc.target.items() if k in C.NON_BATCH_AXES}}
+    what = describe_point(sc, {**at, C.BATCH: want}, with_batch=True)
+    missing = [k for k, v in sc.target.items() if k in C.NON_BATCH_AXES and v not in sc.grid.get(k, ())]
+    if missing:
+        text = (f"Target ({what}): {', '.join(f'{AXIS_LABELS[k]} {axis_value(k, sc.target[k])}' for k in missing)} "
+                f"is not in the grid, so this report cannot say which GPUs meet it.")
+        return {"text": text, "met": False, "gpus": [], "others": ""}
+    ref = _select(max_batch, at)
+    meeting = [g.name for g in _gpu_order(sc) if not ref[(ref[C.GPU] == g.id) & (ref[C.MAX_BATCH] >= want)].empty]
+    if meeting:
+        text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
+    else:
+        text = f"Target ({what}) is met by none of the GPUs with this recipe."
+    # any recipe in the grid at the target's sequence length: the first (in grid order) that gets each GPU there
+    fixed = {k: v for k, v in sc.target.items() if k in C.NON_BATCH_AXES}
+    ok = _select(max_batch, fixed)
+    ok = ok[ok[C.MAX_BATCH] >= want]
+    others = [f"{g.name} ({_recipe(sc, ok[ok[C.GPU] == g.id].iloc[0].to_dict())})" for g in _gpu_order(sc)
+              if g.name not in meeting and (ok[C.GPU] == g.id).any()]
+    other_text = ""
+    if others and any(a not in fixed for a in _varying(sc)):
+        other_text = f"With another recipe from the grid (the first that meets it): {'; '.join(others)}."
+    return {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
+
+
 def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dict[str, Any]:
     point = reference_point(sc)
     non_batch = {k: v for k, v in point.items() if k != C.BATCH}
@@ -146,29 +174,7 @@ def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dic
                     f"(needs {gib(r[C.TOTAL_AT_BATCH_1])}, {gib(usable[g.id])} usable).")
         sentences.append({"text": text, "fits": mb > 0, "gpu": g.name, "max_batch": str(mb),
                           "total": gib(r[C.TOTAL_AT_MAX_BATCH] if mb > 0 else r[C.TOTAL_AT_BATCH_1])})
-    target = None
-    if sc.target:
-        want = int(sc.target.get(C.BATCH, 1))
-        meeting = [g.name for g in _gpu_order(sc)
-                   if not ref[(ref[C.GPU] == g.id) & (ref[C.MAX_BATCH] >= want)].empty]
-        what = describe_point(sc, {**point, C.BATCH: want}, with_batch=True)
-        if meeting:
-            text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
-        else:
-            text = f"Target ({what}) is met by none of the GPUs with this recipe."
-        # any recipe in the grid, at the target's sequence length: the cheapest way each GPU gets there
-        seq = {C.SEQ_LEN: point[C.SEQ_LEN]} if C.SEQ_LEN in point else {}
-        ok = _select(max_batch, seq)
-        ok = ok[ok[C.MAX_BATCH] >= want]
-        others = []
-        for g in _gpu_order(sc):
-            rows = ok[ok[C.GPU] == g.id]
-            if g.name not in meeting and not rows.empty:
-                others.append(f"{g.name} ({_recipe(sc, rows.iloc[0].to_dict())})")
-        other_text = ""
-        if others and len(_varying(sc)) > (1 if seq else 0):
-            other_text = f"With another recipe from the grid (the first that meets it): {'; '.join(others)}."
-        target = {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
+    target = _target(sc, max_batch, point) if sc.target else None
     headroom = f"Usable memory is the GPU's reported capacity less {percent(sc.headroom)} headroom."
     return {"sentences": sentences, "target": target, "reference": prefix, "headroom_note": headroom}
 
@@ -238,10 +244,11 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                 if len(heat_rows) < HEATMAP_MAX_ROWS:
                     heat_rows.append(" · ".join(row["axes"]))
                     heat_cells.append([c["level"] for c in row["cells"]])
-        for start in range(0, len(gpus), GPUS_PER_TABLE):
-            chunk = gpus[start:start + GPUS_PER_TABLE]
+        per_table = max(3, TABLE_COLUMNS - len(row_axes))
+        for start in range(0, len(gpus), per_table):
+            chunk = gpus[start:start + per_table]
             part = ""
-            if len(gpus) > GPUS_PER_TABLE:
+            if len(gpus) > per_table:
                 part = f"GPUs {start + 1}–{start + len(chunk)} of {len(gpus)}"
             caption = ", ".join(b for b in caption_bits + [part] if b)
             tables.append({
@@ -429,8 +436,8 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------------------------------- all of it
 def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
-                  all_formulas: list, validation_table: pd.DataFrame | None = None,
-                  elapsed_s: float | None = None) -> dict[str, Any]:
+                  all_formulas: list, validation_table: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Everything the templates show. No clock, no elapsed time: the same inputs give the same context."""
     point = reference_point(sc)
     usable = _usable(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)

@@ -82,7 +82,7 @@ def axis_value(axis: str, value: Any) -> str:
 
 
 def article(name: str) -> str:
-    """'an H100 SXM', 'a A100'? no: 'an A100', 'a GeForce'. Acronyms are read letter by letter."""
+    """'an H100 SXM', 'an A100', 'a T4', 'a GeForce': acronyms are read letter by letter, words by their vowel."""
     if not name:
         return "a"
     first = name[0]

@@ -16,7 +16,7 @@ import pytest
 from nnmem_sweep import columns as C
 from nnmem_sweep.models.arch import Architecture
 from nnmem_sweep.scenario import GPUSpec, Overheads, Scenario
-from nnmem_sweep.units import GiB, MiB
+from nnmem_sweep.units import MiB
 
 PARAMS = 1_000_000_000
 WEIGHT_BYTES = {"bf16-mixed": 4, "bf16": 2}

@@ -166,7 +166,7 @@ def test_wide_grid_splits_tables():
     sc = make_scenario(gpus=gpus)
     r = toy_run(sc)
     tables, _ = context.max_batch_tables(sc, r.max_batch)
-    # 2 checkpointing values (split axis) x ceil(10 / 7) GPU chunks
+    # 2 checkpointing values (split axis) x ceil(10 / 7) GPU chunks (10 columns - 3 axis columns = 7 GPUs a table)
     assert len(tables) == 4
     assert [len(t["gpu_headers"]) for t in tables] == [7, 3, 7, 3]
     assert all(len(t["rows"]) == 8 for t in tables)  # seq 2 x precision 2 x optimizer 2
@@ -309,3 +309,18 @@ def test_models_without_a_sequence_do_not_mention_one():
     sc = make_scenario(model=Architecture(name="VGG-11", kind="layers", params=PARAMS), grid=grid)
     text = context.describe_point(sc, context.reference_point(sc))
     assert text == "VGG-11 training, bf16-mixed adamw"
+
+
+def test_target_uses_its_own_sequence_length(run):
+    """report.reference_seq_len moves the summary, not the target: the target is judged at its own seq_len."""
+    sc = replace(run.scenario, report={**run.scenario.report, "reference_seq_len": 1024})
+    summ = context.summary(sc, run.results, run.max_batch)
+    assert summ["sentences"][0]["text"].startswith("Toy 1B training, seq 1,024, bf16-mixed adamw: fits an L4 24GB")
+    assert summ["target"]["text"].startswith("Target (Toy 1B training, batch 8, seq 4,096, bf16-mixed adamw)")
+    assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
+
+
+def test_target_outside_the_grid_says_so(run):
+    sc = replace(run.scenario, target={C.BATCH: 8, C.SEQ_LEN: 8192})
+    t = context.summary(sc, run.results, run.max_batch)["target"]
+    assert "seq len 8,192 is not in the grid" in t["text"] and t["met"] is False
