@@ -77,6 +77,13 @@ def norm_saved(arch: Architecture, p: Precision) -> Term:
     return Term(tok=r * h + 2 * STAT)
 
 
+@formula("linear_inputs_saved_bytes", "e·h, or n·e·h under autocast (n linears read the same fp32 tensor)",
+         KORTHIKANTI_2022, HF_MODELING, where="§4.1 (the QKV and first MLP input, 2sbh each); under autocast each "
+         "linear casts its fp32 input itself and saves its own 16-bit copy (only leaf weights are cached)")
+def linear_inputs_saved(arch: Architecture, p: Precision, consumers: int) -> int:
+    return p.act_bytes * arch.hidden * (consumers if p.autocast else 1)
+
+
 @formula("attention_saved_bytes",
          "e·h (qkv input) + e·(hq + 2·hkv) (Q, K, V) + m·h (residual dropout); "
          "flash: + e·hq + 4a (output, log-sum-exp); eager: + e·hq (o_proj input) + a·s·(sm + [m + sm] + [e])",
@@ -86,7 +93,7 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
                     device: str = "cuda") -> Term:
     h, a, e = arch.hidden, arch.heads, p.act_bytes
     hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    tok = e * h  # input of the q/k/v projections (their shared input, or its 16-bit cast under autocast)
+    tok = linear_inputs_saved(arch, p, 1 if arch.family == "gpt2" else 3)  # q/k/v (GPT-2: one c_attn)
     s2 = 0
     if attention == "flash":
         tok += e * (hq + 2 * hkv)  # Q, K (after RoPE), V saved by SDPA; native GQA, no repeat_kv copies
@@ -115,7 +122,8 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
                                               "MixtralSparseMoeBlock")
 def mlp_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
     h, i, e = arch.hidden, arch.intermediate, p.act_bytes
-    tok = e * h  # input of the first projection(s)
+    # input of the first projection(s): gate and up, the router for MoE (experts gather their own inputs), c_fc
+    tok = linear_inputs_saved(arch, p, 1 if (arch.num_experts or arch.mlp != "gated") else 2)
     if arch.mlp == "gated":
         expert = 4 * e * i  # gate out (saved by SiLU), SiLU out and up out (saved by *), product (down input)
     else:

@@ -110,3 +110,14 @@ def test_cpu_dropout_keeps_noise_in_the_input_dtype():
     arch = replace(TINY_GPT2, hidden=64, heads=4, head_dim=16, kv_heads=4, intermediate=256)
     cpu = act.layer_saved(arch, BF16, "eager", device="cpu")
     assert cpu == Term(tok=34 * 64 + 16 + 2 * (2 - 1) * 64, s2=(5 + 1) * 4)
+
+
+def test_autocast_linears_each_save_their_own_cast_of_a_shared_fp32_input():
+    # bf16-mixed: the fp32 RMSNorm output is cast to bf16 separately by q, k and v (3 x 2·8) and by gate and up
+    # (2 x 2·8); measured with saved_tensors_hooks on a real CPU LlamaForCausalLM under autocast
+    mixed = get_precision("bf16-mixed")
+    flash_bf16 = act.attention_saved(TINY_LLAMA, BF16, "flash").tok
+    assert act.attention_saved(TINY_LLAMA, mixed, "flash").tok - flash_bf16 == 2 * 2 * 8
+    assert act.mlp_saved(TINY_LLAMA, mixed).tok - act.mlp_saved(TINY_LLAMA, BF16).tok == 1 * 2 * 8
+    # GPT-2's single c_attn and c_fc read their input once
+    assert act.attention_saved(TINY_GPT2, mixed, "flash").tok == act.attention_saved(TINY_GPT2, BF16, "flash").tok
