@@ -47,8 +47,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_scenario, write_outputs
 
     sc = load_scenario(args.config)
-    result = run_scenario(sc, max_rows=args.max_rows, progress=not args.quiet)
     out = Path(args.out) if args.out else _default_out(args.config)
+    if args.stream:
+        from .stream import run_streamed
+
+        streamed = run_streamed(sc, out, chunk_rows=args.chunk_rows, max_rows=args.max_rows,
+                                progress=not args.quiet)
+        print(streamed.results_path)
+        print(streamed.max_batch_path)
+        return 0
+    result = run_scenario(sc, max_rows=args.max_rows, progress=not args.quiet)
     for written in write_outputs(result, out):
         print(written)
     return 0
@@ -159,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compute every combination of the scenario's grid; write results.csv "
                        "(one row per grid point and GPU) and max_batch.csv.")
     common_run(s)
+    s.add_argument("--stream", action="store_true",
+                   help="estimate and append chunk by chunk (grids too large for memory; same files)")
+    s.add_argument("--chunk-rows", type=int, default=500_000, metavar="N",
+                   help="with --stream: grid rows per chunk (default 500,000)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("report", help="run the scenario and render report.html and report.pdf",

@@ -1,0 +1,162 @@
+"""Grids far beyond memory: estimate chunk by chunk and append to results.csv / max_batch.csv on disk.
+
+`run_streamed(sc, out_dir, chunk_rows=...)` writes the same two files as `runner.run_scenario` +
+`runner.write_outputs`, byte for byte, without ever holding more than one chunk:
+
+- results.csv: rows lo..hi of the grid are built directly from their row numbers (mixed-radix decoding of the
+  cartesian product, batch slowest, GPU fastest, exactly grid.product_frame's order), run through the pure
+  estimator (runner.estimate_frame) and appended.
+- max_batch.csv: max batch depends only on the non-batch axes and GPU, so the non-batch combinations are chunked
+  the same way and run through fit.max_batch.
+
+Both files are written to temporary files in the output folder and renamed over the old ones only when everything
+succeeded: an interrupted or failed run leaves the previous results intact. The grid size is checked against
+`max_rows` before anything is allocated, as for an in-memory run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import IO, Iterator
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .errors import UsageError
+from .fit import max_batch
+from .grid import grid_size, product_frame
+from .runner import estimate_frame
+from .scenario import Scenario
+
+CHUNK_ROWS = 500_000  # grid rows estimated and written at once: a few hundred MB of frames at most
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    results_path: Path
+    max_batch_path: Path
+    rows: int  # rows in results.csv
+    cells: int  # rows in max_batch.csv
+    fits: int  # rows of results.csv that fit
+    elapsed_s: float
+
+
+def _axis_columns(axes: dict[str, tuple]) -> dict[str, pd.Series]:
+    """Each axis on its own, typed exactly as product_frame types it (int64, or categoricals with its categories)."""
+    return {name: product_frame({name: tuple(values)})[name] for name, values in axes.items()}
+
+
+def slice_product(axes: dict[str, tuple], lo: int, hi: int) -> pd.DataFrame:
+    """Rows lo..hi (end excluded) of product_frame(axes) without building the rest: the row number r decodes to
+    code_k = (r // inner_k) mod len_k, where inner_k is the product of the lengths of the axes after k."""
+    cols = _axis_columns(axes)
+    lengths = [len(v) for v in axes.values()]
+    rows = np.arange(lo, hi, dtype=np.int64)
+    inner = prod(lengths)
+    data: dict[str, object] = {}
+    for (name, col), length in zip(cols.items(), lengths):
+        inner //= length
+        codes = (rows // inner) % length
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            data[name] = pd.Categorical.from_codes(col.cat.codes.to_numpy()[codes], dtype=col.dtype)
+        else:
+            data[name] = col.to_numpy()[codes]
+    return pd.DataFrame(data, copy=False)
+
+
+def _with_gpu_memory(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
+    by_id = {g.id: g.memory_bytes for g in sc.gpus}
+    mem = np.array([by_id[g] for g in frame[C.GPU].cat.categories], dtype=np.int64)
+    frame[C.GPU_MEMORY] = mem[frame[C.GPU].cat.codes.to_numpy()]
+    return frame
+
+
+def _ranges(n: int, step: int) -> Iterator[tuple[int, int]]:
+    for lo in range(0, n, step):
+        yield lo, min(lo + step, n)
+
+
+class _AtomicFile:
+    """A text file written under a temporary name in the target folder; `commit()` renames it into place, and
+    leaving the `with` block without committing removes the temporary file (the old target stays as it was)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.file: IO[str] = os.fdopen(fd, "w", encoding="utf-8", newline="")
+        self.committed = False
+
+    def commit(self) -> None:
+        self.file.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; a finished output gets the usual mode
+        os.replace(self.tmp, self.path)
+        self.committed = True
+
+    def __enter__(self) -> "_AtomicFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.committed:
+            self.file.close()
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+def _append(frame: pd.DataFrame, f: _AtomicFile, header: bool) -> None:
+    frame.to_csv(f.file, index=False, header=header, lineterminator="\n")
+
+
+def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS, max_rows: int = 20_000_000,
+                 progress: bool = False) -> StreamResult:
+    """Expand, estimate and write the scenario's grid `chunk_rows` rows at a time (see the module docstring)."""
+    if not isinstance(chunk_rows, (int, np.integer)) or chunk_rows < 1:
+        raise UsageError(f"--chunk-rows must be a positive integer, got {chunk_rows!r}")
+    n = grid_size(sc)
+    if n > max_rows:
+        raise UsageError(f"scenario {sc.name!r} expands to {n:,} rows, over the limit of {max_rows:,}; "
+                         f"narrow the grid or raise the limit with --max-rows {n}")
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    gpus = tuple(g.id for g in sc.gpus)
+    axes = {a: tuple(sc.grid[a]) for a in C.GRID_AXES} | {C.GPU: gpus}
+    points_axes = {a: tuple(sc.grid[a]) for a in C.NON_BATCH_AXES} | {C.GPU: gpus}
+    cells = prod(len(v) for v in points_axes.values())
+    model = pd.CategoricalDtype([sc.model.name])
+    mode = pd.CategoricalDtype([sc.mode])
+    fits = 0
+    with ExitStack() as stack:
+        res = stack.enter_context(_AtomicFile(out_dir / "results.csv"))
+        mb = stack.enter_context(_AtomicFile(out_dir / "max_batch.csv"))
+        for lo, hi in _ranges(n, chunk_rows):
+            part = estimate_frame(sc.model, sc.mode, _with_gpu_memory(slice_product(axes, lo, hi), sc),
+                                  sc.overheads, sc.headroom)
+            codes = np.zeros(hi - lo, dtype=np.int8)
+            part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
+            part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
+            fits += int(part[C.FITS].sum())
+            _append(part, res, header=lo == 0)
+            del part
+            if progress:
+                print(f"\rnnmem-sweep: {hi:,}/{n:,} rows ({100 * hi / max(n, 1):.0f}%)", end="", file=sys.stderr,
+                      flush=True)
+        for lo, hi in _ranges(cells, chunk_rows):
+            points = _with_gpu_memory(slice_product(points_axes, lo, hi), sc)
+            _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom), mb, header=lo == 0)
+        res.commit()
+        mb.commit()
+    elapsed = time.perf_counter() - start
+    if progress:
+        print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s, streamed" + " " * 10, file=sys.stderr)
+    return StreamResult(res.path, mb.path, n, cells, fits, elapsed)
