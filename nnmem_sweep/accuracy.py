@@ -130,6 +130,11 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
             continue
         row.update({ESTIMATED: est["peak_bytes"], ERROR: _rel(est["peak_bytes"], m["peak_bytes"]),
                     "estimated_phase": est["peak_phase"], "estimate_error": ""})
+        # the transient part at the peak: measured act + temp + other (inputs) vs the estimate's
+        # activations + kv_cache + temporary (the model states are compared on their own below)
+        cats = m["categories_at_peak"]
+        row["transient_measured_bytes"] = int(cats["act"] + cats["temp"] + cats["other"])
+        row["transient_estimated_bytes"] = int(est[C.ACTIVATIONS] + est[C.KV_CACHE] + est[C.TEMPORARY])
         for ph in PHASES[i["mode"]]:
             mp = m["phases"].get(ph, {}).get("peak_bytes")
             ep = est["phases"].get(ph, -1)
@@ -154,6 +159,21 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
     state_err = df[[f"{k}_error" for k in STATE_KINDS]].abs().max(axis=1, skipna=True).fillna(0.0)
     df["within_tolerance"] = (df[ERROR].abs() <= df["peak_tolerance"]) & (state_err <= df["state_tolerance"])
     return df
+
+
+def explain(row: pd.Series | dict[str, Any]) -> str:
+    """One line on where an estimate departs from a measurement: phase, the transient part, the phase peaks."""
+    r = dict(row)
+    parts = [f"estimate {r[ESTIMATED]:,} B vs measured {r[MEASURED]:,} B ({r[ERROR]:+.1%}); measured peak in "
+             f"{r['measured_phase']}, estimated in {r['estimated_phase']}"]
+    parts.append(f"at the peak, activations+temporaries measured {r['transient_measured_bytes']:,} B vs "
+                 f"estimated {r['transient_estimated_bytes']:,} B "
+                 f"(Δ {r['transient_estimated_bytes'] - r['transient_measured_bytes']:+,})")
+    for ph in PHASES[r[C.MODE]]:
+        mp, ep = r.get(f"{ph}_measured_bytes", -1), r.get(f"{ph}_estimated_bytes", -1)
+        if mp is not None and mp >= 0 and ep is not None and ep >= 0:
+            parts.append(f"{ph} {ep - mp:+,} B ({(ep - mp) / mp:+.1%})")
+    return "; ".join(parts)
 
 
 def summary(df: pd.DataFrame) -> dict[str, float]:
