@@ -141,15 +141,16 @@ def _target(sc: Scenario, max_batch: pd.DataFrame, point: dict[str, Any]) -> dic
         text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
     else:
         text = f"Target ({what}) is met by none of the GPUs with this recipe."
-    # any recipe in the grid at the target's sequence length: the first (in grid order) that gets each GPU there
+    # any recipe in the grid at the target's sequence length: for each GPU the one with the most room (largest max
+    # batch; a stable sort keeps the grid's order among equals)
     fixed = {k: v for k, v in sc.target.items() if k in C.NON_BATCH_AXES}
     ok = _select(max_batch, fixed)
-    ok = ok[ok[C.MAX_BATCH] >= want]
+    ok = ok[ok[C.MAX_BATCH] >= want].sort_values(C.MAX_BATCH, ascending=False, kind="stable")
     others = [f"{g.name} ({_recipe(sc, ok[ok[C.GPU] == g.id].iloc[0].to_dict())})" for g in _gpu_order(sc)
               if g.name not in meeting and (ok[C.GPU] == g.id).any()]
     other_text = ""
     if others and any(a not in fixed for a in _varying(sc)):
-        other_text = f"With another recipe from the grid (the first that meets it): {'; '.join(others)}."
+        other_text = f"With another recipe from the grid (the one with the most room): {'; '.join(others)}."
     return {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
 
 

@@ -149,6 +149,11 @@ def test_summary_hand_computed_l4(run):
                                             "batch 7 (20.7 of 21.4 GiB usable).")
     # target batch 8 at seq 4096: L4 (7) misses; A100 40GB and H100 meet it, smallest first
     assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
+    # L4's roomiest recipe at seq 4096: bf16 sgd full, fixed = 2·2e9 + 4e9 + 545,390,592 = 8,545,390,592,
+    # per sample 4096 · 20,000 = 81,920,000: (22,945,254,604 − 8,545,390,592) // 81,920,000 = 175 >= 8
+    assert summ["target"]["others"].endswith("L4 24GB (bf16 sgd, full checkpointing).")
+    assert context._select(run.max_batch, {C.GPU: "l4", C.SEQ_LEN: 4096, C.PRECISION: "bf16", C.OPTIMIZER: "sgd",
+                                           C.CHECKPOINTING: "full"})[C.MAX_BATCH].item() == 175
 
 
 def test_does_not_fit_sentence(run):
