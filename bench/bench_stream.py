@@ -21,25 +21,18 @@ ROWS = 10_000_000
 
 
 def build():
-    from nnmem_sweep import columns as C
-    from nnmem_sweep.catalog.gpus import get_gpu
-    from nnmem_sweep.models.presets import load_preset
-    from nnmem_sweep.scenario import Overheads, Scenario
+    """bench_grid's 1 M-row Llama 3.1 8B grid with 100 sequence lengths instead of 10: 10 M rows."""
+    import dataclasses
 
-    grid = {
-        C.BATCH: tuple(range(1, 126)),  # 125
-        C.SEQ_LEN: tuple(512 * k for k in range(1, 101)),  # 100
-        C.PRECISION: ("fp32", "bf16", "fp16", "bf16-mixed", "bf16-master"),  # 5
-        C.OPTIMIZER: ("adamw", "adamw-8bit", "sgd-momentum", "adafactor", "lion"),  # 5
-        C.OPTIMIZER_IMPL: ("foreach", "fused"),  # 2
-        C.CHECKPOINTING: ("none", "full"),  # 2
-        C.ATTENTION: ("flash", "eager"),  # 2
-        C.CACHE_TOKENS: (0,), C.DECODE_TOKENS: (0,),
-    }
-    gpus = tuple(get_gpu(g) for g in ("a100-40gb", "a100-80gb", "h100-sxm", "h200"))  # 4
-    return Scenario(path="", name="bench 10M streamed", description="", model=load_preset("llama-3.1-8b"),
-                    mode="train", grid=grid, gpus=gpus, overheads=Overheads(512 << 20, 8_519_680, 0.05),
-                    headroom=0.05)
+    from nnmem_sweep import columns as C
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_grid import build as build_1m
+
+    sc = build_1m()
+    grid = dict(sc.grid)
+    grid[C.SEQ_LEN] = tuple(512 * k for k in range(1, 101))  # 100
+    return dataclasses.replace(sc, name="bench 10M streamed", grid=grid)
 
 
 def _lines(path: Path) -> int:
