@@ -329,3 +329,16 @@ def test_target_outside_the_grid_says_so(run):
     sc = replace(run.scenario, target={C.BATCH: 8, C.SEQ_LEN: 8192})
     t = context.summary(sc, run.results, run.max_batch)["target"]
     assert "seq len 8,192 is not in the grid" in t["text"] and t["met"] is False
+
+
+def test_reference_points_choose_the_breakdown_bars(run):
+    sc = replace(run.scenario, report={**run.scenario.report, "reference_batch": 2,
+                                       "reference_points": [{C.PRECISION: "bf16", C.OPTIMIZER: "sgd"},
+                                                            {C.BATCH: 16, C.CHECKPOINTING: "full"}]})
+    svg, about = context._breakdown_chart(sc, run.results, context.reference_point(sc),
+                                          context._usable(run.results, sc))
+    labels = re.findall(r'text-anchor="end">([^<]*)</text>', svg)
+    assert labels == ["bf16 · sgd", "batch 16 · full"]
+    # first bar: bf16 sgd at batch 2, seq 4096, no checkpointing: 2e9 + 2e9 + 4e9 + 2·4096·200,000 + overhead
+    widths = [float(w) for w in re.findall(r'<rect x="[^"]*" y="10" width="([^"]*)"', svg)]
+    assert len(widths) == 5  # weights, gradients, optimizer, activations, overhead (zero components skipped)
