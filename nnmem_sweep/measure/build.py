@@ -54,6 +54,29 @@ def fake_scalars():
         torch.Tensor.item = original
 
 
+@contextlib.contextmanager
+def native_dropout():
+    """Dropout as CUDA runs it. On the CPU, F.dropout takes ATen's composite path, `input * bernoulli-mask`, and
+    autograd keeps the mask in the input's dtype (4 B per element in fp32); CUDA's fused `native_dropout` keeps a
+    1-byte bool mask (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable). Cases with
+    dropout_impl "native" route F.dropout (nn.Dropout and transformers' eager attention) to torch.native_dropout,
+    which has a CPU kernel with the same outputs and the same saved tensors."""
+    import torch.nn.functional as F
+
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002, ANN001, ANN202
+        if not training or p == 0.0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
 def model_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The HF config dict a case is built from, and its origin."""
     if "hf_config" in case:
@@ -165,7 +188,11 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
         w = Workload(model=model, inputs=inputs, mode=case["mode"], optimizer=opt,
                      autocast_dtype=_AUTOCAST_DTYPE.get(precision),
                      decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
-        with fake_scalars() if fake else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if fake:
+                stack.enter_context(fake_scalars())
+            if case.get("dropout_impl") == "native":
+                stack.enter_context(native_dropout())
             record = run_workload(w)
     record["config"] = cfg
     record["config_origin"] = origin

@@ -40,6 +40,8 @@ def _train(model: str, batch: int, seq: int, precision: str, optimizer: str = "a
         tag += f"-ckpt{ckpt}"
     if attention != "flash":
         tag += f"-{attention}"
+    if extra.get("dropout_impl") == "native":
+        tag += "-nativedropout"
     if "head" in extra:
         tag += "-" + extra["head"].removeprefix(model.split("-")[0].capitalize()).lower()
     return {"id": f"{tag}-b{batch}-s{seq}", "model": model, "mode": "train", "batch": batch, "seq_len": seq,
@@ -63,6 +65,12 @@ CASES: list[dict[str, Any]] = [
     _infer("gpt2", 4, 512, "fp32", 16),
     _train("gpt2-medium", 2, 1024, "bf16"),
     _train("gpt2-medium", 4, 512, "fp32", "adam", attention="eager"),
+    # GPU-faithful dropout: eager attention and CUDA's fused dropout (1-byte bool masks), so the s x s tensors and
+    # the masks are those a GPU run keeps (the CPU's composite dropout keeps input-dtype masks)
+    _train("gpt2", 4, 512, "fp32", attention="eager", dropout_impl="native"),
+    _train("gpt2-medium", 2, 1024, "bf16", attention="eager", dropout_impl="native"),
+    _train("bert-base", 32, 128, "fp32", attention="eager", dropout_impl="native"),
+    _train("bert-large", 16, 128, "bf16", "adafactor", attention="eager", dropout_impl="native"),
     # BERT base / large: masked-LM head, one sequence-classification head
     _train("bert-base", 32, 128, "fp32"),
     _train("bert-base", 16, 512, "bf16-mixed"),

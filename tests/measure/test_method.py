@@ -39,6 +39,7 @@ CASES = {
     "llama-fp32-adafactor-ckpt": _train(TINY_LLAMA, optimizer="adafactor", ckpt="full"),
     "llama-fp32-adam-forloop-eager": _train(TINY_LLAMA, optimizer="adam", impl="forloop", attention="eager"),
     "gpt2-fp32-adamw-math-path": _train(TINY_GPT2),
+    "gpt2-bf16-eager-native-dropout": {**_train(TINY_GPT2, "bf16", attention="eager"), "dropout_impl": "native"},
     "llama-bf16-infer": {"hf_config": TINY_LLAMA, "mode": "infer", "batch": 2, "seq_len": 16, "precision": "bf16",
                          "decode_tokens": 3},
     "cnn-fp32-sgd-momentum": {"layers": TINY_CNN, "input_shape": [3, 8, 8], "num_classes": 10, "mode": "train",
@@ -102,3 +103,14 @@ def test_checkpoint_torch_dtype_does_not_override_the_recipe():
     case = _train({**TINY_LLAMA, "torch_dtype": "bfloat16"}, "bf16-mixed")
     r = measure_case(case, fake=True)
     assert r["totals"]["param_bytes"] == 220_480 * 4
+
+
+def test_native_dropout_keeps_one_byte_masks():
+    # CPU composite dropout keeps an input-dtype mask; CUDA's fused native_dropout (used with dropout_impl
+    # "native") a bool one. Tiny GPT-2 in bf16, eager attention, b 2, s 16, h 32, 4 heads, 2 layers; per layer the
+    # masks are: attention probs (b·a·s² = 2048 elements) + two residual dropouts (2·b·s·h = 2048), plus the
+    # embedding dropout once (b·s·h = 1024): 2·4096 + 1024 = 9,216 elements, 1 B less each than bf16 (2 B).
+    composite = measure_case(_train(TINY_GPT2, "bf16", attention="eager"), fake=True)
+    native = measure_case({**_train(TINY_GPT2, "bf16", attention="eager"), "dropout_impl": "native"}, fake=True)
+    saved = [r["phases"]["forward"]["end_categories"]["act"] for r in (composite, native)]
+    assert saved[0] - saved[1] == 9_216
