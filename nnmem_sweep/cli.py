@@ -248,6 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nnmem-sweep: interrupted; nothing half-written was left", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `nnmem-sweep presets | head`: the reader went away; not an error worth a traceback.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
