@@ -9,6 +9,12 @@ from pathlib import Path
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def safe_stem(name: str) -> str:
     """A file-name-safe version of `name`: no slashes, no '..', no leading dots; never empty."""
     stem = _UNSAFE.sub("-", name).strip("-.")
@@ -24,6 +30,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less the umask).
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         try:
