@@ -9,12 +9,15 @@ axes and GPU (columns.NON_BATCH_AXES + gpu). The answer is ordered by what a rev
     increase               (largest gain first)
     added, removed         (the cell exists on one side only)
 
+`provenance(config)` says whether CONFIG is committed as it is on disk (for the report's provenance line).
+
 `scenario_at_revision(config, rev)` reads CONFIG as it was at REV with `git show REV:./file`, run in the folder
 holding CONFIG, so the path is taken relative to the repository that contains it.
 """
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +103,38 @@ def format_diff(d: pd.DataFrame, old_label: str, new_label: str) -> str:
     return "\n".join(lines)
 
 
+def _git(folder: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, timeout=60)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    commit: str | None  # HEAD of the repository holding the config; None outside git
+    state: str  # "committed" | "uncommitted changes" | "not tracked by git" | "not in a git repository"
+
+    @property
+    def dirty(self) -> bool:
+        return self.state != "committed"
+
+
+def provenance(config: str | Path) -> Provenance:
+    """Is CONFIG in git exactly as it is on disk? Never raises: outside git it says so."""
+    p = Path(config)
+    folder = p.parent if str(p.parent) else Path(".")
+    head = _git(folder, "rev-parse", "--verify", "-q", "HEAD") if folder.is_dir() else None
+    if head is None or head.returncode != 0:
+        return Provenance(None, "not in a git repository")
+    commit = head.stdout.decode().strip()
+    st = _git(folder, "status", "--porcelain", "--", p.name)
+    text = st.stdout.decode("utf-8", "replace") if st is not None and st.returncode == 0 else "??"
+    if not text.strip():
+        return Provenance(commit, "committed")
+    return Provenance(commit, "not tracked by git" if text.startswith("??") else "uncommitted changes")
+
+
 def scenario_text_at_revision(config: str | Path, rev: str) -> str:
     """The text of CONFIG at git revision REV; UsageError (one line) when git, the repository, the revision or
     the file at that revision is missing."""
@@ -109,12 +144,9 @@ def scenario_text_at_revision(config: str | Path, rev: str) -> str:
         raise UsageError(f"{config}: no such folder {str(folder)!r}")
     if rev.startswith("-"):
         raise UsageError(f"--against {rev!r}: a revision cannot start with '-'")
-    try:
-        done = subprocess.run(["git", "show", f"{rev}:./{p.name}"], cwd=folder, capture_output=True, timeout=60)
-    except FileNotFoundError:
-        raise UsageError("--against needs git, which is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise UsageError(f"git show {rev}:{config} took over 60 s") from None
+    done = _git(folder, "show", f"{rev}:./{p.name}")
+    if done is None:
+        raise UsageError(f"cannot read {config} at revision {rev!r}: git is not installed or did not answer")
     if done.returncode != 0:
         msg = done.stderr.decode("utf-8", "replace").strip().splitlines()
         why = msg[-1].removeprefix("fatal: ") if msg else f"git exit {done.returncode}"

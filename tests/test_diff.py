@@ -141,3 +141,20 @@ def test_against_missing_revision_or_file_is_one_clean_line(tmp_path, capsys, re
     assert main(["diff", str(tmp_path / name), f"--against={rev}"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@git
+def test_provenance_marks_uncommitted_and_untracked_configs(tmp_path):
+    assert D.provenance(tmp_path / "s.yaml") == D.Provenance(None, "not in a git repository")
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "s.yaml").write_text(BASE)
+    assert D.provenance(tmp_path / "s.yaml").state == "not in a git repository"  # no commit yet: no HEAD
+    _git(tmp_path, "add", "s.yaml")
+    _git(tmp_path, "commit", "-q", "-m", "base")
+    clean = D.provenance(tmp_path / "s.yaml")
+    assert clean.state == "committed" and not clean.dirty and len(clean.commit) == 40
+    (tmp_path / "s.yaml").write_text(BASE + "# edited\n")
+    assert D.provenance(tmp_path / "s.yaml") == D.Provenance(clean.commit, "uncommitted changes")
+    (tmp_path / "new.yaml").write_text(BASE)
+    assert D.provenance(tmp_path / "new.yaml").state == "not tracked by git"
+    assert D.provenance(tmp_path / "new.yaml").dirty
