@@ -279,17 +279,21 @@ _ACT_LIVE = {"gelu_new": 3}
 
 
 @formula("prefill_temporary_bytes",
-         "max(attention: 2·r·h + e·(hq + 2·hkv) + e·hq [+ a·s·(e + sm + e)], MLP: 2·r·h + live·e·I) per token "
-         "+ V·(e + 4) per sequence (last-position logits and their fp32 copy) + RoPE cos/sin",
+         "max(attention: 3·r·h + e·(hq + 2·hkv) + e·hq [+ a·s·(e + sm + e)], MLP: 4·r·h + live·e·I, "
+         "logits: 2·r·h per token + V·(e + 4) per sequence) + RoPE cos/sin + ids",
          HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32)",
          note="live: SwiGLU 3 (SiLU out, up out, product); GeLU 2 (up out, GeLU out); gelu_new 4")
 def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term, ...]:
-    """Largest transient of one prefill: one layer's intermediates for the whole prompt (no autograd, so only what
-    is alive inside the layer at once) plus the last position's logits."""
+    """Transients of one prefill at its three candidate moments: inside a layer's attention, inside its MLP (no
+    autograd, so only what is alive at once), and at the logits of the last position. The caller takes the max."""
     h, a, e, r = arch.hidden, arch.heads, p.act_bytes, p.residual_bytes
     hq, hkv, i = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     k = max(arch.experts_per_token, 1)
-    resid = 2 * r * h + 2 * INDEX  # residual stream + norm output; input ids and attention mask
+    # the model's forward keeps `inputs_embeds` (and GPT-2 `position_embeds`) as locals through the layer loop,
+    # the loop variable holds the layer input, the layer holds its norm output; token ids and position ids
+    embeds = r * h if arch.layers >= 2 else 0  # with one layer the embeddings are the layer input
+    resid = embeds + 2 * r * h + INDEX
+    pos = Term(pos=INDEX + (r * h if arch.position == "learned" else 0))
     attn_tok = resid + e * (hq + 2 * hkv) + e * hq
     attn_s2 = 0
     if attention == "eager":
@@ -297,9 +301,19 @@ def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term
         attn_s2 = a * (e + sm + (e if sm != e else 0))  # scores, softmax, cast
         attn_tok += e * hq  # P·V output and its contiguous transpose
     live = 3 if arch.mlp == "gated" else 1 + _ACT_LIVE.get(arch.activation, 1)
-    mlp_tok = resid + k * live * e * i
-    shared = Term(seq=arch.vocab * (e + 4)) + rope_saved(arch, p)
-    return (Term(tok=attn_tok, s2=attn_s2) + shared, Term(tok=mlp_tok) + shared)
+    # the MLP runs beside the post-attention residual (and GPT-2's block still holds `attn_output`)
+    mlp_tok = resid + r * h * (2 if arch.family == "gpt2" else 1)
+    if arch.num_experts:
+        # grouped-matmul experts (transformers 5 integrations/moe.py): per routed token its gathered input, the
+        # fused gate_up output (2I), SiLU(gate) and the product, sort indices and permutation (int64) and its
+        # routing weight; per token the fp32 router softmax and the top-k values (fp32) and indices (int64)
+        mlp_tok += k * (e * h + 4 * e * i + 2 * INDEX + e) + STAT * arch.num_experts + (STAT + INDEX) * k
+    else:
+        mlp_tok += live * e * i
+    shared = rope_saved(arch, p) + pos
+    # after the layers: the final norm output beside the embeddings, and the last position's logits + fp32 copy
+    logits = Term(tok=embeds + r * h + INDEX, seq=arch.vocab * (e + 4)) + shared
+    return (Term(tok=attn_tok, s2=attn_s2) + shared, Term(tok=mlp_tok) + shared, logits)
 
 
 # ---------------------------------------------------------------- params models and layer nets

@@ -16,8 +16,9 @@ master, gradients, optimizer state and activations together (FORMULAS.md worked 
 
 Inference (generate() with a dynamic cache, or a preallocated cache of cache_tokens tokens):
 
-    prefill         W + KV(prompt) + one layer's intermediates for the prompt + last-position logits
-    decode          W + KV(prompt + decode_tokens) + the cache append copy + one token's intermediates
+    prefill         W + KV(prompt) + max(one layer's intermediates for the prompt, last-position logits)
+    decode          W + KV(prompt + decode_tokens) + the cache append copy + one token's intermediates,
+                    or + the last step's logits (two moments)
 """
 from __future__ import annotations
 
@@ -204,28 +205,21 @@ def _infer(arch, frame, b, s, p_code, precs, n):
     t_final = np.where(static, cache, s + dec)
     k = p_code.astype(np.int64) * nA + a_code
     pre_terms = [act.prefill_temp(arch, p, a) for p in precs for a in a_names]
-    pre = None
-    for j in range(2):
-        v = _TermTable([t[j] for t in pre_terms]).eval(k, b, s)
-        pre = v if pre is None else np.maximum(pre, v)
-    pre = pre + cast
+    moments = [_TermTable([t[j] for t in pre_terms]) for j in range(3)]  # attention, MLP, logits
+    pre = np.maximum.reduce([m.eval(k, b, s) for m in moments]) + cast
     kv_pre = kv_cache_bytes(arch, b, t_prefill, e)
-    # one decode step: the token's layer intermediates (prefill terms at s = 1; eager scores over the cache)
+    # a decode step is the same moments for one token; eager attention scores span the whole cache
     one = np.ones_like(s)
-    dstep = None
-    for j in range(2):
-        tj = [Term(pos=t[j].pos, seq=t[j].seq, tok=t[j].tok) for t in pre_terms]
-        v = _TermTable(tj).eval(k, b, one)
-        if j == 0:
-            s2 = np.array([t[0].s2 for t in pre_terms], dtype=np.int64)[k]
-            v = v + b * s2 * cache_tokens(arch, t_final)
-        dstep = v if dstep is None else np.maximum(dstep, v)
-    dtemp = dstep + cast + np.where(static, 0, kv_append_temp_bytes(arch, b, t_final, e))
+    scores = moments[0].s2[k] * b * cache_tokens(arch, t_final)
+    layer_step = np.maximum(moments[0].eval(k, b, one) - b * moments[0].s2[k] + scores, moments[1].eval(k, b, one))
+    append = np.where(static, 0, kv_append_temp_bytes(arch, b, t_final, e))  # the cat copy of one layer's K
+    d_layer = layer_step + cast + append
+    d_logits = moments[2].eval(k, b, one)
     kv_dec = kv_cache_bytes(arch, b, t_final, e)
-    decode_total = np.where(dec > 0, W + kv_dec + dtemp, -1)
-    phases = [
-        ("prefill", W + kv_pre + pre, {C.WEIGHTS: W, C.KV_CACHE: kv_pre, C.TEMPORARY: pre}),
-        ("decode", decode_total, {C.WEIGHTS: W, C.KV_CACHE: kv_dec, C.TEMPORARY: dtemp}),
-    ]
+    happens = dec > 0
+    phases = [("prefill", W + kv_pre + pre, {C.WEIGHTS: W, C.KV_CACHE: kv_pre, C.TEMPORARY: pre})]
+    for temp in (d_layer, d_logits):
+        phases.append(("decode", np.where(happens, W + kv_dec + temp, -1),
+                       {C.WEIGHTS: W, C.KV_CACHE: kv_dec, C.TEMPORARY: temp}))
     return phases
 

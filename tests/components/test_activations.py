@@ -88,11 +88,23 @@ def test_bf16_mixed_adds_autocast_copies_and_upcasts_logits():
 
 
 def test_prefill_temp_tiny_llama_bf16():
-    attn, mlp = act.prefill_temp(TINY_LLAMA, BF16, "flash")
-    # residual + norm output 2·2·8 + ids/mask 16 = 48; Q,K,V 2·16; SDPA output 2·8; RoPE cos/sin 2·4·2 per position
-    assert attn == Term(tok=48 + 32 + 16, seq=32 * 6, pos=16)
-    # MLP: 48 + SiLU, up, product 3·2·16; last-position logits bf16 + fp32 copy 32·6 per sequence
-    assert mlp == Term(tok=48 + 96, seq=32 * 6, pos=16)
+    attn, mlp, logits = act.prefill_temp(TINY_LLAMA, BF16, "flash")
+    # alive per token: embeddings (kept by the model's forward) 2·8, layer input 2·8, norm output 2·8, ids 8 = 56;
+    # per position: position ids 8 + RoPE cos/sin 2·4·2 = 24
+    # attention: + Q,K,V 2·16 + SDPA output 2·8
+    assert attn == Term(tok=56 + 32 + 16, pos=24)
+    # MLP: + post-attention residual 2·8 + SiLU, up, product 3·2·16
+    assert mlp == Term(tok=56 + 16 + 96, pos=24)
+    # after the layers: embeddings, final norm output, ids; last-position logits bf16 + fp32 copy 32·6
+    assert logits == Term(tok=16 + 16 + 8, seq=32 * 6, pos=24)
+
+
+def test_prefill_moe_grouped_experts():
+    moe = replace(TINY_LLAMA, num_experts=4, experts_per_token=2)
+    _, mlp, _ = act.prefill_temp(moe, BF16, "flash")
+    # per routed token: gathered input 2·8, gate_up 2·32 + SiLU 2·16 + product 2·16, sort ids 2·8, weight 2;
+    # per token: fp32 router softmax 4·4, top-k values and indices 2·(4 + 8)
+    assert mlp.tok == 56 + 16 + 2 * (16 + 128 + 16 + 2) + 16 + 24
 
 
 @pytest.mark.parametrize("attention", ["flash", "eager"])
