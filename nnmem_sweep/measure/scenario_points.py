@@ -86,8 +86,12 @@ def select_points(frame: pd.DataFrame, filters: dict[str, str], limit: int) -> p
 def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: int) -> int:
     from ..config import load_scenario
     from ..grid import expand_grid
-    from ..runner import estimate_frame
     from .build import measure_case
+
+    try:
+        from ..runner import estimate_frame
+    except ImportError:  # the estimator is optional here: measured.csv then holds the measurement alone
+        estimate_frame = None
 
     sc = load_scenario(config_path)
     spec = model_spec(sc)
@@ -130,7 +134,7 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
     """The estimate of the same points beside the measurement; the attention mode matched to the kernel that ran
     (CPU SDPA falls back to the math path when dropout > 0, which the estimator calls eager)."""
     ok = df[STATUS] == "measured" if STATUS in df else pd.Series(False, index=df.index)
-    if not ok.any():
+    if estimate_frame is None or not ok.any():
         return df
     pts = df.loc[ok, list(C.GRID_AXES)].copy()
     pts[C.ATTENTION] = [("eager" if k == "math" else a) for k, a in zip(df.loc[ok, KERNEL], pts[C.ATTENTION])]
