@@ -245,9 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     except NnmemError as e:
         print(f"nnmem-sweep: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("nnmem-sweep: interrupted; nothing half-written was left", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # `nnmem-sweep presets | head`: the reader went away; not an error worth a traceback.
         import os
@@ -255,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:
+        # Disk full, --out not writable, a file where a folder should be: one line, nothing half-written.
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"nnmem-sweep: cannot write{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nnmem-sweep: interrupted; nothing half-written was left", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
