@@ -55,7 +55,7 @@ def test_estimate_point_llama_8b_and_breakdown():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(model="llama-9b"), "unknown model 'llama-9b'"),
-    (dict(model="gpt2", precision="fp8"), "unknown precision 'fp8'"),
+    (dict(model="gpt2", precision="fp6"), "unknown precision 'fp6'"),
     (dict(model="gpt2", optimizer="adamx"), "unknown optimizer 'adamx'"),
     (dict(model="gpt2", gpu="h1000"), "unknown GPU 'h1000'"),
     (dict(model="gpt2", batch=0), "batch must be a positive integer"),

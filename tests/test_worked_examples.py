@@ -48,14 +48,18 @@ def test_karpathy_cnn_params_times_three_is_218_27_mib():
     assert row[C.ACTIVATIONS] == 532_752 * 4 * 2 * 128 == 545_538_048
 
 
-def test_layer_net_counts_each_output_once():
-    # two layers: conv 3->4 (3x3, bias: 112 params) with output 4x8x8 = 256; relu output 256 -> 512 elements
+def test_layer_net_counts_what_backward_needs():
+    # conv 3->4 (3x3, bias: 112 params) on a 3x8x8 input, output 4x8x8 = 256; ReLU output 256.
+    # The conv keeps its input (the batch itself: 192 x 4 + int64 label = 776 B per sample), the ReLU its output
+    # (256 x 4 = 1024). The peak is the ReLU's backward: weights 448 + momentum 448, no gradients yet,
+    # per sample 1024 + 776 kept + gradients of the ReLU output and input 2 x 256 x 4 = 2048 -> 10 x 3848 + 896
     layers = (LayerRecord("conv2d_1", "conv2d", (4, 8, 8), 112, 256), LayerRecord("relu_1", "relu", (4, 8, 8), 0, 256))
     net = Architecture(name="net", kind="layers", family="layers", params=112, input_shape=(3, 8, 8),
                        layer_table=layers)
     row = _row(net, batch=10, precision="fp32", optimizer="sgd-momentum")
-    assert row[C.ACTIVATIONS] == 10 * 512 * 4
-    assert row[C.PEAK_ALLOCATED] == 112 * 4 * 3 + 20_480
+    assert row[C.PEAK_PHASE] == "backward"
+    assert (row[C.ACTIVATIONS], row[C.TEMPORARY], row[C.GRADIENTS]) == (18_000, 20_480, 0)
+    assert row[C.PEAK_ALLOCATED] == 896 + 38_480
 
 
 @pytest.mark.parametrize("batch", [1, 7])

@@ -325,8 +325,82 @@ def params_activations(arch: Architecture, p: Precision) -> Term:
     return Term(seq=arch.activation_elements_per_sample * e, tok=arch.activation_elements_per_token * e)
 
 
-@formula("activation_bytes.layers", "b · Σ_layers output_elements · e",
-         where="each layer's output is kept for backward (its value only; the gradients of activations are "
-         "transient and not counted), as in the CS231n per-layer memory count")
-def layer_net_activations(arch: Architecture, p: Precision) -> Term:
-    return Term(seq=sum(r.output_elements for r in arch.layer_table) * p.act_bytes)
+# What each layer type's backward needs (torch.nn, autograd): "in" its input, "out" its output, "" nothing;
+# plus per-element extras (max-pool indices, dropout masks) and views (flatten keeps its input's storage).
+_LAYER_SAVES = {
+    "conv2d": "in", "linear": "in", "batchnorm2d": "in", "batchnorm1d": "in", "layernorm": "in",
+    "relu": "out", "tanh": "out", "sigmoid": "out", "gelu": "in", "silu": "in",
+    "maxpool2d": "in", "avgpool2d": "", "adaptiveavgpool2d": "", "flatten": "", "dropout": "",
+}
+
+
+@dataclass(frozen=True)
+class LayerNetTrain:
+    saved: Term  # everything the forward keeps for backward
+    inputs: Term  # the batch: images and int64 labels
+    forward_temp: Term  # logits' log_softmax for the loss
+    backward: tuple[tuple[int, Term, Term], ...]  # per moment: (bytes of gradients present, activations, temps)
+
+
+@formula("activation_bytes.layers",
+         "Σ over tensors some layer's backward needs (conv/linear/BN/GeLU inputs, ReLU/tanh/sigmoid outputs, "
+         "max-pool inputs + int64 indices, dropout masks) · e; backward at layer j: tensors needed by layers ≤ j, "
+         "gradients of layers ≥ j, and the gradients of layer j's output and input",
+         source("torch-autograd-saved", "PyTorch autograd derivatives.yaml: the tensors each op saves for backward",
+                "https://github.com/pytorch/pytorch/blob/main/tools/autograd/derivatives.yaml"),
+         where="convolution_backward, native_batch_norm_backward, threshold_backward, "
+         "max_pool2d_with_indices_backward",
+         note="A tensor two layers save (a ReLU output feeding a conv) counts once; flatten is a view")
+def layer_net_train(arch: Architecture, p: Precision, device: str = "cuda") -> LayerNetTrain:
+    e, g = p.act_bytes, p.grad_bytes
+    layers = arch.layer_table
+    n_in = 1
+    for d in arch.input_shape:
+        n_in *= d
+    size = {-1: n_in}  # elements per sample of each layer's output (-1: the network input)
+    storage = {-1: -1}  # which tensor a layer's output is (flatten: its input's)
+    extra = [0] * len(layers)  # per-sample bytes saved beside tensors (indices, masks)
+    const = [0] * len(layers)  # batch-independent saved bytes (BatchNorm statistics)
+    needs: list[set[int]] = []
+    for i, r in enumerate(layers):
+        size[i] = r.output_elements
+        storage[i] = storage[i - 1] if r.type == "flatten" else i
+        what = _LAYER_SAVES.get(r.type, "in")
+        need = set()
+        if what == "in":
+            need.add(storage[i - 1])
+        elif what == "out":
+            need.add(storage[i])
+        if r.type == "maxpool2d":
+            extra[i] = INDEX * r.output_elements
+        elif r.type == "dropout":
+            extra[i] = dropout_mask_bytes(device, e) * r.output_elements
+        elif r.type in ("batchnorm2d", "batchnorm1d"):
+            const[i] = 2 * STAT * (r.output_shape[0] if r.output_shape else 0)
+        elif r.type == "layernorm":
+            extra[i] = 2 * STAT * (r.output_elements // max(r.output_shape[-1], 1))
+        needs.append(need - {-1})  # the network input is the batch itself (inputs)
+
+    def saved_upto(j: int) -> Term:
+        tensors = set().union(*needs[: j + 1]) if j >= 0 else set()
+        return Term(const=sum(const[: j + 1]), seq=sum(size[t] for t in tensors) * e + sum(extra[: j + 1]))
+
+    inputs = Term(seq=n_in * e + INDEX)
+    classes = size[len(layers) - 1] if layers else 0
+    moments = []
+    for j in range(len(layers) - 1, -1, -1):
+        grads = sum(r.params for r in layers[j:]) * g
+        flow = size[j] + (size[j - 1] if j > 0 else 0)  # gradient of layer j's output and of its input
+        moments.append((grads, saved_upto(j) + inputs, Term(seq=flow * e)))
+    return LayerNetTrain(saved=saved_upto(len(layers) - 1), inputs=inputs,
+                         forward_temp=Term(seq=classes * 4), backward=tuple(moments))
+
+
+@formula("activation_bytes.layers.inference", "max over layers (input + output) · e per sample",
+         where="without autograd only the layer being computed holds its input and output")
+def layer_net_infer(arch: Architecture, p: Precision) -> Term:
+    n_in = 1
+    for d in arch.input_shape:
+        n_in *= d
+    sizes = [n_in] + [r.output_elements for r in arch.layer_table]
+    return Term(seq=max(a + b for a, b in zip(sizes, sizes[1:])) * p.act_bytes if len(sizes) > 1 else n_in)

@@ -148,11 +148,12 @@ def _train(arch, frame, b, s, p_code, precs, n, device):
     T_opt = tmp.reshape(-1)[flat]
     states = {C.WEIGHTS: W, C.MASTER_WEIGHTS: M, C.OPTIMIZER_STATE: S}
 
-    if arch.kind != "transformer":
-        fn = act.params_activations if arch.kind == "params" else act.layer_net_activations
-        A = _TermTable([fn(arch, p) for p in precs]).eval(p_code, b, s)
+    if arch.kind == "params":
+        A = _TermTable([act.params_activations(arch, p) for p in precs]).eval(p_code, b, s)
         comps = dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: A})
         return [("backward", W + M + S + G + A, comps)]
+    if arch.kind == "layers":
+        return _layer_net_train(arch, b, s, p_code, precs, states, G, T_opt, device)
 
     a_code, a_names = _codes(frame, C.ATTENTION)
     c_code, c_names = _codes(frame, C.CHECKPOINTING)
@@ -186,10 +187,35 @@ def _train(arch, frame, b, s, p_code, precs, n, device):
     return phases
 
 
+def _layer_net_train(arch, b, s, p_code, precs, states, G, T_opt, device):
+    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer."""
+    nets = [act.layer_net_train(arch, p, device) for p in precs]
+    base = states[C.WEIGHTS] + states[C.MASTER_WEIGHTS] + states[C.OPTIMIZER_STATE]
+    saved = _TermTable([t.saved for t in nets]).eval(p_code, b, s)
+    inputs = _TermTable([t.inputs for t in nets]).eval(p_code, b, s)
+    fwd = _TermTable([t.forward_temp for t in nets]).eval(p_code, b, s)
+    phases = [("forward", base + saved + inputs + fwd,
+               dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
+    # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
+    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
+    keep = [j for j in range(len(keys[0]))
+            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
+                       for i in range(len(keys[0])))]
+    for j in dict.fromkeys(keep):
+        grads = np.array([net.backward[j][0] for net in nets], dtype=np.int64)[p_code]
+        a = _TermTable([net.backward[j][1] for net in nets]).eval(p_code, b, s)
+        t = _TermTable([net.backward[j][2] for net in nets]).eval(p_code, b, s)
+        phases.append(("backward", base + grads + a + t,
+                       dict(states, **{C.GRADIENTS: grads, C.ACTIVATIONS: a, C.TEMPORARY: t})))
+    phases.append(("optimizer", base + G + inputs + T_opt,
+                   dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})))
+    return phases
+
+
 def _infer(arch, frame, b, s, p_code, precs, n):
     W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)[p_code]
     if arch.kind != "transformer":
-        fn = act.params_activations if arch.kind == "params" else act.layer_net_activations
+        fn = act.params_activations if arch.kind == "params" else act.layer_net_infer
         A = _TermTable([fn(arch, p) for p in precs]).eval(p_code, b, s)
         return [("forward", W + A, {C.WEIGHTS: W, C.ACTIVATIONS: A})]
     a_code, a_names = _codes(frame, C.ATTENTION)

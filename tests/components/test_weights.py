@@ -94,5 +94,5 @@ def test_lower_precision_never_more_weight_bytes():
 
 
 def test_unknown_precision_is_a_usage_error():
-    with pytest.raises(UsageError, match="unknown precision 'fp8'"):
-        get_precision("fp8")
+    with pytest.raises(UsageError, match="unknown precision 'fp6'"):
+        get_precision("fp6")
