@@ -6,13 +6,22 @@ from hypothesis import given, settings, strategies as st
 from nnmem_sweep import columns as C
 from nnmem_sweep.catalog.names import OPTIMIZERS
 from nnmem_sweep.grid import expand_grid
+from nnmem_sweep.models.arch import Architecture, LayerRecord
 from nnmem_sweep.models.presets import load_preset
 from nnmem_sweep.runner import estimate_frame, run_scenario
 from nnmem_sweep.scenario import GPUSpec, Overheads
 
 from components.tiny_models import TINY_GPT2, TINY_LLAMA, replace, scenario
 
-ARCHS = [TINY_LLAMA, TINY_GPT2, replace(TINY_LLAMA, num_experts=4, experts_per_token=2, name="tiny-moe"),
+CNN = Architecture(name="cnn", kind="layers", family="layers", params=448 + 32 + 2570, input_shape=(3, 8, 8),
+                   layer_table=(LayerRecord("conv2d_1", "conv2d", (16, 8, 8), 448, 1024),
+                                LayerRecord("batchnorm2d_1", "batchnorm2d", (16, 8, 8), 32, 1024),
+                                LayerRecord("relu_1", "relu", (16, 8, 8), 0, 1024),
+                                LayerRecord("maxpool2d_1", "maxpool2d", (16, 4, 4), 0, 256),
+                                LayerRecord("flatten_1", "flatten", (256,), 0, 256),
+                                LayerRecord("dropout_1", "dropout", (256,), 0, 256),
+                                LayerRecord("linear_1", "linear", (10,), 2570, 10)))
+ARCHS = [CNN, TINY_LLAMA, TINY_GPT2, replace(TINY_LLAMA, num_experts=4, experts_per_token=2, name="tiny-moe"),
          replace(TINY_LLAMA, sliding_window=12, name="tiny-swa"), load_preset("gpt2"), load_preset("llama-3.2-1b")]
 TRAIN_PRECISIONS = ["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "bf16-master"]
 OV = Overheads(300 << 20, 8_519_680, 0.07)
