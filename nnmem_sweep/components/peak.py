@@ -164,11 +164,10 @@ def _train(arch, frame, b, s, p_code, precs, n, device):
     inputs = _TermTable([t.inputs for t in terms]).eval(k, b, s)
     fwd_tmp = _TermTable([t.forward_temp for t in terms]).eval(k, b, s)
     n_bwd = max(len(t.backward_start_temp) for t in terms)
-    bwd0 = None
+    bwd_start = []  # each moment its own phase: a max of affine terms is not affine in batch
     for j in range(n_bwd):
         tj = [t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms]
-        v = _TermTable(tj).eval(k, b, s)
-        bwd0 = v if bwd0 is None else np.maximum(bwd0, v)
+        bwd_start.append(_TermTable(tj).eval(k, b, s))
     n_end = max(len(t.backward_end_temp) for t in terms)
     bwd_end = []
     for j in range(n_end):
@@ -178,7 +177,7 @@ def _train(arch, frame, b, s, p_code, precs, n, device):
     base = W + M + S
     phases = [
         ("forward", base + saved + fwd_tmp, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
-        ("backward", base + saved + bwd0, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: bwd0})),
+        *[("backward", base + saved + t, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
         *[("backward", base + G + inputs + t, dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: t}))
           for t in bwd_end],
         ("optimizer", base + G + inputs + T_opt,

@@ -62,7 +62,9 @@ def test_train_terms_tiny_llama_fp32():
     assert t.inputs == Term(tok=16)
     # fp32 logits are their own upcast: logits 4·32 + log_softmax 4·32 + labels pad/shift 16
     assert t.forward_temp == Term(tok=128 + 128 + 16)
-    assert t.backward_start_temp == (Term(tok=3 * 4 * 32),)
+    # the loss backward (3 x 4·32 per token), or the last MLP's down projection backward: gradients of the
+    # residual and of its output 2·4·8, of its input 4·16, and its 16 x 8 fp32 weight gradient
+    assert t.backward_start_temp == (Term(tok=3 * 4 * 32), Term(tok=64 + 64, const=512))
     assert t.backward_end_temp == (Term(tok=32),)  # untied: the embedding's dense gradient is .grad itself
 
 

@@ -24,7 +24,8 @@ def test_training_phases_batch_1():
     f = _frame()
     totals = [int(t[0]) for t in phase_totals(TINY_LLAMA, "train", f)]
     assert totals == [W + S + 8 * 1236 + 256 + 8 * 272,  # forward       32,768
-                      W + S + 8 * 1236 + 256 + 8 * 384,  # backward start 33,664
+                      W + S + 8 * 1236 + 256 + 8 * 384,  # backward start (loss) 33,664
+                      W + S + 8 * 1236 + 256 + 512 + 8 * 128,  # backward start (last layer) 32,128
                       W + S + G + 8 * 16 + 8 * 32,  # backward end  27,648
                       W + S + G + 8 * 16 + T_OPT]  # optimizer     34,208
     comps = estimate_components(TINY_LLAMA, "train", f)
