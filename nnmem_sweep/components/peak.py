@@ -3,7 +3,8 @@
 Training (the modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads):
 
     forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
-    backward start  W + M + S + saved activations + loss-backward temporaries (or one recomputed layer)
+    backward start  W + M + S + saved activations + loss-backward temporaries; or + the last layer's MLP
+                    backward; or + one recomputed layer (checkpointing): each a moment of its own
     backward end    W + M + S + G + inputs + gradient of the embedding output (+ the tied embedding's second
                     gradient and their sum, a moment of its own)
     optimizer       W + M + S + G + inputs + the step's temporaries
@@ -11,8 +12,9 @@ Training (the modelled step is step 2: optimizer state exists; zero_grad(set_to_
 During backward the saved activations shrink layer by layer while the gradients grow by the same layers' weights,
 so the live total moves roughly linearly between the two backward moments and its maximum is at one of them.
 The component columns are those of the winning phase, so they add up to the peak exactly; ties go to the earlier
-phase. params models and layer nets follow the simple calculators' convention: one moment holding weights,
-master, gradients, optimizer state and activations together (FORMULAS.md worked examples).
+phase. params models follow the simple calculators' convention: one moment holding weights, master, gradients,
+optimizer state and activations together (FORMULAS.md worked examples). Layer nets get a forward moment, one
+backward moment per layer (what layers up to it still keep, the gradients of the layers after it) and the step.
 
 Inference (generate() with a dynamic cache, or a preallocated cache of cache_tokens tokens):
 
