@@ -60,6 +60,25 @@ def _split(dev_snap: dict) -> dict[str, int]:
     return out
 
 
+def _innermost(parents) -> str:  # noqa: ANN001
+    """The innermost active module. In backward, ModTracker can hold several same-depth modules whose post-backward
+    hook has not fired (their inputs needed no gradient); their common dotted prefix is then what is known."""
+    names = [p for p in parents if p != "Global"]
+    if not names:
+        return ""
+    depth = max(n.count(".") for n in names)
+    deepest = sorted(n for n in names if n.count(".") == depth)
+    if len(deepest) == 1:
+        return deepest[0]
+    parts = [n.split(".") for n in deepest]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
 class PhaseTracker(MemTracker):
     """MemTracker that also keeps the peak of each phase, where it happened, and which aten ops ran."""
 
@@ -115,8 +134,7 @@ class PhaseTracker(MemTracker):
         if total > rec.peak_bytes:
             rec.peak_bytes = total
             rec.categories = self._current_split()
-            parents = [p for p in self._mod_tracker.parents if p != "Global"]
-            rec.module = max(parents, key=lambda p: (p.count("."), len(p))) if parents else ""
+            rec.module = _innermost(self._mod_tracker.parents)
             rec.op = self._last_op
 
     def attention_kernel(self) -> str:
