@@ -53,3 +53,17 @@ BYTE_COLUMNS = COMPONENTS + (PEAK_ALLOCATED, OVERHEAD, TOTAL, GPU_MEMORY, USABLE
 MAX_BATCH = "max_batch"  # largest batch that fits with headroom; 0 when even batch 1 does not fit
 TOTAL_AT_MAX_BATCH = "total_at_max_batch_bytes"
 TOTAL_AT_BATCH_1 = "total_at_batch_1_bytes"
+
+# Serving plans (infer scenarios; nnmem_sweep/serving.py): max_concurrency.csv and max_context.csv
+KV_DTYPE = "kv_dtype"  # auto | bf16 | fp16 | fp8 | int8 (grid.kv_dtype)
+TENSOR_PARALLEL = "tensor_parallel"  # GPUs one model replica is split over (serving.tensor_parallel)
+CONTEXT = "context"  # tokens per sequence: prompt (seq_len) + generated (decode_tokens)
+KV_BYTES_PER_SEQUENCE = "kv_bytes_per_sequence"  # one sequence's KV cache on one GPU at `context` (whole blocks)
+KV_BUDGET = "kv_budget_bytes"  # what the engine leaves for the KV cache on one GPU
+MAX_CONCURRENT = "max_concurrent_sequences"  # floor(kv_budget / kv_bytes_per_sequence)
+KV_TOKENS_FIT = "kv_tokens_fit"  # tokens the KV budget holds (whole blocks when paged)
+CONCURRENCY = "concurrency"  # sequences served at once (the grid's batch values)
+MAX_CONTEXT = "max_context"  # longest context each of `concurrency` sequences can have (capped at max_position)
+MAX_CONCURRENCY_COLUMNS = (GPU, TENSOR_PARALLEL, PRECISION, KV_DTYPE, CONTEXT, KV_BYTES_PER_SEQUENCE, KV_BUDGET,
+                           MAX_CONCURRENT, KV_TOKENS_FIT)
+MAX_CONTEXT_COLUMNS = (GPU, TENSOR_PARALLEL, PRECISION, KV_DTYPE, CONCURRENCY, KV_BUDGET, MAX_CONTEXT)

@@ -499,6 +499,28 @@ def _report(data: dict, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[
     return report
 
 
+def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
+    given = data.get("serving")
+    if not isinstance(given, dict) or not ck.clean("serving"):
+        return {}
+    if mode != "infer":
+        ck.add("serving", "the serving plan applies to infer mode only (this scenario has mode: train)", key=True)
+        return {}
+    out: dict[str, Any] = dict(given)
+    for key in ("kv_dtype", "tensor_parallel"):
+        if key in out:
+            out[key] = _dedupe(_as_list(out[key]))
+    heads, kv = (model.heads, model.kv_heads) if model is not None and model.kind == "transformer" else (0, 0)
+    if heads and kv and ck.clean("serving.tensor_parallel"):
+        listed = isinstance(given.get("tensor_parallel"), list)
+        for i, t in enumerate(_as_list(given.get("tensor_parallel", 1))):
+            if heads % t or (kv % t and t % kv):
+                ck.add("serving.tensor_parallel" + (f"[{i}]" if listed else ""),
+                       f"tensor_parallel {t} must divide the {heads} attention heads and divide or be a multiple "
+                       f"of the {kv} KV heads")
+    return out
+
+
 def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, digest: str) -> Scenario:
     schema_problems = _schema_problems(data, b)
     ck = _Checker(b, schema_problems, base_dir)
@@ -513,6 +535,7 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
         elif model is not None:
             ck.add("grid", "missing required key 'seq_len' (a transformer or per-token model needs it)", key=True)
     report = _report(data, grid, ck)
+    serving = _serving(data, mode, model, ck)
     problems = b.problems + schema_problems + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))
@@ -530,6 +553,7 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
         target={k: int(v) for k, v in (data.get("target") or {}).items()},
         source_text=text,
         sha256=digest,
+        serving=serving,
     )
 
 

@@ -15,7 +15,8 @@ from . import columns as C
 from .errors import UsageError
 from .scenario import Scenario
 
-INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS)
+INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
+            C.TENSOR_PARALLEL, C.CONTEXT, C.CONCURRENCY)  # the last three: serving plans (serving.py)
 CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION)
 
 

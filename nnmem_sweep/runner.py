@@ -2,7 +2,8 @@
 
 Library entry points:
 - `run_scenario(sc, max_rows, progress) -> RunResult` (scenario, results, max_batch, elapsed_s).
-- `write_outputs(result, out_dir) -> [results.csv, max_batch.csv]`, written atomically.
+- `write_outputs(result, out_dir) -> [results.csv, max_batch.csv]`, written atomically; infer scenarios of
+  transformers add the serving plan (serving.py): max_concurrency.csv and max_context.csv.
 - `estimate_frame(arch, mode, frame, overheads, headroom) -> DataFrame`: the pure estimator on any hand-made frame
   of points. `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
+from . import serving
 from .components.overhead import overhead_bytes, usable_bytes
 from .components.peak import estimate_components
 from .errors import UsageError
@@ -46,6 +48,9 @@ class RunResult:
     results: pd.DataFrame
     max_batch: pd.DataFrame
     elapsed_s: float
+    # infer scenarios of transformers (serving.py): max_concurrency.csv and max_context.csv; None otherwise
+    serving: pd.DataFrame | None = None
+    serving_context: pd.DataFrame | None = None
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
@@ -95,10 +100,13 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
     points[C.GPU_MEMORY] = np.array([by_id[g] for g in points[C.GPU].cat.categories],
                                     dtype=np.int64)[points[C.GPU].cat.codes.to_numpy()]
     mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom)
+    plan = plan_context = None
+    if serving.applies(sc):
+        plan, plan_context = serving.max_concurrency(sc), serving.max_context(sc)
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
-    return RunResult(sc, results, mb, elapsed)
+    return RunResult(sc, results, mb, elapsed, plan, plan_context)
 
 
 def _csv(frame: pd.DataFrame) -> str:
@@ -109,8 +117,13 @@ def _csv(frame: pd.DataFrame) -> str:
 
 def write_outputs(result: RunResult, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
-    return [atomic_write_text(out_dir / "results.csv", _csv(result.results)),
-            atomic_write_text(out_dir / "max_batch.csv", _csv(result.max_batch))]
+    written = [atomic_write_text(out_dir / "results.csv", _csv(result.results)),
+               atomic_write_text(out_dir / "max_batch.csv", _csv(result.max_batch))]
+    if result.serving is not None:
+        written.append(atomic_write_text(out_dir / "max_concurrency.csv", _csv(result.serving)))
+    if result.serving_context is not None:
+        written.append(atomic_write_text(out_dir / "max_context.csv", _csv(result.serving_context)))
+    return written
 
 
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`

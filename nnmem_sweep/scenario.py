@@ -41,3 +41,6 @@ class Scenario:
     target: dict[str, Any] = field(default_factory=dict)  # e.g. {"batch": 8, "seq_len": 4096}
     source_text: str = ""  # the YAML verbatim (appendix, sha256)
     sha256: str = ""
+    # infer only (serving.py): kv_dtype (tuple, from grid.kv_dtype), kv_block_size, gpu_memory_utilization,
+    # tensor_parallel (tuple), max_num_batched_tokens; absent keys take serving.py's defaults
+    serving: dict[str, Any] = field(default_factory=dict)

@@ -8,9 +8,13 @@ from __future__ import annotations
 MODES = ("train", "infer")
 
 # FORMULAS.md, "Precision recipes".
-PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "bf16-master", "int8", "int4", "nf4")
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "bf16-master", "int8", "int4", "nf4", "fp8")
 # Quantised weights are an inference format here (no training recipe stores int4 weights and fp32 grads).
-INFER_ONLY_PRECISIONS = ("int8", "int4", "nf4")
+INFER_ONLY_PRECISIONS = ("int8", "int4", "nf4", "fp8")
+
+# KV cache dtype of a serving plan (grid.kv_dtype), independent of the weights; "auto" = the recipe's activation
+# dtype, as vLLM's kv_cache_dtype="auto" means the model dtype.
+KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8")
 
 # "none" means no optimizer: the only value inference takes, and not a training choice.
 OPTIMIZER_NONE = "none"

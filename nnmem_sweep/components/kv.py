@@ -40,3 +40,48 @@ def kv_append_temp_bytes(arch: Architecture, b: np.ndarray, tokens: np.ndarray,
                          act_bytes: int | np.ndarray) -> np.ndarray:
     b = np.asarray(b, dtype=np.int64)
     return b * cache_tokens(arch, tokens) * arch.kv_heads * arch.head_dim * np.asarray(act_bytes, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- serving plans (nnmem_sweep/serving.py)
+
+VLLM_KV_FP8 = source("vllm-kv-fp8", "vLLM documentation, Quantized KV Cache (kv_cache_dtype fp8 = fp8_e4m3: 1 byte "
+                     "per element, one k_scale and v_scale per layer)",
+                     "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html")
+LMDEPLOY_KV_INT8 = source("lmdeploy-kv-int8", "LMDeploy documentation, INT4/INT8 KV Cache (quant_policy=8: per-head "
+                          "per-token asymmetric int8, an fp16 scale and zero point per head and token)",
+                          "https://lmdeploy.readthedocs.io/en/latest/quantization/kv_quant.html")
+VLLM_ENGINE_ARGS = source("vllm-engine-args", "vLLM documentation, engine arguments (block_size default 16, "
+                          "gpu_memory_utilization default 0.9, max_num_batched_tokens, tensor_parallel_size)",
+                          "https://docs.vllm.ai/en/latest/configuration/engine_args.html")
+
+# Bytes per cached element and per-(head, token) scale bytes for each KV dtype; "auto" takes the recipe's act_bytes.
+KV_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+KV_SCALE_BYTES_PER_HEAD_TOKEN = {"bf16": 0, "fp16": 0, "fp8": 0, "int8": 4}  # int8: fp16 scale + fp16 zero point
+
+
+def kv_heads_per_gpu(arch: Architecture, t: np.ndarray | int) -> np.ndarray:
+    """KV heads one tensor-parallel rank holds: kv_heads / t, and 1 (replicated) when t > kv_heads (MQA/GQA)."""
+    return np.maximum(1, arch.kv_heads // np.asarray(t, dtype=np.int64))
+
+
+@formula("kv_bytes_per_token_per_gpu",
+         "2 · L · ⌈kv_heads / t⌉ · (head_dim · bytes(kv_dtype) + scale bytes per head and token)",
+         KWON_2023, VLLM_KV_FP8, LMDEPLOY_KV_INT8,
+         where="§3 (2 · L · h · bytes per token: OPT-13B fp16 800 KiB); tensor parallel shards the KV heads",
+         note="fp8 keeps 2 fp32 scales per layer, not per token (2·L·4 B in all; left out). int8 adds 4 B per head "
+              "and token for K and for V (fp16 scale + zero point). With t > kv_heads each rank keeps a replica "
+              "of a head, as vLLM does.")
+def kv_bytes_per_token_per_gpu(arch: Architecture, element_bytes: np.ndarray | int, t: np.ndarray | int = 1,
+                               scale_bytes: np.ndarray | int = 0) -> np.ndarray:
+    per_head = arch.head_dim * np.asarray(element_bytes, dtype=np.int64) + np.asarray(scale_bytes, dtype=np.int64)
+    return 2 * arch.layers * kv_heads_per_gpu(arch, t) * per_head
+
+
+@formula("kv_cached_tokens_paged", "⌈min(T, sliding_window) / block⌉ · block", KWON_2023, VLLM_ENGINE_ARGS,
+         where="§4.2 (KV blocks of a fixed number of tokens; a sequence takes whole blocks); block_size default 16",
+         note="Without kv_block_size the cache holds exactly min(T, sliding_window) tokens (a contiguous cache).")
+def paged_tokens(arch: Architecture, tokens: np.ndarray, block_size: int | None) -> np.ndarray:
+    held = cache_tokens(arch, tokens)
+    if not block_size:
+        return held
+    return -(-held // block_size) * block_size
