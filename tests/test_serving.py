@@ -194,3 +194,26 @@ def test_run_writes_max_concurrency_for_infer_only(tmp_path):
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))
     assert train.serving is None
     assert [p.name for p in write_outputs(train, tmp_path / "t")] == ["results.csv", "max_batch.csv"]
+
+
+# ---------------------------------------------------------------- the report's "Serving capacity" section
+
+def test_report_has_a_serving_section_for_infer_runs_only(tmp_path, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    from nnmem_sweep.report import render_report
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    res = run_scenario(_scenario("serving: {kv_block_size: 16}", gpus="[l4, h100-sxm]"))
+    render_report(res, tmp_path / "i", "<text>", pdf=False, formulas=[], validation=None)
+    html = (tmp_path / "i" / "report.html").read_text(encoding="utf-8")
+    section = html[html.index('<section id="serving">'):]
+    section = section[:section.index("</section>")]
+    assert "Concurrent sequences of 4,100 tokens" in section
+    # the hand-computed H100 cell (test_max_concurrency_hand_computed_llama_8b_bf16_h100) and its KV tokens
+    assert ">110</td>" in section and ">453,072</td>" in section
+    svg = section[section.index("<svg"):section.index("</svg>") + 6]
+    assert ET.fromstring(svg).get("aria-label") == "Concurrent sequences against context"
+    train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))
+    render_report(train, tmp_path / "t", "<text>", pdf=False, formulas=[], validation=None)
+    assert 'id="serving"' not in (tmp_path / "t" / "report.html").read_text(encoding="utf-8")

@@ -84,7 +84,8 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     prov = collect(config_path or sc.path, sc.source_text.encode("utf-8") if not path.is_file() else None)
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
-                        load_validation() if isinstance(validation, str) and validation == AUTO else validation)
+                        load_validation() if isinstance(validation, str) and validation == AUTO else validation,
+                        getattr(result, "serving", None), getattr(result, "serving_context", None))
     say("building HTML")
     html = render_html(ctx, templates_dir(sc))
     out_dir = Path(out_dir)

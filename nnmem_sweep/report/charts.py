@@ -259,3 +259,61 @@ def heatmap(title: str, row_labels: list[str], col_labels: list[str], cells: lis
     items = [(text, LEVEL_FILL[k]) for k, text in enumerate(legend) if text]
     out, end = _legend(items, y, left=8)
     return _svg(end + 4, body + out, title)
+
+
+def concurrency_chart(title: str, contexts: list[int], series: list[tuple[str, list[int]]]) -> str:
+    """Sequences that fit (y) against context length in tokens (x), one line per GPU; both axes log2 when they span
+    a factor of 8 or more. A point with 0 sequences (not even one fits) is left out, so a line may end early."""
+    left, right, top, plot_h = 56, WIDTH - 20, 10, 240
+    xs = sorted(contexts)
+    ys_all = [v for _, ys in series for v in ys if v > 0] or [1]
+    log_x = len(xs) > 1 and xs[0] > 0 and xs[-1] / xs[0] >= 8
+    log_y = max(ys_all) / min(ys_all) >= 8
+    fx = (lambda v: math.log2(v)) if log_x else (lambda v: float(v))
+    x0, x1 = fx(xs[0]), fx(xs[-1])
+    if x1 == x0:
+        x1 = x0 + 1
+    if log_y:  # ticks at powers of two from 1 up past the largest value, at most 8 of them
+        top_k = math.ceil(math.log2(max(ys_all)))
+        stride = max(1, math.ceil((top_k + 1) / 8))
+        y_ticks = [2 ** k for k in range(0, top_k + stride, stride)]
+    else:
+        step = nice_step(max(ys_all))
+        y_ticks = [i * step for i in range(int(math.ceil(max(ys_all) / step)) + 1)]
+    ymax = float(y_ticks[-1])
+    fy = (lambda v: math.log2(v)) if log_y else (lambda v: float(v))
+    bottom_y = top + plot_h
+
+    def px(v: float) -> float:
+        return left + (right - left) * (fx(v) - x0) / (x1 - x0)
+
+    def py(v: float) -> float:
+        return bottom_y - plot_h * fy(v) / (fy(ymax) or 1)
+
+    body: list[str] = []
+    for v in y_ticks:
+        yy = py(v)
+        body.append(f'<line x1="{left}" y1="{_n(yy)}" x2="{right}" y2="{_n(yy)}" stroke="#e6e6e6"/>')
+        body.append(_text(left - 5, yy + 4, f"{v:,.0f}", "end"))
+    body.append(_text(12, top + plot_h / 2, "sequences", "middle",
+                      extra=f' transform="rotate(-90 12 {_n(top + plot_h / 2)})"'))
+    labelled = spread([px(v) for v in xs], 34, left, right)
+    for v, lx in zip(xs, labelled):
+        body.append(f'<line x1="{_n(px(v))}" y1="{_n(bottom_y)}" x2="{_n(px(v))}" y2="{_n(bottom_y + 4)}" '
+                    'stroke="#444"/>')
+        body.append(_text(lx, bottom_y + 16, f"{v / 1024:,.0f}k" if v >= 10240 else f"{v:,}", "middle", size=9))
+    body.append(_text((left + right) / 2, bottom_y + 32, "context (tokens per sequence" +
+                      (", log scale)" if log_x else ")"), "middle"))
+    body.append(f'<line x1="{left}" y1="{_n(bottom_y)}" x2="{right}" y2="{_n(bottom_y)}" stroke="#444"/>')
+    for k, (label, ys) in enumerate(series):
+        colour = LINE_COLOURS[k % len(LINE_COLOURS)]
+        pts = [(px(x), py(y)) for x, y in zip(xs, ys) if y > 0]
+        if not pts:
+            continue
+        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+                    + " ".join(f"{_n(a)},{_n(b)}" for a, b in pts) + '"/>')
+        for a, b in pts:
+            body.append(f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{colour}"/>')
+    legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, (label, _) in enumerate(series)],
+                          bottom_y + 52, left=8)
+    return _svg(end + 4, body + legend, title)

@@ -437,8 +437,14 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------------------------------- all of it
 def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
-                  all_formulas: list, validation_table: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Everything the templates show. No clock, no elapsed time: the same inputs give the same context."""
+                  all_formulas: list, validation_table: pd.DataFrame | None = None,
+                  serving_plan: pd.DataFrame | None = None,
+                  serving_context: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
+    `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
+    section, report/serving.py); None leaves the section out."""
+    from .serving import section as serving_section
+
     point = reference_point(sc)
     usable = _usable(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)
@@ -471,6 +477,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "assumptions": assumptions(sc),
         "formulas": formulas(all_formulas),
         "validation": validation(validation_table),
+        "serving": serving_section(sc, serving_plan, serving_context, point),
         "yaml": sc.source_text,
         "levels": [{"n": str(i), "fill": f, "text": t} for i, (f, t) in enumerate(zip(charts.LEVEL_FILL, charts.LEVEL_TEXT))],
         "component_colours": [{"name": COMPONENT_LABELS[c], "colour": charts.COMPONENT_COLOURS[i]}
