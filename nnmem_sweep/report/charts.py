@@ -164,6 +164,22 @@ def _clip_to_top(points: list[tuple[int, int]], limit: float, px, py) -> list[tu
     return out
 
 
+def _lines_and_legend(labels: list[str], lines: list[list[tuple[float, float]]], legend_y: float
+                      ) -> tuple[list[str], float]:
+    """One polyline with dots per series (pixel points, in LINE_COLOURS order), then their legend."""
+    out: list[str] = []
+    for k, pts in enumerate(lines):
+        colour = LINE_COLOURS[k % len(LINE_COLOURS)]
+        if not pts:
+            continue
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+                   + " ".join(f"{_n(a)},{_n(b)}" for a, b in pts) + '"/>')
+        out += [f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{colour}"/>' for a, b in pts]
+    legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, label in enumerate(labels)],
+                          legend_y, left=8)
+    return out + legend, end
+
+
 def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | None]]],
                capacities: list[tuple[str, int]], x_label: str) -> str:
     """Total memory (bytes) against batch, one line per series, each GPU's usable memory as a horizontal line.
@@ -212,17 +228,9 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
         body.append(f'<line x1="{left}" y1="{_n(yy)}" x2="{right}" y2="{_n(yy)}" stroke="#000" stroke-dasharray="5 3"/>')
     for (label, _), ly in zip(caps, spread(wanted, 11, top + 4, bottom_y + 4)):
         body.append(_text(right + 4, ly, label if len(label) <= 26 else label[:25] + "…", size=9))
-    for k, (label, ys) in enumerate(series):
-        colour = LINE_COLOURS[k % len(LINE_COLOURS)]
-        pts = _clip_to_top([(xv, yv) for xv, yv in zip(xs, ys) if yv is not None], ymax * GiB, px, py)
-        if not pts:
-            continue
-        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
-                    + " ".join(f"{_n(a)},{_n(b)}" for a, b in pts) + '"/>')
-        for a, b in pts:
-            body.append(f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{colour}"/>')
-    legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, (label, _) in enumerate(series)],
-                          bottom_y + 52, left=8)
+    lines = [_clip_to_top([(xv, yv) for xv, yv in zip(xs, ys) if yv is not None], ymax * GiB, px, py)
+             for _, ys in series]
+    legend, end = _lines_and_legend([label for label, _ in series], lines, bottom_y + 52)
     body += legend
     if clipped:
         body.append(_text(8, end + 10, f"Lines that end early leave the plot above {ymax:,.0f} GiB.", size=10))
@@ -305,15 +313,6 @@ def concurrency_chart(title: str, contexts: list[int], series: list[tuple[str, l
     body.append(_text((left + right) / 2, bottom_y + 32, "context (tokens per sequence" +
                       (", log scale)" if log_x else ")"), "middle"))
     body.append(f'<line x1="{left}" y1="{_n(bottom_y)}" x2="{right}" y2="{_n(bottom_y)}" stroke="#444"/>')
-    for k, (label, ys) in enumerate(series):
-        colour = LINE_COLOURS[k % len(LINE_COLOURS)]
-        pts = [(px(x), py(y)) for x, y in zip(xs, ys) if y > 0]
-        if not pts:
-            continue
-        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
-                    + " ".join(f"{_n(a)},{_n(b)}" for a, b in pts) + '"/>')
-        for a, b in pts:
-            body.append(f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{colour}"/>')
-    legend, end = _legend([(label, LINE_COLOURS[k % len(LINE_COLOURS)]) for k, (label, _) in enumerate(series)],
-                          bottom_y + 52, left=8)
+    lines = [[(px(x), py(y)) for x, y in zip(xs, ys) if y > 0] for _, ys in series]
+    legend, end = _lines_and_legend([label for label, _ in series], lines, bottom_y + 52)
     return _svg(end + 4, body + legend, title)
