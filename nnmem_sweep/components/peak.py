@@ -21,8 +21,18 @@ Inference (generate() with a dynamic cache, or a preallocated cache of cache_tok
     prefill         W + KV(prompt) + max(one layer's intermediates for the prompt, last-position logits)
     decode          W + KV(prompt + decode_tokens) + the cache append copy + one token's intermediates,
                     or + the last step's logits (two moments)
+
+Speed: everything that depends only on the model and on the names in the grid (precisions, optimizers, ...) is a
+plan, built once per (architecture, mode, device, names) and cached: per phase and component, the five Term
+coefficients of every combination of names. A call then reads the columns, forms one combination code per row and
+evaluates the phase totals and the winner's components with a handful of numpy gathers: no pandas operation but
+reading the columns and building the phase categorical, so the fixed cost per call stays in the tens of
+microseconds.
 """
+
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pandas as pd
@@ -39,55 +49,354 @@ from .terms import Term
 from .weights import gradients_bytes, master_weights_bytes, param_summary, weights_bytes
 
 PHASES = ("forward", "backward", "optimizer", "prefill", "decode")
+_PLAN_CACHE_SIZE = 64
 
 
-def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, list]:
+# ---------------------------------------------------------------- reading the frame
+
+def _column(frame: pd.DataFrame, col: str):
+    """The column's values (ndarray or extension array) without building a Series: DataFrame.__getitem__ costs
+    ~10 us a call in pandas 3, the largest part of a small call. Falls back to the public path."""
+    try:
+        return frame._get_column_array(frame.columns.get_loc(col))
+    except (AttributeError, TypeError):  # another pandas, or a duplicated column name
+        return frame[col].array
+
+
+def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
+    return np.asarray(_column(frame, col), dtype=np.int64)
+
+
+def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
     """Integer codes and their values for a (categorical or plain) column."""
-    s = frame[col]
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(), list(s.cat.categories)
-    codes, uniques = pd.factorize(s, sort=False)
-    return codes, list(uniques)
+    v = _column(frame, col)
+    if isinstance(v, pd.Categorical):
+        return v.codes, tuple(v.categories)
+    codes, uniques = pd.factorize(v, sort=False)
+    return codes, tuple(uniques)
 
 
-class _TermTable:
+def _combine(codes: list[np.ndarray], sizes: tuple[int, ...]) -> np.ndarray:
+    """One code per row for the combination of names, row-major over `sizes`."""
+    k = codes[0].astype(np.int64)
+    for c, m in zip(codes[1:], sizes[1:]):
+        k = k * m + c
+    return k
+
+
+# ---------------------------------------------------------------- coefficient tables
+
+def _vec(terms: list[Term], shape: tuple[int, ...]) -> np.ndarray:
+    """Terms as an int64 array (*shape, 5): const, pos, seq, tok, s2."""
+    return np.array([(t.const, t.pos, t.seq, t.tok, t.s2) for t in terms], dtype=np.int64).reshape(*shape, 5)
+
+
+def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros((*shape, 5), dtype=np.int64)
+    out[..., 0] = np.array(values, dtype=np.int64).reshape(shape)
+    return out
+
+
+class _Coef:
+    """Term coefficients per index, evaluated as const + s·pos + b·(seq + s·(tok + s·s2)) at gathered indices.
+    Coefficients that are zero everywhere are skipped (exact: the terms are integers)."""
+
+    def __init__(self, arr: np.ndarray):
+        arr = arr.reshape(-1, 5)
+        self.const, self.pos, self.seq, self.tok, self.s2 = (np.ascontiguousarray(arr[:, i]) for i in range(5))
+        self.use_pos, self.use_seq, self.use_tok, self.use_s2 = (bool(x.any()) for x in
+                                                                 (self.pos, self.seq, self.tok, self.s2))
+
+    def eval(self, idx: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        out = self.const[idx]
+        per = None
+        if self.use_s2:
+            per = s * self.s2[idx]
+        if self.use_tok:
+            per = self.tok[idx] if per is None else per + self.tok[idx]
+        if per is not None:
+            per = s * per
+        if self.use_seq:
+            per = self.seq[idx] if per is None else per + self.seq[idx]
+        if per is not None:
+            out = out + b * per
+        if self.use_pos:
+            out = out + s * self.pos[idx]
+        return out
+
+
+class _TermTable(_Coef):
     """One Term per combination code, evaluated for all rows at once."""
 
     def __init__(self, terms: list[Term]):
-        self.const = np.array([t.const for t in terms], dtype=np.int64)
-        self.pos = np.array([t.pos for t in terms], dtype=np.int64)
-        self.seq = np.array([t.seq for t in terms], dtype=np.int64)
-        self.tok = np.array([t.tok for t in terms], dtype=np.int64)
-        self.s2 = np.array([t.s2 for t in terms], dtype=np.int64)
-
-    def eval(self, code: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
-        per = self.tok[code] + s * self.s2[code] if self.s2.any() else self.tok[code]
-        per = self.seq[code] + s * per
-        out = self.const[code] + b * per
-        return out + s * self.pos[code] if self.pos.any() else out
+        super().__init__(_vec(terms, (len(terms),)))
 
 
-def _precisions(names: list, mode: str) -> list[Precision]:
+class _Plan:
+    """Phases of a step over every combination of the names on `axes` (sizes `sizes`, row-major): per phase and
+    component a (*sizes, 5) coefficient array, stacked so that one gather evaluates all phase totals and one per
+    component gives the winning phase's value."""
+
+    def __init__(self, axes: tuple[str, ...], sizes: tuple[int, ...], phases: list[tuple[str, dict]]):
+        self.axes, self.sizes = axes, sizes
+        self.nk = int(np.prod(sizes))
+        self.names = names = [p[0] for p in phases]
+        self.single = len(phases) == 1
+        self.total = _Coef(np.stack([sum(comps.values()) for _, comps in phases]))
+        self.offsets = (np.arange(len(phases), dtype=np.int64) * self.nk)[:, None]
+        if self.single:  # the phase's own components only (the runner fills the others with 0)
+            self.comps = {c: _Coef(v) for c, v in phases[0][1].items()}
+        else:
+            zero = np.zeros((*sizes, 5), dtype=np.int64)
+            self.comps = {c: _Coef(np.stack([comps.get(c, zero) for _, comps in phases])) for c in C.COMPONENTS}
+        uniq = list(dict.fromkeys(names))
+        self.label = np.array([uniq.index(p) for p in names], dtype=np.int8)
+        self.dtype = pd.CategoricalDtype(uniq)
+
+    def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """(phases, rows) totals."""
+        return self.total.eval(self.offsets + k, b, s)
+
+    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> dict[str, object]:
+        n = len(k)
+        if self.single:
+            out: dict[str, object] = {c: v.eval(k, b, s) for c, v in self.comps.items()}
+            out[C.PEAK_ALLOCATED] = self.total.eval(k, b, s)
+            win = np.zeros(n, dtype=np.int8)
+        else:
+            totals = self.phase_totals(k, b, s)
+            win = np.argmax(totals, axis=0)  # first phase on ties
+            idx = win * self.nk + k
+            out = {c: v.eval(idx, b, s) for c, v in self.comps.items()}
+            out[C.PEAK_ALLOCATED] = np.take_along_axis(totals, win[None, :], axis=0)[0]
+        out[C.PEAK_PHASE] = pd.Categorical.from_codes(self.label[win], dtype=self.dtype, validate=False)
+        return out
+
+
+def _lift(arr: np.ndarray, dims: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
+    """A (*sizes of dims, 5) array spread over every combination of `sizes` (dims ascending)."""
+    shape = [sizes[i] if i in dims else 1 for i in range(len(sizes))]
+    return np.broadcast_to(arr.reshape(*shape, 5), (*sizes, 5))
+
+
+# ---------------------------------------------------------------- plans, cached per (architecture, names)
+
+_PLANS: dict[tuple, tuple[Architecture, object]] = {}
+
+
+def _cached(arch: Architecture, key: tuple, build):
+    """build() once per (architecture object, key). Keyed by identity (a frozen Architecture can be large to hash);
+    the entry keeps the architecture alive, so its id cannot be reused while the entry stands."""
+    full = (id(arch), *key)
+    hit = _PLANS.get(full)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    plan = build()
+    if len(_PLANS) >= _PLAN_CACHE_SIZE:
+        _PLANS.clear()
+    _PLANS[full] = (arch, plan)
+    return plan
+
+
+@functools.lru_cache(maxsize=256)
+def _precisions(names: tuple, mode: str) -> tuple[Precision, ...]:
     precs = [get_precision(n) for n in names]
     if mode == "train":
         bad = [p.name for p in precs if p.infer_only]
         if bad:
             raise UsageError(f"precision {', '.join(bad)} stores quantised weights for inference only; "
                              "use mode: infer or a training recipe (fp32, bf16, fp16, bf16-mixed, fp16-mixed, bf16-master)")
-    return precs
+    return tuple(precs)
+
+
+def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple):
+    """Model states: W, M, G per precision; optimizer state and step temporaries per (precision, optimizer,
+    impl); as (nP, 5) and (nP, nO, nI, 5) coefficient arrays."""
+    opts = [get_optimizer(o) for o in o_names]
+    nP, nO, nI = len(precs), len(opts), len(i_names)
+    W = _consts([weights_bytes(arch, p) for p in precs], (nP,))
+    M = _consts([master_weights_bytes(arch, p) for p in precs], (nP,))
+    G = _consts([gradients_bytes(arch, p) for p in precs], (nP,))
+    S = _consts([optimizer_state_bytes(arch, p, o, i) for p in precs for o in opts for i in i_names], (nP, nO, nI))
+    T = _consts([optimizer_step_temporary_bytes(arch, p, o, i) for p in precs for o in opts for i in i_names],
+                (nP, nO, nI))
+    return W, M, G, S, T
+
+
+def _train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
+                a_names: tuple = (), c_names: tuple = ()) -> _Plan:
+    precs = _precisions(p_names, "train")
+    W, M, G, S, T_opt = _states(arch, precs, o_names, i_names)
+    nP, nO, nI = len(precs), len(o_names), len(i_names)
+    if arch.kind != "transformer":
+        sizes = (nP, nO, nI)
+        w, m, g = (_lift(x, (0,), sizes) for x in (W, M, G))
+        states = {C.WEIGHTS: w, C.MASTER_WEIGHTS: m, C.OPTIMIZER_STATE: S}
+        if arch.kind == "params":
+            A = _lift(_vec([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
+            phases = [("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: A}))]
+        else:
+            phases = _layer_net_train(arch, precs, device, states, g, T_opt, sizes)
+        return _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases)
+
+    nA, nC = len(a_names), len(c_names)
+    sizes = (nP, nO, nI, nA, nC)
+    w, m, g = (_lift(x, (0,), sizes) for x in (W, M, G))
+    s_, t_opt = (_lift(x, (0, 1, 2), sizes) for x in (S, T_opt))
+    states = {C.WEIGHTS: w, C.MASTER_WEIGHTS: m, C.OPTIMIZER_STATE: s_}
+    terms = [act.train_activations(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+
+    def table(ts: list[Term]) -> np.ndarray:  # per (precision, attention, checkpointing)
+        return _lift(_vec(ts, (nP, nA, nC)), (0, 3, 4), sizes)
+
+    saved = table([t.saved for t in terms])
+    inputs = table([t.inputs for t in terms])
+    fwd_tmp = table([t.forward_temp for t in terms])
+    n_bwd = max(len(t.backward_start_temp) for t in terms)
+    # each backward moment its own phase: a max of affine terms is not affine in batch
+    bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
+                 for j in range(n_bwd)]
+    n_end = max(len(t.backward_end_temp) for t in terms)
+    bwd_end = [table([t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms])
+               for j in range(n_end)]
+    phases = [
+        ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
+        *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
+        *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+        ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
+    ]
+    return _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING), sizes, phases)
+
+
+def _layer_net_train(arch, precs, device, states, G, T_opt, sizes):
+    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer."""
+    nets = [act.layer_net_train(arch, p, device) for p in precs]
+    nP = len(precs)
+
+    def table(ts: list[Term]) -> np.ndarray:  # per precision
+        return _lift(_vec(ts, (nP,)), (0,), sizes)
+
+    saved = table([t.saved for t in nets])
+    inputs = table([t.inputs for t in nets])
+    fwd = table([t.forward_temp for t in nets])
+    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
+    # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
+    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
+    keep = [j for j in range(len(keys[0]))
+            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
+                       for i in range(len(keys[0])))]
+    for j in dict.fromkeys(keep):
+        grads = _lift(_consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
+        a = table([net.backward[j][1] for net in nets])
+        t = table([net.backward[j][2] for net in nets])
+        phases.append(("backward", dict(states, **{C.GRADIENTS: grads, C.ACTIVATIONS: a, C.TEMPORARY: t})))
+    phases.append(("optimizer", dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})))
+    return phases
+
+
+def _infer_plan(arch: Architecture, p_names: tuple) -> _Plan:
+    """Models other than transformers: one forward moment, weights and activations."""
+    precs = _precisions(p_names, "infer")
+    nP = len(precs)
+    fn = act.params_activations if arch.kind == "params" else act.layer_net_infer
+    W = _consts([weights_bytes(arch, p) for p in precs], (nP,))
+    A = _vec([fn(arch, p) for p in precs], (nP,))
+    return _Plan((C.PRECISION,), (nP,), [("forward", {C.WEIGHTS: W, C.ACTIVATIONS: A})])
+
+
+class _InferTables:
+    """Transformer inference: per precision the activation element size and the autocast weight copy; per
+    (precision, attention) the three prefill moments (attention, MLP, logits)."""
+
+    def __init__(self, arch: Architecture, p_names: tuple, a_names: tuple):
+        precs = _precisions(p_names, "infer")
+        self.W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)
+        self.e = np.array([p.act_bytes for p in precs], dtype=np.int64)
+        # autocast (mixed recipes) casts each fp32 matmul weight to 16 bit as it is used: one largest copy at a time
+        self.cast = np.array([param_summary(arch).largest * p.act_bytes if p.autocast else 0 for p in precs],
+                             dtype=np.int64)
+        self.nA = len(a_names)
+        pre_terms = [act.prefill_temp(arch, p, a) for p in precs for a in a_names]
+        self.moments = [_TermTable([t[j] for t in pre_terms]) for j in range(3)]  # attention, MLP, logits
+        self.dtype = pd.CategoricalDtype(["prefill", "decode"])
+
+
+# ---------------------------------------------------------------- entry points
+
+def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
+                        ) -> dict[str, object]:
+    """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
+    device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
+    CPU-measured ground truth only."""
+    plan, k, b, s = _prepare(arch, mode, frame, device)
+    if plan is None:
+        return _pick(*_infer_phases(arch, frame, k, b, s), len(frame))
+    return plan.pick(k, b, s)
+
+
+def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda") -> list[np.ndarray]:
+    """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
+    plan, k, b, s = _prepare(arch, mode, frame, device)
+    if plan is None:
+        return _infer_phases(arch, frame, k, b, s)[0]
+    return list(plan.phase_totals(k, b, s))
+
+
+def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
+                       ) -> list[tuple[str, np.ndarray]]:
+    """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
+    plan, k, b, s = _prepare(arch, mode, frame, device)
+    if plan is None:
+        totals, _, names = _infer_phases(arch, frame, k, b, s)
+        return list(zip(names, totals))
+    return list(zip(plan.names, plan.phase_totals(k, b, s)))
+
+
+def _phases(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
+            ) -> list[tuple[str, np.ndarray, dict]]:
+    """Kept for accuracy.py, which reads (name, total, _) from it: use named_phase_totals."""
+    return [(name, total, {}) for name, total in named_phase_totals(arch, mode, frame, device)]
+
+
+def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str):
+    """(plan, combination code, batch, seq_len); plan None for transformer inference (then the code is that of
+    (precision, attention))."""
+    if device not in act.DEVICES:
+        raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
+    b = _ints(frame, C.BATCH)
+    s = _ints(frame, C.SEQ_LEN)
+    p_code, p_names = _codes(frame, C.PRECISION)
+    if mode == "train":
+        _precisions(p_names, mode)  # checked before any other column is read
+        o_code, o_names = _codes(frame, C.OPTIMIZER)
+        i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL)
+        codes = [p_code, o_code, i_code]
+        names: tuple = (p_names, o_names, i_names)
+        if arch.kind == "transformer":
+            a_code, a_names = _codes(frame, C.ATTENTION)
+            c_code, c_names = _codes(frame, C.CHECKPOINTING)
+            codes += [a_code, c_code]
+            names += (a_names, c_names)
+        plan = _cached(arch, ("train", device, *names), lambda: _train_plan(arch, device, *names))
+        return plan, _combine(codes, plan.sizes), b, s
+    if mode == "infer":
+        if arch.kind != "transformer":
+            plan = _cached(arch, ("infer", p_names), lambda: _infer_plan(arch, p_names))
+            return plan, p_code.astype(np.int64), b, s
+        _precisions(p_names, mode)
+        a_code, a_names = _codes(frame, C.ATTENTION)
+        tables = _cached(arch, ("infer-tables", p_names, a_names), lambda: _InferTables(arch, p_names, a_names))
+        return None, (tables, p_code.astype(np.int64), a_code), b, s
+    _precisions(p_names, mode)
+    raise UsageError(f"unknown mode {mode!r}; use train or infer")
 
 
 def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.ndarray]],
           phase_names: list[str], n: int) -> dict[str, object]:
     """Components of the phase with the largest total (first one on ties)."""
-    if len(phase_totals) == 1:
-        out: dict[str, object] = dict(phase_components[0])
-        out[C.PEAK_ALLOCATED] = phase_totals[0]
-        out[C.PEAK_PHASE] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=phase_names[:1])
-        return out
     stacked = np.stack(phase_totals)
     win = np.argmax(stacked, axis=0)
-    out = {}
+    out: dict[str, object] = {}
     rows = np.arange(n)
     for comp in C.COMPONENTS:
         arrays = [np.broadcast_to(pc.get(comp, 0), (n,)) for pc in phase_components]
@@ -99,140 +408,19 @@ def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.nd
     return out
 
 
-def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
-                        ) -> dict[str, object]:
-    """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
-    device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
-    CPU-measured ground truth only."""
-    phases = _phases(arch, mode, frame, device)
-    return _pick([p[1] for p in phases], [p[2] for p in phases], [p[0] for p in phases], len(frame))
-
-
-def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda") -> list[np.ndarray]:
-    """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
-    return [p[1] for p in _phases(arch, mode, frame, device)]
-
-
-def _phases(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
-            ) -> list[tuple[str, np.ndarray, dict]]:
-    if device not in act.DEVICES:
-        raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
-    n = len(frame)
-    b = frame[C.BATCH].to_numpy(dtype=np.int64)
-    s = frame[C.SEQ_LEN].to_numpy(dtype=np.int64)
-    p_code, p_names = _codes(frame, C.PRECISION)
-    precs = _precisions(p_names, mode)
-    if mode == "train":
-        return _train(arch, frame, b, s, p_code, precs, n, device)
-    if mode == "infer":
-        return _infer(arch, frame, b, s, p_code, precs, n)
-    raise UsageError(f"unknown mode {mode!r}; use train or infer")
-
-
-def _train(arch, frame, b, s, p_code, precs, n, device):
-    o_code, o_names = _codes(frame, C.OPTIMIZER)
-    i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL)
-    opts = [get_optimizer(o) for o in o_names]
-    nO, nI = len(opts), len(i_names)
-    # model states per (precision, optimizer, impl)
-    W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)[p_code]
-    M = np.array([master_weights_bytes(arch, p) for p in precs], dtype=np.int64)[p_code]
-    G = np.array([gradients_bytes(arch, p) for p in precs], dtype=np.int64)[p_code]
-    st = np.zeros((len(precs), nO, nI), dtype=np.int64)
-    tmp = np.zeros((len(precs), nO, nI), dtype=np.int64)
-    for pi, p in enumerate(precs):
-        for oi, o in enumerate(opts):
-            for ii, impl in enumerate(i_names):
-                st[pi, oi, ii] = optimizer_state_bytes(arch, p, o, impl)
-                tmp[pi, oi, ii] = optimizer_step_temporary_bytes(arch, p, o, impl)
-    flat = (p_code.astype(np.int64) * nO + o_code) * nI + i_code
-    S = st.reshape(-1)[flat]
-    T_opt = tmp.reshape(-1)[flat]
-    states = {C.WEIGHTS: W, C.MASTER_WEIGHTS: M, C.OPTIMIZER_STATE: S}
-
-    if arch.kind == "params":
-        A = _TermTable([act.params_activations(arch, p) for p in precs]).eval(p_code, b, s)
-        comps = dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: A})
-        return [("backward", W + M + S + G + A, comps)]
-    if arch.kind == "layers":
-        return _layer_net_train(arch, b, s, p_code, precs, states, G, T_opt, device)
-
-    a_code, a_names = _codes(frame, C.ATTENTION)
-    c_code, c_names = _codes(frame, C.CHECKPOINTING)
-    nA, nC = len(a_names), len(c_names)
-    terms = [act.train_activations(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
-    k = (p_code.astype(np.int64) * nA + a_code) * nC + c_code
-    saved = _TermTable([t.saved for t in terms]).eval(k, b, s)
-    inputs = _TermTable([t.inputs for t in terms]).eval(k, b, s)
-    fwd_tmp = _TermTable([t.forward_temp for t in terms]).eval(k, b, s)
-    n_bwd = max(len(t.backward_start_temp) for t in terms)
-    bwd_start = []  # each moment its own phase: a max of affine terms is not affine in batch
-    for j in range(n_bwd):
-        tj = [t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms]
-        bwd_start.append(_TermTable(tj).eval(k, b, s))
-    n_end = max(len(t.backward_end_temp) for t in terms)
-    bwd_end = []
-    for j in range(n_end):
-        tj = [t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms]
-        bwd_end.append(_TermTable(tj).eval(k, b, s))
-
-    base = W + M + S
-    phases = [
-        ("forward", base + saved + fwd_tmp, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
-        *[("backward", base + saved + t, dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
-        *[("backward", base + G + inputs + t, dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: t}))
-          for t in bwd_end],
-        ("optimizer", base + G + inputs + T_opt,
-         dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})),
-    ]
-    return phases
-
-
-def _layer_net_train(arch, b, s, p_code, precs, states, G, T_opt, device):
-    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer."""
-    nets = [act.layer_net_train(arch, p, device) for p in precs]
-    base = states[C.WEIGHTS] + states[C.MASTER_WEIGHTS] + states[C.OPTIMIZER_STATE]
-    saved = _TermTable([t.saved for t in nets]).eval(p_code, b, s)
-    inputs = _TermTable([t.inputs for t in nets]).eval(p_code, b, s)
-    fwd = _TermTable([t.forward_temp for t in nets]).eval(p_code, b, s)
-    phases = [("forward", base + saved + inputs + fwd,
-               dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
-    # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
-    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
-    keep = [j for j in range(len(keys[0]))
-            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
-                       for i in range(len(keys[0])))]
-    for j in dict.fromkeys(keep):
-        grads = np.array([net.backward[j][0] for net in nets], dtype=np.int64)[p_code]
-        a = _TermTable([net.backward[j][1] for net in nets]).eval(p_code, b, s)
-        t = _TermTable([net.backward[j][2] for net in nets]).eval(p_code, b, s)
-        phases.append(("backward", base + grads + a + t,
-                       dict(states, **{C.GRADIENTS: grads, C.ACTIVATIONS: a, C.TEMPORARY: t})))
-    phases.append(("optimizer", base + G + inputs + T_opt,
-                   dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})))
-    return phases
-
-
-def _infer(arch, frame, b, s, p_code, precs, n):
-    W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)[p_code]
-    if arch.kind != "transformer":
-        fn = act.params_activations if arch.kind == "params" else act.layer_net_infer
-        A = _TermTable([fn(arch, p) for p in precs]).eval(p_code, b, s)
-        return [("forward", W + A, {C.WEIGHTS: W, C.ACTIVATIONS: A})]
-    a_code, a_names = _codes(frame, C.ATTENTION)
-    nA = len(a_names)
-    e = np.array([p.act_bytes for p in precs], dtype=np.int64)[p_code]
-    # autocast (mixed recipes) casts each fp32 matmul weight to 16 bit as it is used: one largest copy at a time
-    cast = np.array([param_summary(arch).largest * p.act_bytes if p.autocast else 0 for p in precs],
-                    dtype=np.int64)[p_code]
-    cache = frame[C.CACHE_TOKENS].to_numpy(dtype=np.int64)
-    dec = frame[C.DECODE_TOKENS].to_numpy(dtype=np.int64)
+def _infer_phases(arch, frame, key, b, s):
+    """Transformer inference: prefill and two decode moments, (totals, components, names)."""
+    tb, p_code, a_code = key
+    W = tb.W[p_code]
+    e = tb.e[p_code]
+    cast = tb.cast[p_code]
+    cache = _ints(frame, C.CACHE_TOKENS)
+    dec = _ints(frame, C.DECODE_TOKENS)
     static = cache > 0
     t_prefill = np.where(static, cache, s)
     t_final = np.where(static, cache, s + dec)
-    k = p_code.astype(np.int64) * nA + a_code
-    pre_terms = [act.prefill_temp(arch, p, a) for p in precs for a in a_names]
-    moments = [_TermTable([t[j] for t in pre_terms]) for j in range(3)]  # attention, MLP, logits
+    k = p_code * tb.nA + a_code
+    moments = tb.moments
     pre = np.maximum.reduce([m.eval(k, b, s) for m in moments]) + cast
     kv_pre = kv_cache_bytes(arch, b, t_prefill, e)
     # a decode step is the same moments for one token; eager attention scores span the whole cache
@@ -244,9 +432,9 @@ def _infer(arch, frame, b, s, p_code, precs, n):
     d_logits = moments[2].eval(k, b, one)
     kv_dec = kv_cache_bytes(arch, b, t_final, e)
     happens = dec > 0
-    phases = [("prefill", W + kv_pre + pre, {C.WEIGHTS: W, C.KV_CACHE: kv_pre, C.TEMPORARY: pre})]
+    totals = [W + kv_pre + pre]
+    comps = [{C.WEIGHTS: W, C.KV_CACHE: kv_pre, C.TEMPORARY: pre}]
     for temp in (d_layer, d_logits):
-        phases.append(("decode", np.where(happens, W + kv_dec + temp, -1),
-                       {C.WEIGHTS: W, C.KV_CACHE: kv_dec, C.TEMPORARY: temp}))
-    return phases
-
+        totals.append(np.where(happens, W + kv_dec + temp, -1))
+        comps.append({C.WEIGHTS: W, C.KV_CACHE: kv_dec, C.TEMPORARY: temp})
+    return totals, comps, ["prefill", "decode", "decode"]
