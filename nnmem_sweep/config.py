@@ -506,6 +506,10 @@ def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
     if mode != "infer":
         ck.add("serving", "the serving plan applies to infer mode only (this scenario has mode: train)", key=True)
         return {}
+    if model is not None and model.kind != "transformer":
+        ck.add("serving", "the serving plan needs a transformer with a KV cache (this model is a "
+                          f"{'layer list' if model.kind == 'layers' else 'parameter count'})", key=True)
+        return {}
     out: dict[str, Any] = dict(given)
     for key in ("kv_dtype", "tensor_parallel"):
         if key in out:

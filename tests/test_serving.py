@@ -182,6 +182,9 @@ def test_serving_options_are_for_infer_mode_and_check_tensor_parallel():
     with pytest.raises(ScenarioError, match="serving.gpu_memory_utilization"):
         _scenario("serving: {gpu_memory_utilization: 1.5}")
     assert serving.options(_scenario())["kv_dtype"] == ("auto",)
+    with pytest.raises(ScenarioError, match="serving plan needs a transformer"):
+        parse_scenario_text("model: {name: net, params: 1000, activation_elements_per_sample: 10}\nmode: infer\n"
+                            "grid: {batch: 1, precision: fp32}\ngpus: [l4]\nserving: {kv_block_size: 16}\n")
 
 
 def test_run_writes_max_concurrency_for_infer_only(tmp_path):
