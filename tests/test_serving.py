@@ -220,3 +220,18 @@ def test_report_has_a_serving_section_for_infer_runs_only(tmp_path, monkeypatch)
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))
     render_report(train, tmp_path / "t", "<text>", pdf=False, formulas=[], validation=None)
     assert 'id="serving"' not in (tmp_path / "t" / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("ys, ticks", [
+    ([0, 0], ["0", "1"]),  # nothing fits: an empty plot, whole-sequence ticks, no line
+    ([3, 1], ["0", "1", "2", "3"]),
+    ([1000, 1], ["1", "4", "16", "64", "256", "1,024"]),  # a factor of 8 or more: log2 ticks, stride 2 past 8 ticks
+])
+def test_concurrency_chart_ticks_are_whole_sequences(ys, ticks):
+    import re
+
+    from nnmem_sweep.report.charts import concurrency_chart
+
+    svg = concurrency_chart("t", [100, 200], [("GPU", ys)])
+    assert re.findall(r'text-anchor="end">([^<]*)', svg) == ticks
+    assert ("<polyline" in svg) == any(ys)

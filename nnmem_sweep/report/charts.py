@@ -286,7 +286,7 @@ def concurrency_chart(title: str, contexts: list[int], series: list[tuple[str, l
         stride = max(1, math.ceil((top_k + 1) / 8))
         y_ticks = [2 ** k for k in range(0, top_k + stride, stride)]
     else:
-        step = nice_step(max(ys_all))
+        step = max(1, nice_step(max(ys_all)))  # whole sequences
         y_ticks = [i * step for i in range(int(math.ceil(max(ys_all) / step)) + 1)]
     ymax = float(y_ticks[-1])
     fy = (lambda v: math.log2(v)) if log_y else (lambda v: float(v))
