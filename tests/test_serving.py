@@ -55,6 +55,23 @@ def test_kv_bytes_per_token(arch, elem, expected):
     assert int(kv_bytes_per_token_per_gpu(arch, elem)) == expected
 
 
+@pytest.mark.parametrize("preset, tokens, gib_2dp", [
+    # Hugging Face blog "Llama 3.1 - 405B, 70B & 8B", Inference memory requirements, KV cache in fp16, "GB" = GiB
+    # with 16k = 16,000 and 128k = 128,000 tokens: 8B 16,000 · 131,072 B = 1.95 GiB; 128,000 -> 15.62 GiB
+    pytest.param("llama-3.1-8b", 16_000, "1.95", id="HF-blog-llama31-memory-8B-16k-1.95GB"),
+    pytest.param("llama-3.1-8b", 128_000, "15.62", id="HF-blog-llama31-memory-8B-128k-15.62GB"),
+    # 70B: 2 · 80 · 8 · 128 · 2 = 327,680 B per token
+    pytest.param("llama-3.1-70b", 16_000, "4.88", id="HF-blog-llama31-memory-70B-16k-4.88GB"),
+    pytest.param("llama-3.1-70b", 128_000, "39.06", id="HF-blog-llama31-memory-70B-128k-39.06GB"),
+])
+def test_kv_cache_of_one_sequence_matches_the_published_llama_31_table(preset, tokens, gib_2dp):
+    from nnmem_sweep.units import GiB
+
+    per_seq = int(paged_tokens(load_preset(preset), np.array([tokens]), None)[0]
+                  * kv_bytes_per_token_per_gpu(load_preset(preset), 2))
+    assert f"{per_seq / GiB:.2f}" == gib_2dp
+
+
 def test_kv_dtypes_are_independent_of_the_weights():
     assert serving.kv_element("auto", "bf16") == (2, 0)
     assert serving.kv_element("auto", "int4") == (2, 0)  # int4 weights, 16-bit activations and cache
