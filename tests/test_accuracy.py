@@ -38,13 +38,6 @@ KNOWN_PEAK_MISSES: dict[str, str] = {
     "(-13.5 %), mostly the s² masks at s = 512",
     "bert-large-train-bf16-adafactor-b16-s128": _CPU_MATH_BF16 + "activations -1,108,984,836 B at the backward "
     "peak (-25.2 %)",
-    # layer nets: the estimator counts Σ layer outputs × 4 B (every output kept). PyTorch keeps conv / linear /
-    # BatchNorm inputs, ReLU results and max-pool int64 indices; BatchNorm outputs (consumed by a non-in-place
-    # ReLU) and flatten views are never kept. Forward-end saved: measured 102,830,600 B vs estimated 134,351,360 B.
-    "cnn-vgg-cifar-train-fp32-sgd-momentum-b64": "layer-net activations over-counted: BatchNorm outputs and the "
-    "flatten view are not saved, max-pool indices (int64) are; backward peak +20,766,432 B (+14.8 %)",
-    "cnn-vgg-cifar-train-fp32-adamw-b256": "layer-net activations over-counted (as the b64 case): backward peak "
-    "+81,720,992 B (+16.6 %)",
 }
 # case id -> why a model-state total (weights, gradients, optimizer state) misses 0.1 %.
 KNOWN_STATE_MISSES: dict[str, str] = {}
