@@ -67,21 +67,27 @@ def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
     return np.asarray(_column(frame, col), dtype=np.int64)
 
 
+_CATEGORY_NAMES: dict[int, tuple[pd.CategoricalDtype, tuple]] = {}
+
+
 def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
     """Integer codes and their values for a (categorical or plain) column."""
     v = _column(frame, col)
     if isinstance(v, pd.Categorical):
-        return v.codes, tuple(v.categories)
+        dtype = v.dtype  # the names of a categorical dtype, kept per dtype object (the grid's dtypes are reused)
+        hit = _CATEGORY_NAMES.get(id(dtype))
+        if hit is None or hit[0] is not dtype:
+            if len(_CATEGORY_NAMES) >= 4 * _PLAN_CACHE_SIZE:
+                _CATEGORY_NAMES.clear()
+            hit = _CATEGORY_NAMES[id(dtype)] = (dtype, tuple(v.categories))
+        return v.codes, hit[1]
     codes, uniques = pd.factorize(v, sort=False)
     return codes, tuple(uniques)
 
 
 def _combine(codes: list[np.ndarray], sizes: tuple[int, ...]) -> np.ndarray:
     """One code per row for the combination of names, row-major over `sizes`."""
-    k = codes[0].astype(np.int64)
-    for c, m in zip(codes[1:], sizes[1:]):
-        k = k * m + c
-    return k
+    return np.ravel_multi_index(codes, sizes)
 
 
 # ---------------------------------------------------------------- coefficient tables
@@ -132,43 +138,97 @@ class _TermTable(_Coef):
         super().__init__(_vec(terms, (len(terms),)))
 
 
+class _Rows:
+    """m Terms per index: out[j, r] = const + s·pos + b·seq + (b·s)·tok + (b·s²)·s2 of Term j at idx[r]. The same
+    integer polynomial as Term.eval, so exact (int64 arithmetic is a ring: any order of the same sums and products
+    gives the same bits). Per coefficient one (rows, N) table over the rows where it is not zero everywhere (a
+    slice: `order` puts the rows with the same coefficients together), so constants cost one gather."""
+
+    def __init__(self, arr: np.ndarray, order: list[int] | None = None):  # arr (N, m, 5)
+        self.order = list(range(arr.shape[1])) if order is None else order
+        arr = arr[:, self.order]
+        self.m = arr.shape[1]
+        self.parts = []  # (feature, row slice, table)
+        for f in range(5):
+            rows = np.flatnonzero(arr[..., f].any(axis=0))
+            if len(rows):
+                sl = slice(int(rows[0]), int(rows[-1]) + 1)
+                self.parts.append((f, sl, np.ascontiguousarray(arr[:, sl, f].T)))
+        self.used = {f for f, _, _ in self.parts}
+
+    def eval(self, idx: np.ndarray, x: dict[int, np.ndarray]) -> np.ndarray:
+        """(m, rows), in the order given."""
+        out = None
+        for f, sl, t in self.parts:
+            g = np.take(t, idx, axis=1)
+            if f:
+                g *= x[f]
+            if out is None and sl.start == 0 and sl.stop == self.m:
+                out = g
+                continue
+            if out is None:
+                out = np.zeros((self.m, len(idx)), dtype=np.int64)
+            out[sl] += g
+        return np.zeros((self.m, len(idx)), dtype=np.int64) if out is None else out
+
+
+def _features(b: np.ndarray, s: np.ndarray, used: set[int]) -> dict[int, np.ndarray]:
+    """The row factors of the Term coefficients: pos · s, seq · b, tok · b·s, s2 · b·s²."""
+    x = {1: s, 2: b}
+    if 3 in used or 4 in used:
+        x[3] = b * s
+        if 4 in used:
+            x[4] = x[3] * s
+    return x
+
+
 class _Plan:
     """Phases of a step over every combination of the names on `axes` (sizes `sizes`, row-major): per phase and
-    component a (*sizes, 5) coefficient array, stacked so that one gather evaluates all phase totals and one per
-    component gives the winning phase's value."""
+    component the Term coefficients of every combination, laid out so that one row gather per coefficient
+    evaluates all phase totals, and one more per coefficient all components of the winning phase."""
 
     def __init__(self, axes: tuple[str, ...], sizes: tuple[int, ...], phases: list[tuple[str, dict]]):
         self.axes, self.sizes = axes, sizes
         self.nk = int(np.prod(sizes))
         self.names = names = [p[0] for p in phases]
         self.single = len(phases) == 1
-        self.total = _Coef(np.stack([sum(comps.values()) for _, comps in phases]))
-        self.offsets = (np.arange(len(phases), dtype=np.int64) * self.nk)[:, None]
-        if self.single:  # the phase's own components only (the runner fills the others with 0)
-            self.comps = {c: _Coef(v) for c, v in phases[0][1].items()}
-        else:
-            zero = np.zeros((*sizes, 5), dtype=np.int64)
-            self.comps = {c: _Coef(np.stack([comps.get(c, zero) for _, comps in phases])) for c in C.COMPONENTS}
+        # totals: (combination, phase, 5)
+        totals = np.stack([sum(comps.values()).reshape(-1, 5) for _, comps in phases], axis=1)
+        self.totals = _Rows(totals)
+        # components of each phase: (phase · combination, component, 5); a single phase keeps only its own
+        names_out = list(phases[0][1]) if self.single else list(C.COMPONENTS)
+        zero = np.zeros((self.nk, 5), dtype=np.int64)
+        comps = np.concatenate([np.stack([pc[c].reshape(-1, 5) if c in pc else zero for c in names_out],
+                                         axis=1) for _, pc in phases])
+        # rows ordered by which coefficients they use (constants first), so that each coefficient spans a slice
+        order = sorted(range(len(names_out)), key=lambda j: tuple(bool(comps[:, j, f].any()) for f in (1, 2, 3, 4)))
+        self.comps = _Rows(comps, order)
+        self.comp_names = [names_out[j] for j in order]
+        self.out_order = names_out
+        self.used = self.totals.used | self.comps.used
         uniq = list(dict.fromkeys(names))
         self.label = np.array([uniq.index(p) for p in names], dtype=np.int8)
         self.dtype = pd.CategoricalDtype(uniq)
 
     def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(phases, rows) totals."""
-        return self.total.eval(self.offsets + k, b, s)
+        return self.totals.eval(k, _features(b, s, self.totals.used))
 
     def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> dict[str, object]:
-        n = len(k)
+        x = _features(b, s, self.used)
+        totals = self.totals.eval(k, x)
         if self.single:
-            out: dict[str, object] = {c: v.eval(k, b, s) for c, v in self.comps.items()}
-            out[C.PEAK_ALLOCATED] = self.total.eval(k, b, s)
-            win = np.zeros(n, dtype=np.int8)
+            win = np.zeros(len(k), dtype=np.int8)
+            peak = totals[0]
+            idx = k
         else:
-            totals = self.phase_totals(k, b, s)
             win = np.argmax(totals, axis=0)  # first phase on ties
+            peak = totals.max(axis=0)  # the winner's total
             idx = win * self.nk + k
-            out = {c: v.eval(idx, b, s) for c, v in self.comps.items()}
-            out[C.PEAK_ALLOCATED] = np.take_along_axis(totals, win[None, :], axis=0)[0]
+        values = self.comps.eval(idx, x)
+        by_name = dict(zip(self.comp_names, values))
+        out: dict[str, object] = {c: by_name[c] for c in self.out_order}
+        out[C.PEAK_ALLOCATED] = peak
         out[C.PEAK_PHASE] = pd.Categorical.from_codes(self.label[win], dtype=self.dtype, validate=False)
         return out
 
