@@ -235,10 +235,10 @@ def format_breakdown(row: pd.Series) -> str:
         head += f"  cache_tokens {row[C.CACHE_TOKENS]}  decode_tokens {row[C.DECODE_TOKENS]}"
     head += f"  attention {row[C.ATTENTION]}"
     lines.append(head)
-    lines.append(f"{'component':<34}{'GiB':>12}{'bytes':>22}")
+    lines.append(f"{'component':<36}{'GiB':>12}{'bytes':>22}")
 
     def line(label: str, v: int) -> str:
-        return f"{label:<34}{format_bytes(int(v), 'GiB', 3)[:-4]:>12}{int(v):>22,}"
+        return f"{label:<36}{format_bytes(int(v), 'GiB', 3)[:-4]:>12}{int(v):>22,}"
 
     for c in C.COMPONENTS:
         lines.append(line(labels[c], row[c]))
@@ -246,10 +246,10 @@ def format_breakdown(row: pd.Series) -> str:
     lines.append(line("overhead (context, cuBLAS, reserve)", row[C.OVERHEAD]))
     lines.append(line("total", row[C.TOTAL]))
     gpu = row.get("gpu_name", row.get(C.GPU, ""))
-    lines.append(line(f"GPU capacity ({gpu})", row[C.GPU_MEMORY]))
+    lines.append(line("GPU capacity (as the device reports)", row[C.GPU_MEMORY]))
     lines.append(line("usable (after headroom)", row[C.USABLE]))
     margin = int(row[C.USABLE]) - int(row[C.TOTAL])
     verdict = f"fits, {format_bytes(margin, 'GiB', 3)} to spare" if row[C.FITS] else \
         f"does NOT fit: {format_bytes(-margin, 'GiB', 3)} short"
-    lines.append(verdict)
+    lines.append(f"{verdict}  on {gpu}")
     return "\n".join(lines)
