@@ -86,8 +86,13 @@ def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
 
 
 def _combine(codes: list[np.ndarray], sizes: tuple[int, ...]) -> np.ndarray:
-    """One code per row for the combination of names, row-major over `sizes`."""
-    return np.ravel_multi_index(codes, sizes)
+    """One code per row for the combination of names, row-major over `sizes` (axes of one name add nothing)."""
+    live = [(c, m) for c, m in zip(codes, sizes) if m > 1]
+    if not live:
+        return np.zeros(len(codes[0]), dtype=np.intp)
+    if len(live) == 1:
+        return live[0][0]
+    return np.ravel_multi_index([c for c, _ in live], [m for _, m in live])
 
 
 # ---------------------------------------------------------------- coefficient tables
