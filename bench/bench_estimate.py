@@ -2,7 +2,7 @@
 
 Frames: the 1,000 training configurations of bench_llm_analysis.py (Llama 3.2 1B, bf16-master, fused AdamW, batch
 1..10 x 5 sequence lengths x 2 recomputation x 2 attention x 5 GPUs), one row of it, and 1,000 inference rows of
-the same model (prefill and decode). Timed, best of --repeats calls each after a warm-up (time.perf_counter):
+the same model (prefill and decode). Timed, best of --repeats calls each after a warm-up (timeit, perf_counter):
 
     components   components.peak.estimate_components: component columns, peak and phase (cached plans, gathers)
     frame        runner.estimate_frame: the above plus overheads, fits and the output DataFrame
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -79,13 +79,8 @@ def cases():
 
 
 def best_of(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    fn()  # warm-up: the plan cache
+    return min(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main() -> int:

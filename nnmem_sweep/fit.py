@@ -18,17 +18,16 @@ import pandas as pd
 
 from . import columns as C
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import phase_totals
+from .components.peak import phase_totals_in_batch
 from .models.arch import Architecture
 from .scenario import Overheads
 
 MAX_BATCH_CAP = 2**31 - 1
 
 
-def _totals_at(arch: Architecture, mode: str, points: pd.DataFrame, b: np.ndarray, ov: Overheads
-               ) -> tuple[list[np.ndarray], np.ndarray]:
-    frame = points.assign(**{C.BATCH: np.asarray(b, dtype=np.int64)})
-    phases = phase_totals(arch, mode, frame)
+def _totals_at(totals_of, b: np.ndarray, ov: Overheads) -> tuple[list[np.ndarray], np.ndarray]:
+    """Phase totals and the total with overheads at batch b (totals_of: peak.phase_totals_in_batch)."""
+    phases = totals_of(b)
     peak = np.max(np.stack(phases), axis=0)
     return phases, peak + overhead_bytes(peak, ov)
 
@@ -42,8 +41,9 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     points = points.drop(columns=[C.BATCH], errors="ignore").reset_index(drop=True)
     usable = usable_bytes(points[C.GPU_MEMORY].to_numpy(dtype=np.int64), headroom)
     one = np.ones(n, dtype=np.int64)
-    ph1, total1 = _totals_at(arch, mode, points, one, overheads)
-    ph2, _ = _totals_at(arch, mode, points, 2 * one, overheads)
+    totals_of = phase_totals_in_batch(arch, mode, points)  # the columns read once for every batch tried below
+    ph1, total1 = _totals_at(totals_of, one, overheads)
+    ph2, _ = _totals_at(totals_of, 2 * one, overheads)
 
     # P*: the largest peak whose total fits. g(P) = P + ceil(f·P) + fixed is nondecreasing.
     fixed = int(overheads.cuda_context_bytes) + int(overheads.cublas_workspace_bytes)
@@ -71,14 +71,14 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
 
     # verify with the real functions; move by one where integer rounding bites
     for _ in range(4):
-        _, t_at = _totals_at(arch, mode, points, np.maximum(bmax, 1), overheads)
-        _, t_next = _totals_at(arch, mode, points, np.minimum(bmax + 1, MAX_BATCH_CAP), overheads)
+        _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), overheads)
+        _, t_next = _totals_at(totals_of, np.minimum(bmax + 1, MAX_BATCH_CAP), overheads)
         too_big = (bmax > 0) & (t_at > usable)
         room = (bmax < MAX_BATCH_CAP) & (t_next <= usable)
         if not too_big.any() and not room.any():
             break
         bmax = np.where(too_big, bmax - 1, np.where(room, bmax + 1, bmax))
-    _, t_at = _totals_at(arch, mode, points, np.maximum(bmax, 1), overheads)
+    _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), overheads)
 
     out = points.drop(columns=[C.GPU_MEMORY]).copy()
     out[C.MAX_BATCH] = bmax

@@ -407,6 +407,20 @@ def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str
     return list(plan.phase_totals(k, b, s))
 
 
+def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+    """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
+    batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
+    plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False)
+
+    def at(b: np.ndarray) -> list[np.ndarray]:
+        b = np.asarray(b, dtype=np.int64)
+        if plan is None:
+            return _infer_phases(arch, frame, k, b, s)[0]
+        return list(plan.phase_totals(k, b, s))
+
+    return at
+
+
 def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
                        ) -> list[tuple[str, np.ndarray]]:
     """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
@@ -423,12 +437,12 @@ def _phases(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "c
     return [(name, total, {}) for name, total in named_phase_totals(arch, mode, frame, device)]
 
 
-def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str):
+def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True):
     """(plan, combination code, batch, seq_len); plan None for transformer inference (then the code is that of
     (precision, attention))."""
     if device not in act.DEVICES:
         raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
-    b = _ints(frame, C.BATCH)
+    b = _ints(frame, C.BATCH) if read_batch else None
     s = _ints(frame, C.SEQ_LEN)
     p_code, p_names = _codes(frame, C.PRECISION)
     if mode == "train":
