@@ -470,20 +470,35 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
 
 
+_INFER_DTYPES: dict[tuple, pd.CategoricalDtype] = {}
+
+
 def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.ndarray]],
           phase_names: list[str], n: int) -> dict[str, object]:
-    """Components of the phase with the largest total (first one on ties)."""
+    """Components of the phase with the largest total (first one on ties). A component array that several phases
+    share (the weights) is taken as it is; the others are gathered from the winner's."""
     stacked = np.stack(phase_totals)
     win = np.argmax(stacked, axis=0)
     out: dict[str, object] = {}
-    rows = np.arange(n)
     for comp in C.COMPONENTS:
-        arrays = [np.broadcast_to(pc.get(comp, 0), (n,)) for pc in phase_components]
-        out[comp] = np.stack(arrays)[win, rows]
-    out[C.PEAK_ALLOCATED] = stacked[win, rows]
-    uniq = list(dict.fromkeys(phase_names))
-    label_codes = np.array([uniq.index(p) for p in phase_names], dtype=np.int8)[win]
-    out[C.PEAK_PHASE] = pd.Categorical.from_codes(label_codes, categories=uniq)
+        arrays = [pc.get(comp) for pc in phase_components]
+        uniq = list({id(a): a for a in arrays if a is not None}.values())
+        if not uniq:
+            out[comp] = np.zeros(n, dtype=np.int64)
+        elif len(uniq) == 1 and all(a is not None for a in arrays):
+            out[comp] = np.broadcast_to(uniq[0], (n,)).copy()
+        else:
+            rows = [np.broadcast_to(a, (n,)) for a in uniq] + [np.zeros(n, dtype=np.int64)]
+            pos = {id(a): j for j, a in enumerate(uniq)}
+            row_of = np.array([len(uniq) if a is None else pos[id(a)] for a in arrays], dtype=np.intp)
+            out[comp] = np.stack(rows).ravel()[row_of[win] * n + np.arange(n)]
+    out[C.PEAK_ALLOCATED] = stacked.max(axis=0)  # the winner's total
+    uniq_names = tuple(dict.fromkeys(phase_names))
+    dtype = _INFER_DTYPES.get(uniq_names)
+    if dtype is None:
+        dtype = _INFER_DTYPES[uniq_names] = pd.CategoricalDtype(list(uniq_names))
+    label_codes = np.array([uniq_names.index(p) for p in phase_names], dtype=np.int8)[win]
+    out[C.PEAK_PHASE] = pd.Categorical.from_codes(label_codes, dtype=dtype, validate=False)
     return out
 
 
