@@ -55,12 +55,20 @@ def architecture_of(case: dict[str, Any]):
                                 preset=str(inputs.get("model", "")))
 
 
+def device_for_estimate(case: dict[str, Any]) -> str:
+    """The estimator's device model for a case: the device it was measured on (the JSON's `device`, e.g.
+    "cpu (FakeTensorMode)"), so CPU-only kernels (dropout noise in the input dtype, SDPA's math fallback when
+    attention dropout > 0) are modelled as they ran. Exception: cases measured with `dropout_impl: native` route
+    F.dropout to torch.native_dropout, the kernel CUDA runs (1-byte mask), so the GPU model ("cuda") is what ran."""
+    if case["inputs"].get("dropout_impl") == "native":
+        return "cuda"
+    device = str(case.get("device") or "cpu").split()[0]
+    return "cpu" if device == "cpu" else "cuda"
+
+
 def attention_for_estimate(case: dict[str, Any]) -> str:
-    """The estimator's attention mode that matches the kernel that really ran: CPU SDPA refuses dropout > 0 and
-    falls back to the math path, which materialises the s×s scores like eager attention (MEASURING.md)."""
-    kernel = case["measured"].get("attention_kernel", "")
-    if kernel == "math":
-        return "eager"
+    """The attention mode the case asked for; with device="cpu" the estimator itself models CPU SDPA's fallback to
+    the math path (dropout > 0), so the measured kernel ("math") is not mapped to another mode here."""
     return case["inputs"].get("attention", "flash")
 
 
@@ -87,7 +95,8 @@ def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
     arch = architecture_of(case)
     i = case["inputs"]
     frame = _frame(case)
-    comps = peak_mod.estimate_components(arch, i["mode"], frame)
+    device = device_for_estimate(case)
+    comps = peak_mod.estimate_components(arch, i["mode"], frame, device=device)
     out: dict[str, Any] = {"peak_bytes": int(np.asarray(comps[C.PEAK_ALLOCATED])[0]),
                            "peak_phase": str(np.asarray(comps[C.PEAK_PHASE])[0])}
     for c in C.COMPONENTS:
@@ -95,7 +104,7 @@ def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
         out[c] = int(np.asarray(v)[0]) if np.ndim(v) else int(v)
     # per-phase maxima (the estimator may model one phase at several moments, e.g. backward start and end)
     phases: dict[str, int] = {}
-    for name, total, _ in peak_mod._phases(arch, i["mode"], frame):  # noqa: SLF001 - no public per-phase names yet
+    for name, total in peak_mod.named_phase_totals(arch, i["mode"], frame, device=device):
         phases[name] = max(phases.get(name, -1), int(np.asarray(total)[0]))
     out["phases"] = phases
     prec = get_precision(i["precision"])
@@ -120,7 +129,8 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
         i = case["inputs"]
         row: dict[str, Any] = {CASE: case["case_id"], "model": i.get("model", ""), C.MODE: i["mode"],
                                "attention_kernel": m.get("attention_kernel", ""),
-                               "estimated_attention": attention_for_estimate(case), "measured_phase": m["peak_phase"],
+                               "estimated_attention": attention_for_estimate(case),
+                               "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
                                MEASURED: int(m["peak_bytes"])}
         try:
             est = estimate_case(case)
@@ -188,14 +198,15 @@ def summary(df: pd.DataFrame) -> dict[str, float]:
 def format_table(df: pd.DataFrame) -> str:
     from .units import format_bytes
 
-    lines = [f"{'case':<62} {'measured':>12} {'estimated':>12} {'error':>8}  phase (meas/est)  states"]
+    lines = [f"{'case':<62} {'device':<6} {'measured':>12} {'estimated':>12} {'error':>8}  phase (meas/est)  states"]
     for r in df.itertuples(index=False):
         r = r._asdict()
         est = format_bytes(r[ESTIMATED], "GiB", 3) if r[ESTIMATED] >= 0 else "n/a"
         err = f"{r[ERROR]:+.1%}" if r[ERROR] == r[ERROR] else "n/a"
         states = " ".join(f"{k[0]}{r.get(f'{k}_error'):+.2%}" for k in STATE_KINDS
                           if r.get(f"{k}_error") == r.get(f"{k}_error") and r.get(f"{k}_error") is not None)
-        lines.append(f"{r[CASE]:<62} {format_bytes(r[MEASURED], 'GiB', 3):>12} {est:>12} {err:>8}  "
+        lines.append(f"{r[CASE]:<62} {r.get('device', ''):<6} {format_bytes(r[MEASURED], 'GiB', 3):>12} {est:>12} "
+                     f"{err:>8}  "
                      f"{r['measured_phase']}/{r.get('estimated_phase', '')}  {states}"
                      + (f"  [{r['estimate_error']}]" if r.get("estimate_error") else ""))
     return "\n".join(lines)

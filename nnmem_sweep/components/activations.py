@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..catalog.precisions import Precision
 from ..citations import formula, source
 from ..models.arch import Architecture
+from . import cpu_kernels
 from .terms import ZERO, Term
 from .weights import autocast_copies_bytes
 
@@ -95,7 +96,10 @@ def attention_saved(arch: Architecture, p: Precision, attention: str, drop_score
     hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     tok = linear_inputs_saved(arch, p, 1 if arch.family == "gpt2" else 3)  # q/k/v (GPT-2: one c_attn)
     s2 = 0
-    if attention == "flash":
+    if cpu_kernels.sdpa_falls_back_to_math(arch, attention, device):  # CPU SDPA with dropout: the math path
+        kernel = cpu_kernels.math_sdpa_saved(arch, p, drop_scores)
+        tok, s2 = tok + kernel.tok, kernel.s2
+    elif attention == "flash":
         tok += e * (hq + 2 * hkv)  # Q, K (after RoPE), V saved by SDPA; native GQA, no repeat_kv copies
         # SDPA output (already in (b, s, heads, d) memory order, so the transpose/reshape that feeds o_proj is a
         # view of it: one tensor saved twice) and its fp32 log-sum-exp (a per token)
