@@ -165,7 +165,7 @@ class _Rows:
         """(m, rows), in the order given."""
         out = None
         for f, sl, t in self.parts:
-            g = np.take(t, idx, axis=1)
+            g = t.take(idx, axis=1)
             if f:
                 g *= x[f]
             if out is None and sl.start == 0 and sl.stop == self.m:
