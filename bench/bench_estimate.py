@@ -37,16 +37,16 @@ def frame_by_blocks(arch, mode, frame, overheads, headroom, device="cuda"):
 
     from nnmem_sweep import columns as C
     from nnmem_sweep.components.overhead import overhead_bytes, usable_bytes
-    from nnmem_sweep.components.peak import _column, estimate_components
+    from nnmem_sweep.components.peak import column_values, estimate_components
 
     comps = estimate_components(arch, mode, frame, device)
     peak = comps[C.PEAK_ALLOCATED]
     over = overhead_bytes(peak, overheads)
     total = peak + over
-    mem = np.asarray(_column(frame, C.GPU_MEMORY), dtype=np.int64)
+    mem = np.asarray(column_values(frame, C.GPU_MEMORY), dtype=np.int64)
     usable = usable_bytes(mem, headroom)
     names = [c for c in frame.columns if c != C.GPU_MEMORY]
-    cols = [_column(frame, c) for c in names]
+    cols = [column_values(frame, c) for c in names]
     zero = np.zeros(len(frame), dtype=np.int64)
     cols += [np.asarray(comps.get(c, zero), dtype=np.int64) for c in C.COMPONENTS]
     cols += [peak, comps[C.PEAK_PHASE], over, total, mem, usable, total <= usable]

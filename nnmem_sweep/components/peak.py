@@ -54,7 +54,7 @@ _PLAN_CACHE_SIZE = 64
 
 # ---------------------------------------------------------------- reading the frame
 
-def _column(frame: pd.DataFrame, col: str):
+def column_values(frame: pd.DataFrame, col: str):
     """The column's values (ndarray or extension array) without building a Series: DataFrame.__getitem__ costs
     ~10 us a call in pandas 3, the largest part of a small call. Falls back to the public path."""
     try:
@@ -64,7 +64,7 @@ def _column(frame: pd.DataFrame, col: str):
 
 
 def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
-    return np.asarray(_column(frame, col), dtype=np.int64)
+    return np.asarray(column_values(frame, col), dtype=np.int64)
 
 
 _CATEGORY_NAMES: dict[int, tuple[pd.CategoricalDtype, tuple]] = {}
@@ -72,7 +72,7 @@ _CATEGORY_NAMES: dict[int, tuple[pd.CategoricalDtype, tuple]] = {}
 
 def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
     """Integer codes and their values for a (categorical or plain) column."""
-    v = _column(frame, col)
+    v = column_values(frame, col)
     if isinstance(v, pd.Categorical):
         dtype = v.dtype  # the names of a categorical dtype, kept per dtype object (the grid's dtypes are reused)
         hit = _CATEGORY_NAMES.get(id(dtype))
@@ -429,12 +429,6 @@ def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, devic
         totals, _, names = _infer_phases(arch, frame, k, b, s)
         return list(zip(names, totals))
     return list(zip(plan.names, plan.phase_totals(k, b, s)))
-
-
-def _phases(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
-            ) -> list[tuple[str, np.ndarray, dict]]:
-    """Kept for accuracy.py, which reads (name, total, _) from it: use named_phase_totals."""
-    return [(name, total, {}) for name, total in named_phase_totals(arch, mode, frame, device)]
 
 
 def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True):
