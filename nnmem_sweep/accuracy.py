@@ -3,6 +3,9 @@
 `compare(cases)` puts, per case, the measured and the estimated peak_allocated_bytes (and the peak of each phase),
 and the model states (weights, gradients, optimizer state) side by side with relative errors
 (estimate − measured) / measured. The report's "Validation" section and tests/test_accuracy.py use it.
+Each case is estimated with the device it was measured on (`device_for_estimate`: all committed cases ran on the
+CPU, so device="cpu", which models CPU dropout's noise tensors and SDPA's math fallback); the GPU model ("cuda")
+stays the default everywhere else.
 """
 from __future__ import annotations
 

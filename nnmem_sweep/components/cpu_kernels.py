@@ -11,7 +11,7 @@ What the math path keeps for backward, read from aten/src/ATen/native/transforme
 
     q_acc, k_acc, v_acc = q, k, v upcast to fp32 when they are fp16/bf16 ("keep query, key, value in high precision
                           for accuracy"; allowFP16BF16ReductionMathSDP is off by default); `.to()` saves nothing
-    q' = q_acc · √scale,  k' = k_acc.transpose · √scale      saved by the first matmul       4·hq + 4·hkv per token
+    q' = q_acc · √scale,  k' = k_acc.transpose · √scale      saved by the first matmul     4·(hq + hkv) per token
     attn = _safe_softmax(q' @ k' (+ mask))                   softmax saves its output        acc per s² element, head
     attn = dropout(attn)   CPU composite: attn · noise, the noise in attn's dtype (Dropout.cpp, the fused
                            native_dropout is CUDA/XPU only)  the mul saves the noise          acc per s² element, head
