@@ -131,15 +131,15 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
 
 
 def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noqa: ANN001
-    """The estimate of the same points beside the measurement; the attention mode matched to the kernel that ran
-    (CPU SDPA falls back to the math path when dropout > 0, which the estimator calls eager)."""
+    """The estimate of the same points beside the measurement, with the estimator's CPU device model (these
+    measurements run on the cpu device: dropout noise in the input dtype, SDPA's math fallback when attention
+    dropout > 0 are modelled there), so the two compare like with like. results.csv keeps the GPU model."""
     ok = df[STATUS] == "measured" if STATUS in df else pd.Series(False, index=df.index)
     if estimate_frame is None or not ok.any():
         return df
     pts = df.loc[ok, list(C.GRID_AXES)].copy()
-    pts[C.ATTENTION] = [("eager" if k == "math" else a) for k, a in zip(df.loc[ok, KERNEL], pts[C.ATTENTION])]
     pts[C.GPU_MEMORY] = sc.gpus[0].memory_bytes
-    est = estimate_frame(sc.model, sc.mode, pts, sc.overheads, sc.headroom)
+    est = estimate_frame(sc.model, sc.mode, pts, sc.overheads, sc.headroom, device="cpu")
     df[ESTIMATED_ATTENTION] = pd.Series(pts[C.ATTENTION], index=pts.index)
     df[C.PEAK_ALLOCATED] = pd.Series(est[C.PEAK_ALLOCATED].astype("int64"), index=pts.index).astype("Int64")
     df["estimated_peak_phase"] = pd.Series(est[C.PEAK_PHASE], index=pts.index)
