@@ -108,12 +108,12 @@ def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-class _Coef:
-    """Term coefficients per index, evaluated as const + s·pos + b·(seq + s·(tok + s·s2)) at gathered indices.
-    Coefficients that are zero everywhere are skipped (exact: the terms are integers)."""
+class _TermTable:
+    """One Term per combination code, evaluated for all rows at once as const + s·pos + b·(seq + s·(tok + s·s2));
+    coefficients that are zero everywhere are skipped (exact: the terms are integers). Transformer inference."""
 
-    def __init__(self, arr: np.ndarray):
-        arr = arr.reshape(-1, 5)
+    def __init__(self, terms: list[Term]):
+        arr = _vec(terms, (len(terms),))
         self.const, self.pos, self.seq, self.tok, self.s2 = (np.ascontiguousarray(arr[:, i]) for i in range(5))
         self.use_pos, self.use_seq, self.use_tok, self.use_s2 = (bool(x.any()) for x in
                                                                  (self.pos, self.seq, self.tok, self.s2))
@@ -134,13 +134,6 @@ class _Coef:
         if self.use_pos:
             out = out + s * self.pos[idx]
         return out
-
-
-class _TermTable(_Coef):
-    """One Term per combination code, evaluated for all rows at once."""
-
-    def __init__(self, terms: list[Term]):
-        super().__init__(_vec(terms, (len(terms),)))
 
 
 class _Rows:
