@@ -123,6 +123,18 @@ def _rel(est: float, meas: float) -> float:
     return (est - meas) / meas if meas else (0.0 if est == meas else float("inf"))
 
 
+# Axes recorded per case in compare()'s output (with the value a case that omits it ran with).
+COVERAGE_AXES = {C.PRECISION: "", C.OPTIMIZER: "none", C.OPTIMIZER_IMPL: "foreach", C.CHECKPOINTING: "none",
+                 C.ATTENTION: "flash"}
+
+
+def covered(table: pd.DataFrame | None, axis: str) -> set[str]:
+    """The values of `axis` that at least one committed case within its tolerance exercises."""
+    if table is None or axis not in table or "within_tolerance" not in table:
+        return set()
+    return set(table.loc[table["within_tolerance"].astype(bool), axis].astype(str))
+
+
 def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per case: measured vs estimated peak (and per phase and per model state), relative errors,
     the case's tolerances and whether it is within them."""
@@ -135,6 +147,8 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
                                "estimated_attention": attention_for_estimate(case),
                                "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
                                MEASURED: int(m["peak_bytes"])}
+        # the recipe the case exercises, so a report can say which of its own recipes a measurement covers
+        row.update({axis: str(i.get(axis, default)) for axis, default in COVERAGE_AXES.items()})
         try:
             est = estimate_case(case)
         except Exception as e:  # noqa: BLE001 - one case the estimator cannot take must not hide the others

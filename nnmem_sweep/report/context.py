@@ -371,11 +371,27 @@ def _catalog(module_name: str, ids: list[str]) -> list[dict[str, str]]:
     return [entry(table[i]) for i in ids]
 
 
-def assumptions(sc: Scenario) -> dict[str, Any]:
+def _with_coverage(entries: list[dict[str, Any]], measured: set[str] | None) -> list[dict[str, Any]]:
+    """Mark each recipe entry with whether a committed measured case exercises it ("" when nothing is known)."""
+    return [e | {"measured": "" if measured is None else ("yes" if e["id"] in measured else "not yet")}
+            for e in entries]
+
+
+def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
     o = sc.overheads
+    cov = None
+    if validation_table is not None:
+        from ..accuracy import covered
+
+        cov = {axis: covered(validation_table, axis) for axis in (C.PRECISION, C.OPTIMIZER)}
     return {
-        "precisions": _catalog("precisions", [str(v) for v in sc.grid.get(C.PRECISION, ()) if v is not None]),
-        "optimizers": _catalog("optimizers", [str(v) for v in sc.grid.get(C.OPTIMIZER, ()) if v is not None]),
+        "precisions": _with_coverage(
+            _catalog("precisions", [str(v) for v in sc.grid.get(C.PRECISION, ()) if v is not None]),
+            cov and cov[C.PRECISION]),
+        "optimizers": _with_coverage(
+            _catalog("optimizers", [str(v) for v in sc.grid.get(C.OPTIMIZER, ()) if v is not None]),
+            cov and cov[C.OPTIMIZER]),
+        "coverage_known": cov is not None,
         "attention": ", ".join(str(v) for v in sc.grid.get(C.ATTENTION, ())),
         "checkpointing": ", ".join(str(v) for v in sc.grid.get(C.CHECKPOINTING, ())),
         "optimizer_impl": ", ".join(str(v) for v in sc.grid.get(C.OPTIMIZER_IMPL, ())),
@@ -474,7 +490,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
             "heatmap": heat_svg, "heatmap_truncated": heat["truncated"], "heatmap_about": heat["about"],
             "heatmap_max_rows": str(HEATMAP_MAX_ROWS),
         },
-        "assumptions": assumptions(sc),
+        "assumptions": assumptions(sc, validation_table),
         "formulas": formulas(all_formulas),
         "validation": validation(validation_table),
         "serving": serving_section(sc, serving_plan, serving_context, point),

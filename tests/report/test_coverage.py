@@ -1,0 +1,30 @@
+"""The report's "measured case" column: which of the scenario's recipes a committed measurement exercises."""
+import pandas as pd
+
+from nnmem_sweep.accuracy import compare, covered, load_cases
+from nnmem_sweep.report.context import _with_coverage
+
+from pathlib import Path
+
+TRUTH = Path(__file__).resolve().parents[1] / "data" / "truth"
+
+
+def test_covered_counts_only_cases_within_tolerance():
+    table = pd.DataFrame({"precision": ["bf16", "fp32", "bf16-master"], "within_tolerance": [True, True, False]})
+    assert covered(table, "precision") == {"bf16", "fp32"}
+    assert covered(None, "precision") == set()
+
+
+def test_committed_truth_covers_the_measured_recipes_and_not_the_others():
+    table = compare(load_cases(TRUTH))
+    precisions, optimizers = covered(table, "precision"), covered(table, "optimizer")
+    assert {"fp32", "bf16", "bf16-mixed"} <= precisions
+    assert "bf16-master" not in precisions and "nf4" not in precisions
+    assert {"adamw", "adam", "sgd", "sgd-momentum", "adafactor"} <= optimizers
+    assert "lion" not in optimizers and "adamw-8bit" not in optimizers
+
+
+def test_entries_say_yes_not_yet_or_nothing():
+    entries = [{"id": "bf16"}, {"id": "bf16-master"}]
+    assert [e["measured"] for e in _with_coverage(entries, {"bf16"})] == ["yes", "not yet"]
+    assert [e["measured"] for e in _with_coverage(entries, None)] == ["", ""]
