@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .bounds import check_frame
 from . import columns as C
 from . import serving
 from .components.overhead import overhead_bytes, usable_bytes
@@ -57,6 +58,7 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
                    headroom: float, device: str = "cuda") -> pd.DataFrame:
     """The estimator on any frame of points (see the module docstring). Pure: returns a new frame.
     device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks)."""
+    check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
     comps = estimate_components(arch, mode, frame, device)
     peak = comps[C.PEAK_ALLOCATED]
     over = overhead_bytes(peak, overheads)
