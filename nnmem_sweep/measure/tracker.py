@@ -190,6 +190,7 @@ class Workload:
     autocast_dtype: torch.dtype | None = None
     steps: int = 2
     decode_tokens: int = 0
+    logits_to_keep: int = 1  # infer prefill: 1 as generate() passes; 0 keeps every position's logits
     loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
 
 
@@ -256,8 +257,9 @@ def run_workload(w: Workload) -> dict[str, Any]:
 
 
 def _run_infer(w: Workload, tracker: PhaseTracker) -> dict[str, int]:
-    """generate() without the sampling loop: prefill with logits_to_keep=1 and a DynamicCache, then one-token
-    decode steps; logits of the last position are upcast to fp32 as generate() does before choosing a token."""
+    """generate() without the sampling loop: prefill with logits_to_keep=1 (w.logits_to_keep; 0 computes the logits
+    of every prompt position) and a DynamicCache, then one-token decode steps; logits of the last position are
+    upcast to fp32 as generate() does before choosing a token."""
     from transformers import DynamicCache
 
     w.model.eval()
@@ -265,7 +267,7 @@ def _run_infer(w: Workload, tracker: PhaseTracker) -> dict[str, int]:
     out_totals: dict[str, int] = {}
     with torch.no_grad():
         with tracker.phase("prefill", 1):
-            out = w.model(**w.inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = w.model(**w.inputs, past_key_values=cache, use_cache=True, logits_to_keep=w.logits_to_keep)
             logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
             del out
             token = logits.argmax(dim=-1, keepdim=True)
