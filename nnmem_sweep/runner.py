@@ -55,11 +55,12 @@ class RunResult:
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
-                   headroom: float, device: str = "cuda") -> pd.DataFrame:
+                   headroom: float, device: str = "cuda", *, prefill_logits: str = "last") -> pd.DataFrame:
     """The estimator on any frame of points (see the module docstring). Pure: returns a new frame.
-    device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks)."""
+    device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks).
+    prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits)."""
     check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
-    comps = estimate_components(arch, mode, frame, device)
+    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
     peak = comps[C.PEAK_ALLOCATED]
     over = overhead_bytes(peak, overheads)
     total = peak + over
@@ -88,9 +89,11 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
     start = time.perf_counter()
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
+    logits = serving.options(sc)["prefill_logits"] if sc.mode == "infer" else "last"
     parts = []
     for lo in range(0, n, CHUNK_ROWS):
-        parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom))
+        parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom,
+                                    prefill_logits=logits))
         _progress(progress, start, min(lo + CHUNK_ROWS, n), n)
     results = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
     results.insert(0, C.MODE, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.mode]))

@@ -39,6 +39,7 @@ from .scenario import Scenario
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # tokens of the profiling prefill (vLLM serve's default chunk on datacenter GPUs)
 DEFAULT_TENSOR_PARALLEL = (1,)
+DEFAULT_PREFILL_LOGITS = "last"  # generate() passes logits_to_keep=1
 
 # Tensors every tensor-parallel rank keeps whole (by name in components/weights.py's tensor table).
 _ROW_PARALLEL = ("o_proj", "down_proj", "c_proj", "experts.down_proj")
@@ -83,6 +84,9 @@ def options(sc: Scenario) -> dict:
         "gpu_memory_utilization": float(given.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
         "tensor_parallel": tuple(given.get("tensor_parallel") or DEFAULT_TENSOR_PARALLEL),
         "max_num_batched_tokens": int(given.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)),
+        # the prefill of the sweep (results.csv): "last" as generate() (logits_to_keep=1), or "all" positions; the
+        # plan's profiling prefill keeps "last" (vLLM computes logits only where it samples)
+        "prefill_logits": str(given.get("prefill_logits", DEFAULT_PREFILL_LOGITS)),
     }
 
 

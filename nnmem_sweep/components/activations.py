@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..catalog.precisions import Precision
 from ..citations import formula, source
+from ..errors import UsageError
 from ..models.arch import Architecture
 from . import cpu_kernels
 from .terms import ZERO, Term
@@ -292,14 +293,22 @@ def embedding_backward_temp(arch: Architecture, p: Precision) -> tuple[Term, ...
 _ACT_LIVE = {"gelu_new": 3}
 
 
+PREFILL_LOGITS = ("last", "all")  # serving.prefill_logits: generate()'s logits_to_keep=1, or a forward that keeps all
+
+
 @formula("prefill_temporary_bytes",
          "max(attention: 3·r·h + e·(hq + 2·hkv) + e·hq [+ a·s·(e + sm + e)], MLP: 4·r·h + live·e·I, "
-         "logits: 2·r·h per token + V·(e + 4) per sequence) + RoPE cos/sin + ids",
-         HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32)",
+         "logits: 2·r·h per token + V·(e + 4) per sequence [all: also r·h + V·e per token, and V·e per token + "
+         "V·4 per sequence]) "
+         "+ RoPE cos/sin + ids",
+         HF_MODELING, where="generate(): prefill with logits_to_keep=1; next_token_logits .to(float32); "
+         "LlamaForCausalLM.forward: lm_head(hidden_states[:, slice_indices, :]), logits_to_keep=0 keeps every "
+         "position",
          note="live: SwiGLU 3 (SiLU out, up out, product); GeLU 2 (up out, GeLU out); gelu_new 4")
-def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term, ...]:
+def prefill_temp(arch: Architecture, p: Precision, attention: str, logits_kept: str = "last") -> tuple[Term, ...]:
     """Transients of one prefill at its three candidate moments: inside a layer's attention, inside its MLP (no
-    autograd, so only what is alive at once), and at the logits of the last position. The caller takes the max."""
+    autograd, so only what is alive at once), and at the logits (of the last position, or with logits_kept="all"
+    of every position, of which generate() upcasts only the last to fp32). The caller takes the max."""
     h, a, e, r = arch.hidden, arch.heads, p.act_bytes, p.residual_bytes
     hq, hkv, i = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     k = max(arch.experts_per_token, 1)
@@ -326,8 +335,17 @@ def prefill_temp(arch: Architecture, p: Precision, attention: str) -> tuple[Term
         mlp_tok += live * e * i
     shared = rope_saved(arch, p) + pos
     # after the layers: the final norm output beside the embeddings, and the last position's logits + fp32 copy
+    # (the moment a decode step also has, for its one token)
     logits = Term(tok=embeds + r * h + INDEX, seq=arch.vocab * (e + 4)) + shared
-    return (Term(tok=attn_tok, s2=attn_s2) + shared, Term(tok=mlp_tok) + shared, logits)
+    moments = (Term(tok=attn_tok, s2=attn_s2) + shared, Term(tok=mlp_tok) + shared, logits)
+    if logits_kept == "last":
+        return moments
+    if logits_kept != "all":
+        raise UsageError(f"unknown prefill_logits {logits_kept!r}; use {' or '.join(PREFILL_LOGITS)}")
+    # every position kept: the inner model has returned (embeddings, RoPE and position ids freed); lm_head's output
+    # b·s·V·e beside the final norm output, then the logits beside the last position's fp32 copy b·V·4
+    all_v = arch.vocab * e
+    return moments + (Term(tok=r * h + INDEX + all_v), Term(tok=INDEX + all_v, seq=arch.vocab * 4))
 
 
 # ---------------------------------------------------------------- params models and layer nets

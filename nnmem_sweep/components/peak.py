@@ -18,7 +18,8 @@ backward moment per layer (what layers up to it still keep, the gradients of the
 
 Inference (generate() with a dynamic cache, or a preallocated cache of cache_tokens tokens):
 
-    prefill         W + KV(prompt) + max(one layer's intermediates for the prompt, last-position logits)
+    prefill         W + KV(prompt) + max(one layer's intermediates for the prompt, last-position logits
+                    (or, with prefill_logits="all", every position's logits))
     decode          W + KV(prompt + decode_tokens) + the cache append copy + one token's intermediates,
                     or + the last step's logits (two moments)
 
@@ -364,9 +365,9 @@ def _infer_plan(arch: Architecture, p_names: tuple) -> _Plan:
 
 class _InferTables:
     """Transformer inference: per precision the activation element size and the autocast weight copy; per
-    (precision, attention) the three prefill moments (attention, MLP, logits)."""
+    (precision, attention) the prefill moments (attention, MLP, logits; two more with prefill_logits="all")."""
 
-    def __init__(self, arch: Architecture, p_names: tuple, a_names: tuple):
+    def __init__(self, arch: Architecture, p_names: tuple, a_names: tuple, logits: str = "last"):
         precs = _precisions(p_names, "infer")
         self.W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)
         self.e = np.array([p.act_bytes for p in precs], dtype=np.int64)
@@ -374,36 +375,41 @@ class _InferTables:
         self.cast = np.array([param_summary(arch).largest * p.act_bytes if p.autocast else 0 for p in precs],
                              dtype=np.int64)
         self.nA = len(a_names)
-        pre_terms = [act.prefill_temp(arch, p, a) for p in precs for a in a_names]
-        self.moments = [_TermTable([t[j] for t in pre_terms]) for j in range(3)]  # attention, MLP, logits
+        pre_terms = [act.prefill_temp(arch, p, a, logits) for p in precs for a in a_names]
+        # attention, MLP, last-position logits (and with prefill_logits="all" lm_head's output over every position,
+        # then those logits beside the fp32 copy); a decode step uses the first three
+        self.moments = [_TermTable([t[j] for t in pre_terms]) for j in range(len(pre_terms[0]))]
         self.dtype = pd.CategoricalDtype(["prefill", "decode"])
 
 
 # ---------------------------------------------------------------- entry points
 
-def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
-                        ) -> dict[str, object]:
+def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
+                        prefill_logits: str = "last") -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
-    CPU-measured ground truth only."""
-    plan, k, b, s = _prepare(arch, mode, frame, device)
+    CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
+    prefill that computes the logits of every prompt position."""
+    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return _pick(*_infer_phases(arch, frame, k, b, s), len(frame))
     return plan.pick(k, b, s)
 
 
-def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda") -> list[np.ndarray]:
+def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
+                 prefill_logits: str = "last") -> list[np.ndarray]:
     """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
-    plan, k, b, s = _prepare(arch, mode, frame, device)
+    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return _infer_phases(arch, frame, k, b, s)[0]
     return list(plan.phase_totals(k, b, s))
 
 
-def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
+                          prefill_logits: str = "last"):
     """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
     batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
-    plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False)
+    plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False, prefill_logits=prefill_logits)
 
     def at(b: np.ndarray) -> list[np.ndarray]:
         b = np.asarray(b, dtype=np.int64)
@@ -414,21 +420,24 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
     return at
 
 
-def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda"
-                       ) -> list[tuple[str, np.ndarray]]:
+def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
+                       prefill_logits: str = "last") -> list[tuple[str, np.ndarray]]:
     """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
-    plan, k, b, s = _prepare(arch, mode, frame, device)
+    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         totals, _, names = _infer_phases(arch, frame, k, b, s)
         return list(zip(names, totals))
     return list(zip(plan.names, plan.phase_totals(k, b, s)))
 
 
-def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True):
+def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True,
+             prefill_logits: str = "last"):
     """(plan, combination code, batch, seq_len); plan None for transformer inference (then the code is that of
     (precision, attention))."""
     if device not in act.DEVICES:
         raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
+    if prefill_logits not in act.PREFILL_LOGITS:
+        raise UsageError(f"unknown prefill_logits {prefill_logits!r}; use {' or '.join(act.PREFILL_LOGITS)}")
     b = _ints(frame, C.BATCH) if read_batch else None
     s = _ints(frame, C.SEQ_LEN)
     p_code, p_names = _codes(frame, C.PRECISION)
@@ -451,7 +460,8 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
             return plan, p_code.astype(np.int64), b, s
         _precisions(p_names, mode)
         a_code, a_names = _codes(frame, C.ATTENTION)
-        tables = _cached(arch, ("infer-tables", p_names, a_names), lambda: _InferTables(arch, p_names, a_names))
+        tables = _cached(arch, ("infer-tables", p_names, a_names, prefill_logits),
+                         lambda: _InferTables(arch, p_names, a_names, prefill_logits))
         return None, (tables, p_code.astype(np.int64), a_code), b, s
     _precisions(p_names, mode)
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
