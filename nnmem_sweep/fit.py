@@ -32,8 +32,8 @@ def _totals_at(totals_of, b: np.ndarray, ov: Overheads) -> tuple[list[np.ndarray
     return phases, peak + overhead_bytes(peak, ov)
 
 
-def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float
-              ) -> pd.DataFrame:
+def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float,
+              *, prefill_logits: str = "last") -> pd.DataFrame:
     """`points`: the non-batch axes, gpu and gpu_memory_bytes, one row per combination (any batch column is
     ignored). Returns the non-batch axes, gpu, max_batch, total_at_max_batch_bytes (0 when max_batch is 0),
     total_at_batch_1_bytes, gpu_memory_bytes, usable_bytes."""
@@ -41,7 +41,8 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     mem = np.asarray(column_values(points, C.GPU_MEMORY), dtype=np.int64)
     usable = usable_bytes(mem, headroom)
     one = np.ones(n, dtype=np.int64)
-    totals_of = phase_totals_in_batch(arch, mode, points)  # the columns read once for every batch tried below
+    # the columns read once for every batch tried below
+    totals_of = phase_totals_in_batch(arch, mode, points, prefill_logits=prefill_logits)
     ph1, total1 = _totals_at(totals_of, one, overheads)
     ph2, _ = _totals_at(totals_of, 2 * one, overheads)
 

@@ -89,7 +89,7 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
     start = time.perf_counter()
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
-    logits = serving.options(sc)["prefill_logits"] if sc.mode == "infer" else "last"
+    logits = serving.sweep_prefill_logits(sc)
     parts = []
     for lo in range(0, n, CHUNK_ROWS):
         parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom,
@@ -104,7 +104,7 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
     by_id = {g.id: g.memory_bytes for g in sc.gpus}
     points[C.GPU_MEMORY] = np.array([by_id[g] for g in points[C.GPU].cat.categories],
                                     dtype=np.int64)[points[C.GPU].cat.codes.to_numpy()]
-    mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom)
+    mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits)
     plan = plan_context = None
     if serving.applies(sc):
         plan, plan_context = serving.max_concurrency(sc), serving.max_context(sc)

@@ -75,6 +75,11 @@ def kv_element(kv_dtype: str, precision: str) -> tuple[int, int]:
     return KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES_PER_HEAD_TOKEN[kv_dtype]
 
 
+def sweep_prefill_logits(sc: Scenario) -> str:
+    """The prefill logits of the sweep (results.csv, max_batch.csv, --stream): the scenario's choice in infer mode."""
+    return options(sc)["prefill_logits"] if sc.mode == "infer" else "last"
+
+
 def options(sc: Scenario) -> dict:
     """The serving options with their defaults filled in."""
     given = getattr(sc, "serving", None) or {}

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
+from . import serving
 from .errors import UsageError
 from .fit import max_batch
 from .grid import grid_size, product_frame
@@ -136,12 +137,13 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     model = pd.CategoricalDtype([sc.model.name])
     mode = pd.CategoricalDtype([sc.mode])
     fits = 0
+    logits = serving.sweep_prefill_logits(sc)
     with ExitStack() as stack:
         res = stack.enter_context(_AtomicFile(out_dir / "results.csv"))
         mb = stack.enter_context(_AtomicFile(out_dir / "max_batch.csv"))
         for lo, hi in _ranges(n, chunk_rows):
             part = estimate_frame(sc.model, sc.mode, _with_gpu_memory(slice_product(axes, lo, hi), sc),
-                                  sc.overheads, sc.headroom)
+                                  sc.overheads, sc.headroom, prefill_logits=logits)
             codes = np.zeros(hi - lo, dtype=np.int8)
             part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
             part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
@@ -153,7 +155,8 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
                       flush=True)
         for lo, hi in _ranges(cells, chunk_rows):
             points = _with_gpu_memory(slice_product(points_axes, lo, hi), sc)
-            _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom), mb, header=lo == 0)
+            _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits), mb,
+                    header=lo == 0)
         res.commit()
         mb.commit()
     elapsed = time.perf_counter() - start

@@ -103,3 +103,22 @@ def test_scenario_option_reaches_results():
 def test_scenario_rejects_unknown_value():
     with pytest.raises(ScenarioError, match="prefill_logits"):
         _scenario("serving: {prefill_logits: first}")
+
+
+def test_all_positions_reach_max_batch_and_the_streamed_run(tmp_path):
+    """Regression: `serving.prefill_logits: all` changed results.csv but not max_batch.csv nor `run --stream`."""
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.runner import run_scenario, write_outputs
+    from nnmem_sweep.stream import run_streamed
+
+    text = ("name: q\nmodel: {preset: qwen2.5-0.5b}\nmode: infer\ngrid:\n  batch: [1, 8]\n  seq_len: [4096]\n"
+            "  precision: bf16\ngpus: [l4]\nserving: {prefill_logits: %s}\n")
+    last, every = (run_scenario(parse_scenario_text(text % v, str(tmp_path / f"{v}.yaml"), tmp_path))
+                   for v in ("last", "all"))
+    # logits of all 4,096 positions (V = 151,936, bf16) make every prefill larger, so fewer sequences fit
+    assert (every.results["peak_allocated_bytes"] > last.results["peak_allocated_bytes"]).all()
+    assert int(every.max_batch["max_batch"].iloc[0]) < int(last.max_batch["max_batch"].iloc[0])
+    write_outputs(every, tmp_path / "mem")
+    run_streamed(every.scenario, tmp_path / "stream", chunk_rows=1)
+    for name in ("results.csv", "max_batch.csv"):
+        assert (tmp_path / "stream" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes()
