@@ -122,3 +122,18 @@ def test_all_positions_reach_max_batch_and_the_streamed_run(tmp_path):
     run_streamed(every.scenario, tmp_path / "stream", chunk_rows=1)
     for name in ("results.csv", "max_batch.csv"):
         assert (tmp_path / "stream" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes()
+
+
+def test_report_says_which_prefill_logits_the_grid_used(tmp_path):
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.report import render_report
+    from nnmem_sweep.runner import run_scenario
+
+    text = ("name: q\nmodel: {preset: qwen2.5-0.5b}\nmode: infer\ngrid:\n  batch: [1, 8]\n  seq_len: [4096]\n"
+            "  precision: bf16\ngpus: [l4]\nserving: {prefill_logits: %s}\n")
+    for value, phrase in (("all", "every prompt position"), ("last", "the last position only, as generate()")):
+        cfg = tmp_path / f"{value}.yaml"
+        cfg.write_text(text % value)
+        result = run_scenario(parse_scenario_text(text % value, str(cfg), tmp_path))
+        render_report(result, tmp_path / value, cfg, pdf=False, validation=None)
+        assert phrase in (tmp_path / value / "report.html").read_text()

@@ -94,6 +94,8 @@ def section(sc: Scenario, plan: pd.DataFrame | None, by_concurrency: pd.DataFram
         "chart_about": f"tensor parallel {tp0}, {prec} weights, KV cache {kv0}",
         "utilization": percent(opt["gpu_memory_utilization"]),
         "profile_tokens": f"{opt['max_num_batched_tokens']:,}",
+        "prefill_logits": ("every prompt position (serving.prefill_logits: all)" if opt["prefill_logits"] == "all"
+                           else "the last position only, as generate() computes them"),
         "blocks": f"whole blocks of {block:,} tokens" if block else "exactly the tokens held (no paging)",
         "kv_dtypes": ", ".join(opt["kv_dtype"]),
         "tensor_parallel": ", ".join(str(t) for t in opt["tensor_parallel"]),
