@@ -8,12 +8,14 @@ interpreter, imports and frames). Prints rows/s, seconds, peak RSS and PASS/FAIL
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 
+from _common import peak_rss_bytes
+from nnmem_sweep.units import GiB
+
 LIMIT_S = 2.0
-LIMIT_RSS = 2 << 30  # 2 GiB
+LIMIT_RSS = 2 * GiB
 
 
 def build():
@@ -53,10 +55,10 @@ def main() -> int:
         best = min(best, time.perf_counter() - t0)
         assert len(res.results) == rows
         del res
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    rss = peak_rss_bytes()
     ok = best < LIMIT_S and rss < LIMIT_RSS
     print(f"bench_grid: {rows:,} rows in {best:.2f} s ({rows / best:,.0f} rows/s), peak RSS "
-          f"{rss / (1 << 30):.2f} GiB; targets < {LIMIT_S:.0f} s and < 2 GiB: {'PASS' if ok else 'FAIL'}")
+          f"{rss / GiB:.2f} GiB; targets < {LIMIT_S:.0f} s and < 2 GiB: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

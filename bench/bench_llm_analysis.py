@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from nnmem_sweep.units import GiB
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "build" / "bench-venv"
 PACKAGE = "llm-analysis==0.2.2"
@@ -119,7 +121,7 @@ def ensure_venv() -> tuple[Path | None, str]:
 
 
 def gib(v) -> str:
-    return "refused" if v is None else f"{v / (1 << 30):.2f}"
+    return "refused" if v is None else f"{v / GiB:.2f}"
 
 
 def main() -> int:

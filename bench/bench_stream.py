@@ -9,14 +9,16 @@ a temporary folder that is removed afterwards (about 2 GB of disk while it runs)
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-LIMIT_RSS = 2 << 30  # 2 GiB
+from _common import peak_rss_bytes
+from nnmem_sweep.units import GiB
+
+LIMIT_RSS = 2 * GiB
 ROWS = 10_000_000
 
 
@@ -59,7 +61,7 @@ def main() -> int:
         t0 = time.perf_counter()
         r = run_streamed(sc, out, chunk_rows=args.chunk_rows, max_rows=rows)
         secs = time.perf_counter() - t0
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        rss = peak_rss_bytes()
         size = r.results_path.stat().st_size
         written = _lines(r.results_path) - 1  # header
         cells = _lines(r.max_batch_path) - 1
@@ -68,8 +70,8 @@ def main() -> int:
             shutil.rmtree(out, ignore_errors=True)
     ok = rss < LIMIT_RSS and written == rows and cells == r.cells
     print(f"bench_stream: {rows:,} rows streamed in {secs:.1f} s ({rows / secs:,.0f} rows/s, chunks of "
-          f"{args.chunk_rows:,}), results.csv {size / (1 << 30):.2f} GiB with {written:,} rows, "
-          f"max_batch.csv {cells:,} cells, peak RSS {rss / (1 << 30):.2f} GiB; target < 2 GiB: "
+          f"{args.chunk_rows:,}), results.csv {size / GiB:.2f} GiB with {written:,} rows, "
+          f"max_batch.csv {cells:,} cells, peak RSS {rss / GiB:.2f} GiB; target < 2 GiB: "
           f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
