@@ -88,10 +88,7 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
     from ..grid import expand_grid
     from .build import measure_case
 
-    try:
-        from ..runner import estimate_frame
-    except ImportError:  # the estimator is optional here: measured.csv then holds the measurement alone
-        estimate_frame = None
+    from ..runner import estimate_frame
 
     sc = load_scenario(config_path)
     spec = model_spec(sc)
@@ -135,7 +132,7 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
     measurements run on the cpu device: dropout noise in the input dtype, SDPA's math fallback when attention
     dropout > 0 are modelled there), so the two compare like with like. results.csv keeps the GPU model."""
     ok = df[STATUS] == "measured" if STATUS in df else pd.Series(False, index=df.index)
-    if estimate_frame is None or not ok.any():
+    if not ok.any():
         return df
     pts = df.loc[ok, list(C.GRID_AXES)].copy()
     pts[C.GPU_MEMORY] = sc.gpus[0].memory_bytes

@@ -27,27 +27,16 @@ class _Progress:
 
 
 def load_formulas() -> list:
-    """Every registered formula; those registered so far when the component package is not importable."""
+    """Every registered formula (citations.all_formulas imports the modules that register them)."""
     from .. import citations
 
-    try:
-        return citations.all_formulas()
-    except ModuleNotFoundError as e:
-        if e.name != "nnmem_sweep.components":
-            raise
-        return sorted(citations.FORMULAS.values(), key=lambda f: f.name)
+    return citations.all_formulas()
 
 
 def load_validation(truth_dir: Path | None = None):
-    """accuracy.compare over the committed measured cases, or None when either is not there (section omitted)."""
-    import importlib
+    """accuracy.compare over the committed measured cases, or None when there are none (section omitted)."""
+    from .. import accuracy
 
-    try:
-        accuracy = importlib.import_module("nnmem_sweep.accuracy")
-    except ModuleNotFoundError as e:
-        if e.name != "nnmem_sweep.accuracy":
-            raise
-        return None
     folder = truth_dir or next((d for d in (Path("tests/data/truth"), _REPO / "tests/data/truth") if d.is_dir()), None)
     if folder is None or not any(folder.glob("*.json")):
         return None

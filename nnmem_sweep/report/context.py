@@ -357,15 +357,12 @@ def _optimizer_entry(o: Any) -> dict[str, str]:
 
 
 def _catalog(module_name: str, ids: list[str]) -> list[dict[str, str]]:
-    """Entries of catalog/precisions.py or catalog/optimizers.py for the ids the scenario uses ([] when absent)."""
-    import importlib
+    """Entries of catalog/precisions.py or catalog/optimizers.py for the ids the scenario uses ([] when one of them
+    is not in the catalog, e.g. inference's optimizer "none")."""
+    from ..catalog import optimizers, precisions
 
-    try:
-        mod = importlib.import_module(f"nnmem_sweep.catalog.{module_name}")
-    except ImportError:
-        return []
-    table = getattr(mod, module_name.upper(), None)
-    if not isinstance(table, dict) or not all(i in table for i in ids):
+    table = precisions.PRECISIONS if module_name == "precisions" else optimizers.OPTIMIZERS
+    if not all(i in table for i in ids):
         return []
     entry = _precision_entry if module_name == "precisions" else _optimizer_entry
     return [entry(table[i]) for i in ids]
