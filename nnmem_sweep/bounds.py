@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
+from .components.peak import column_values
 from .errors import UsageError
 from .models.arch import Architecture
 
@@ -42,16 +43,32 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
 
 def check_frame(arch: Architecture, frame: pd.DataFrame) -> None:
     """UsageError naming the point when the frame's largest batch and sequence could overflow int64 bytes."""
-    if len(frame) == 0:
+    check_columns(arch, len(frame), {c: column_values(frame, c) for c in _READ if c in frame.columns})
+
+
+_READ = (C.BATCH, C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS, C.ATTENTION)
+
+
+def check_columns(arch: Architecture, n: int, columns: dict) -> None:
+    """check_frame on columns already read: {name: values} (a missing batch or sequence counts as 1)."""
+    if n == 0:
         return
-    b = int(np.asarray(frame[C.BATCH]).max()) if C.BATCH in frame else 1
-    s = int(np.asarray(frame[C.SEQ_LEN]).max()) if C.SEQ_LEN in frame else 1
-    if C.DECODE_TOKENS in frame:
-        s += int(np.asarray(frame[C.DECODE_TOKENS]).max())
-    if C.CACHE_TOKENS in frame:
-        s = max(s, int(np.asarray(frame[C.CACHE_TOKENS]).max()))
-    eager = C.ATTENTION not in frame or "eager" in set(np.asarray(frame[C.ATTENTION]).astype(str))
-    if upper_bound_bytes(arch, b, s, eager) > LIMIT_BYTES:
+    top = {c: int(np.maximum.reduce(np.asarray(columns[c]))) for c in _READ[:4] if c in columns}
+    b = top.get(C.BATCH, 1)
+    s = max(top.get(C.SEQ_LEN, 1) + top.get(C.DECODE_TOKENS, 0), top.get(C.CACHE_TOKENS, 0))
+    # the s² term only with eager attention; the attention column is read only when the bound with it is too large
+    if upper_bound_bytes(arch, b, s, eager=True) > LIMIT_BYTES and \
+            upper_bound_bytes(arch, b, s, _uses_eager(columns.get(C.ATTENTION))) > LIMIT_BYTES:
         raise UsageError(
             f"batch {b:,} x seq_len {s:,} for {arch.name} is beyond what nnmem-sweep computes exactly "
             f"(a bound of its bytes exceeds 2^62 B = 4 EiB, far past any GPU); lower the largest batch or seq_len")
+
+
+def _uses_eager(v) -> bool:
+    """Whether any row has eager attention (values of the attention column; None, no column, counts as eager)."""
+    if v is None:
+        return True
+    if isinstance(v, pd.Categorical):  # the codes: converting ~1,000 names to str cost ~450 us a call
+        cats = v.categories
+        return "eager" in cats and bool((v.codes == cats.get_loc("eager")).any())
+    return bool((np.asarray(v, dtype=object) == "eager").any())

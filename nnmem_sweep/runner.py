@@ -18,6 +18,7 @@ overhead = context + workspace + ⌈reserve_fraction · peak⌉.
 """
 from __future__ import annotations
 
+import functools
 import io
 import sys
 import time
@@ -27,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .bounds import check_frame
+from .bounds import check_columns, check_frame
 from . import columns as C
 from . import serving
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import estimate_components
+from .components.peak import column_values, estimate_components
 from .errors import UsageError
 from .fit import max_batch
 from .grid import expand_grid, product_frame
@@ -39,6 +40,11 @@ from .models.arch import Architecture
 from .paths import atomic_write_text
 from .scenario import GPUSpec, Overheads, Scenario
 from .units import format_bytes, parse_size
+
+try:  # pandas >= 2.3; pd.DataFrame(dict) otherwise
+    from pandas.api.internals import create_dataframe_from_blocks as _from_blocks
+except ImportError:  # pragma: no cover - depends on the installed pandas
+    _from_blocks = None
 
 CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
 
@@ -58,24 +64,106 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
                    headroom: float, device: str = "cuda", *, prefill_logits: str = "last") -> pd.DataFrame:
     """The estimator on any frame of points (see the module docstring). Pure: returns a new frame.
     device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks).
-    prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits)."""
-    check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
+    prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits).
+    Any further array estimate_components returns becomes an int64 column after `fits`; a boolean array under
+    "host_fits" is ANDed into `fits` instead."""
+    names = frame.columns.tolist()
+    read = getattr(frame, "_iter_column_arrays", None)  # each column's array, no Series built (pandas internal)
+    if _from_blocks is None or read is None or len(set(names)) != len(names):
+        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
+    values = list(read())
+    given = dict(zip(names, values))
+    check_columns(arch, len(frame), given)  # refuse points whose bytes could wrap around int64 (bounds.py)
     comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
-    peak = comps[C.PEAK_ALLOCATED]
+    n = len(frame)
+    mem = np.asarray(given[C.GPU_MEMORY], dtype=np.int64)
+    peak, over, total, usable, fits = _totals(comps, mem, overheads, headroom)
+    extra = [k for k in comps if k not in _OWN_KEYS]
+
+    # the output, block by block: one 2-D int64 block holding every int64 column (the consolidated layout that
+    # pd.DataFrame(dict) reaches) and each other column a block of its own. pd.DataFrame(dict) of these ~25
+    # columns cost ~400 us, most of a 1,000-row call (bench/bench_estimate.py). Every block is a fresh array
+    # (categoricals copied), so the output shares no memory with the input frame.
+    ints: list[np.ndarray] = []
+    at: list[int] = []
+    blocks: list[tuple[object, np.ndarray]] = []
+    j = 0
+    for name, v in given.items():
+        if name == C.GPU_MEMORY:
+            continue
+        if type(v) is np.ndarray and v.dtype == _INT64:
+            ints.append(v)
+            at.append(j)
+        elif isinstance(v, np.ndarray):
+            blocks.append((v.reshape(1, -1).copy(), np.array([j])))
+        elif isinstance(v, pd.Categorical) or isinstance(v.dtype, pd.StringDtype):
+            blocks.append((v.copy(), np.array([j])))
+        else:  # datetimes, sparse, nullable ints ...: not worth a path of their own
+            return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
+        j += 1
+    zero = np.zeros(n, dtype=np.int64)
+    ints += [comps.get(c, zero) for c in C.COMPONENTS]  # a component no phase holds is 0
+    ints += [peak, over, total, mem, usable]
+    ints += [comps[k] for k in extra]
+    at += [j + i for i in _INT_AT]
+    at += range(j + len(_OUT_COLUMNS), j + len(_OUT_COLUMNS) + len(extra))
+    blocks.append((comps[C.PEAK_PHASE], np.array([j + _PHASE_AT])))
+    blocks.append((fits.reshape(1, -1), np.array([j + _FITS_AT])))
+    # np.concatenate casts whatever int arrays the components come as to int64 (same_kind)
+    blocks.append((np.concatenate(ints, dtype=np.int64).reshape(len(ints), n), np.array(at)))
+    columns = _column_index((*(c for c in names if c != C.GPU_MEMORY), *_OUT_COLUMNS, *extra))
+    return _from_blocks(blocks, index=frame.index, columns=columns)
+
+
+HOST_FITS = "host_fits"  # estimate_components may return it: per-row bool, ANDed into fits
+_OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, HOST_FITS))
+_OUT_COLUMNS = (*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS)
+# where the int64 columns (components, peak, overhead, total, gpu_memory, usable, in this order) go among them
+_INT_AT = tuple(i for i, c in enumerate(_OUT_COLUMNS) if c not in (C.PEAK_PHASE, C.FITS))
+_PHASE_AT, _FITS_AT = _OUT_COLUMNS.index(C.PEAK_PHASE), _OUT_COLUMNS.index(C.FITS)
+_INT64 = np.dtype(np.int64)
+
+
+def _totals(comps: dict, mem: np.ndarray, overheads: Overheads, headroom: float):
+    """(peak, overhead, total, usable, fits): fits = total <= usable, and the host's verdict where there is one."""
+    peak = np.asarray(comps[C.PEAK_ALLOCATED], dtype=np.int64)
     over = overhead_bytes(peak, overheads)
     total = peak + over
-    usable = usable_bytes(frame[C.GPU_MEMORY].to_numpy(dtype=np.int64), headroom)
+    usable = usable_bytes(mem, headroom)
+    fits = total <= usable
+    host = comps.get(HOST_FITS)
+    if host is not None:
+        fits &= np.asarray(host, dtype=bool)
+    return peak, over, total, usable, fits
+
+
+@functools.lru_cache(maxsize=64)
+def _column_index(names: tuple[str, ...]) -> pd.Index:
+    """The output's column labels, built once per set of names (pd.Index(list) costs ~20 us). Index is immutable."""
+    return pd.Index(list(names))
+
+
+def _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits) -> pd.DataFrame:
+    """estimate_frame's output built with pd.DataFrame(dict): where pandas lacks create_dataframe_from_blocks, or
+    for frames with duplicated column names or columns of kinds the block path does not handle."""
+    check_frame(arch, frame)
+    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
+    mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64)
+    peak, over, total, usable, fits = _totals(comps, mem, overheads, headroom)
     out = {c: frame[c] for c in frame.columns if c != C.GPU_MEMORY}
-    for c in C.COMPONENTS:  # a component no phase holds is 0
+    for c in C.COMPONENTS:
         v = comps.get(c)
         out[c] = np.zeros(len(frame), dtype=np.int64) if v is None else np.asarray(v, dtype=np.int64)
     out[C.PEAK_ALLOCATED] = peak
     out[C.PEAK_PHASE] = comps[C.PEAK_PHASE]
     out[C.OVERHEAD] = over
     out[C.TOTAL] = total
-    out[C.GPU_MEMORY] = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64)
+    out[C.GPU_MEMORY] = mem
     out[C.USABLE] = usable
-    out[C.FITS] = total <= usable
+    out[C.FITS] = fits
+    for k in comps:
+        if k not in _OWN_KEYS:
+            out[k] = np.asarray(comps[k], dtype=np.int64)
     return pd.DataFrame(out, index=frame.index, copy=False)
 
 

@@ -1,0 +1,120 @@
+"""runner.estimate_frame builds its output block by block (pandas.api.internals.create_dataframe_from_blocks) for
+speed (issue 6); it must stay the frame pd.DataFrame(dict) builds: values, dtypes, column order and labels, index
+and CSV bytes. Extra arrays from estimate_components become columns after `fits`; "host_fits" is ANDed into fits."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep import runner
+from nnmem_sweep.grid import expand_grid
+from nnmem_sweep.scenario import GPUSpec, Overheads
+
+from components.tiny_models import TINY_GPT2, TINY_LLAMA, params_model, scenario
+
+OV = Overheads(100, 10, 0.5)
+GPU = GPUSpec("g", "G", 100_000, "test")
+GPU2 = GPUSpec("g2", "G2", 60_000, "test")
+
+
+def _grid(model, mode="train", **axes):
+    sc = scenario(model, mode, gpus=(GPU, GPU2), overheads=OV, headroom=0.1, **axes)
+    return sc, expand_grid(sc)
+
+
+def _both(sc, frame, **kw):
+    fast = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom, **kw)
+    plain = runner._estimate_frame_plain(sc.model, sc.mode, frame, sc.overheads, sc.headroom,
+                                         kw.get("device", "cuda"), kw.get("prefill_logits", "last"))
+    return fast, plain
+
+
+def _assert_identical(fast, plain):
+    pd.testing.assert_frame_equal(fast, plain, check_exact=True)
+    assert list(fast.columns) == list(plain.columns) and fast.columns.dtype == plain.columns.dtype
+    assert list(fast.dtypes) == list(plain.dtypes)
+    assert fast.index.equals(plain.index) and type(fast.index) is type(plain.index)
+    assert fast.to_csv(lineterminator="\n") == plain.to_csv(lineterminator="\n")
+
+
+CASES = {
+    "llama train, eager and flash, two precisions": lambda: _grid(
+        TINY_LLAMA, batch=[1, 2, 4], precision=["fp32", "bf16-mixed"], attention=["flash", "eager"],
+        checkpointing=["none", "full"]),
+    "gpt2 train": lambda: _grid(TINY_GPT2, batch=[1, 3], seq_len=[8, 16]),
+    "llama infer, prefill and decode": lambda: _grid(TINY_LLAMA, "infer", batch=[1, 2], cache_tokens=[0, 32],
+                                                     decode_tokens=[0, 1, 8]),
+    "params model": lambda: _grid(params_model(1000, per_sample=64), batch=[1, 8]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_block_built_frame_is_the_dict_built_frame(case):
+    sc, frame = CASES[case]()
+    fast, plain = _both(sc, frame)
+    _assert_identical(fast, plain)
+    assert list(fast.columns) == [c for c in frame.columns if c != C.GPU_MEMORY] + list(runner._OUT_COLUMNS)
+
+
+def test_hand_made_frames_strings_other_dtypes_and_index():
+    sc, _ = _grid(TINY_LLAMA)
+    # what estimate_point builds: plain Python lists (str columns, not categoricals), plus an int32 and a float
+    # column carried through, on an index that is not 0..n-1
+    frame = pd.DataFrame({
+        C.BATCH: [1, 2], C.SEQ_LEN: [8, 8], C.PRECISION: ["fp32", "bf16"], C.OPTIMIZER: ["adamw", "adamw"],
+        C.OPTIMIZER_IMPL: ["foreach", "fused"], C.CHECKPOINTING: ["none", "none"], C.ATTENTION: ["flash", "eager"],
+        C.CACHE_TOKENS: [0, 0], C.DECODE_TOKENS: [0, 0], C.GPU: ["g", "g"], C.GPU_MEMORY: [100_000, 100_000],
+        "rank": np.array([0, 1], dtype=np.int32), "note": [0.5, 1.5],
+    }, index=[7, 3])
+    fast, plain = _both(sc, frame)
+    _assert_identical(fast, plain)
+    # llama fp32 batch 1 seq 8, foreach AdamW (test_runner): peak 34,208; overhead 100 + 10 + ceil(0.5 · 34,208)
+    assert fast.loc[7, C.PEAK_ALLOCATED] == 34_208 and fast.loc[7, C.TOTAL] == 34_208 + 110 + 17_104
+    assert fast.loc[7, C.USABLE] == 100_000 - 10_000 and bool(fast.loc[7, C.FITS])
+
+
+def test_empty_frame_and_a_slice_of_the_grid():
+    sc, frame = CASES["llama train, eager and flash, two precisions"]()
+    for part in (frame.iloc[:0], frame.iloc[5:17]):
+        fast, plain = _both(sc, part)
+        _assert_identical(fast, plain)
+    assert len(runner.estimate_frame(sc.model, sc.mode, frame.iloc[:0], sc.overheads, sc.headroom)) == 0
+
+
+def test_output_shares_no_memory_with_the_input():
+    sc, frame = CASES["llama train, eager and flash, two precisions"]()
+    before = frame.copy(deep=True)
+    out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    first = out.index[0]
+    out.loc[first, C.PRECISION] = "bf16-mixed" if out.loc[first, C.PRECISION] == "fp32" else "fp32"
+    out.loc[first, C.BATCH] = 999
+    out.loc[first, C.GPU_MEMORY] = 1
+    pd.testing.assert_frame_equal(frame, before)
+
+
+@pytest.mark.parametrize("path", ["blocks", "plain"])
+def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch, path):
+    real = runner.estimate_components
+
+    def with_host(arch, mode, frame, device="cuda", **kw):
+        comps = real(arch, mode, frame, device, **kw)
+        n = len(frame)
+        comps["host_memory_bytes"] = np.arange(n, dtype=np.int32) * 1000  # stored as int64
+        comps["host_fits"] = np.arange(n) % 2 == 0  # every second row does not fit on the host
+        return comps
+
+    monkeypatch.setattr(runner, "estimate_components", with_host)
+    sc, frame = _grid(TINY_LLAMA, batch=[1, 2])
+    if path == "plain":
+        out = runner._estimate_frame_plain(sc.model, sc.mode, frame, sc.overheads, sc.headroom, "cuda", "last")
+    else:
+        out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    assert list(out.columns[-2:]) == [C.FITS, "host_memory_bytes"] and "host_fits" not in out.columns
+    assert out["host_memory_bytes"].dtype == np.int64
+    assert out["host_memory_bytes"].tolist() == [0, 1000, 2000, 3000]
+    assert out[C.BATCH].tolist() == [1, 1, 2, 2] and out[C.GPU].tolist() == ["g", "g2", "g", "g2"]
+    gpu_fits = (out[C.TOTAL] <= out[C.USABLE]).to_numpy()
+    # batch 1: total 34,208 + 110 + 17,104 = 51,422 (test_runner) fits usable 90,000 and 54,000 (60,000 - 6,000);
+    # batch 2 fits only the 100,000-byte GPU
+    assert gpu_fits.tolist() == [True, True, True, False]
+    assert out[C.FITS].tolist() == [True, False, True, False]
