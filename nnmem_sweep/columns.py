@@ -67,3 +67,32 @@ MAX_CONTEXT = "max_context"  # longest context each of `concurrency` sequences c
 MAX_CONCURRENCY_COLUMNS = (GPU, TENSOR_PARALLEL, PRECISION, KV_DTYPE, CONTEXT, KV_BYTES_PER_SEQUENCE, KV_BUDGET,
                            MAX_CONCURRENT, KV_TOKENS_FIT)
 MAX_CONTEXT_COLUMNS = (GPU, TENSOR_PARALLEL, PRECISION, KV_DTYPE, CONCURRENCY, KV_BUDGET, MAX_CONTEXT)
+
+# Parallelism and sharding (issue 4; nnmem_sweep/parallel/): the scenario's `parallel:` block. A scenario that names
+# none of them has none of these columns; one that names any has all of them (defaults in PARALLEL_DEFAULTS), and
+# max_batch.csv groups by them too. Byte columns are then per GPU on the most loaded rank.
+DATA_PARALLEL = "data_parallel"  # model replicas (ZeRO shards over them)
+ZERO_STAGE = "zero_stage"  # 0..3 (FSDP SHARD_GRAD_OP = 2, FULL_SHARD = 3)
+# TENSOR_PARALLEL (above) is reused: GPUs one layer's matrices are split over
+SEQUENCE_PARALLEL = "sequence_parallel"  # bool: Megatron sequence parallelism beside tensor parallelism
+PIPELINE_PARALLEL = "pipeline_parallel"  # pipeline stages
+MICRO_BATCHES = "micro_batches"  # pipeline micro-batches per optimizer step (batch is the micro-batch size)
+PIPELINE_SCHEDULE = "pipeline_schedule"  # 1f1b | interleaved
+VIRTUAL_STAGES = "virtual_stages"  # model chunks per pipeline rank (interleaved schedule)
+CONTEXT_PARALLEL = "context_parallel"  # GPUs the sequence is split over (ring attention)
+EXPERT_PARALLEL = "expert_parallel"  # GPUs the experts are split over (MoE), carved out of data_parallel
+OFFLOAD = "offload"  # none | optimizer | optimizer+params (ZeRO-Offload to host memory)
+GRADIENT_ACCUMULATION = "gradient_accumulation"  # micro-batches accumulated per optimizer step (no pipeline)
+FP32_GRAD_ACCUMULATION = "fp32_grad_accumulation"  # bool: Megatron-style fp32 main grads
+PARALLEL_AXES = (DATA_PARALLEL, ZERO_STAGE, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE_PARALLEL, MICRO_BATCHES,
+                 PIPELINE_SCHEDULE, VIRTUAL_STAGES, CONTEXT_PARALLEL, EXPERT_PARALLEL, OFFLOAD,
+                 GRADIENT_ACCUMULATION, FP32_GRAD_ACCUMULATION)
+PARALLEL_DEFAULTS = {DATA_PARALLEL: 1, ZERO_STAGE: 0, TENSOR_PARALLEL: 1, SEQUENCE_PARALLEL: False,
+                     PIPELINE_PARALLEL: 1, MICRO_BATCHES: 1, PIPELINE_SCHEDULE: "1f1b", VIRTUAL_STAGES: 1,
+                     CONTEXT_PARALLEL: 1, EXPERT_PARALLEL: 1, OFFLOAD: "none", GRADIENT_ACCUMULATION: 1,
+                     FP32_GRAD_ACCUMULATION: False}
+# The node a rank runs on (scenario `node:`), carried as columns beside gpu_memory_bytes when PARALLEL_AXES are
+GPUS_PER_NODE = "gpus_per_node"
+HOST_MEMORY = "host_memory_bytes"  # the node's RAM
+HOST = "host_bytes"  # host (CPU) memory the offloaded states take on one node: per rank x gpus_per_node
+HOST_FITS = "host_fits"  # host_bytes <= host_memory_bytes (a row that does not is not `fits`)

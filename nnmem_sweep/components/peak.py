@@ -48,6 +48,10 @@ from .kv import cache_tokens, kv_append_temp_bytes, kv_cache_bytes
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .terms import Term
 from .weights import gradients_bytes, master_weights_bytes, param_summary, weights_bytes
+from ..parallel import activations as par_act
+from ..parallel import layout as par_layout
+from ..parallel import states as par_states
+from ..units import parse_size
 
 PHASES = ("forward", "backward", "optimizer", "prefill", "decode")
 _PLAN_CACHE_SIZE = 64
@@ -208,6 +212,8 @@ class _Plan:
         uniq = list(dict.fromkeys(names))
         self.label = np.array([uniq.index(p) for p in names], dtype=np.int8)
         self.dtype = pd.CategoricalDtype(uniq)
+        self.host: np.ndarray | None = None  # parallel plans: host bytes per rank, per combination
+        self.seq_divisor: np.ndarray | None = None  # parallel plans: s_l = s / divisor, per layout
 
     def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(phases, rows) totals."""
@@ -327,8 +333,108 @@ def _train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple,
     return _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING), sizes, phases)
 
 
-def _layer_net_train(arch, precs, device, states, G, T_opt, sizes):
-    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer."""
+# ---------------------------------------------------------------- parallel layouts (issue 4)
+# One more plan axis, the unique parallel layouts of the frame (parallel/layout.py). Each (pipeline stage, moment)
+# is a phase of its own, so the winner is the most loaded rank's peak: without pipeline parallelism the second
+# stage's phases are all zero and never win. Evaluated at the rank's sequence length s_l (parallel/activations.py).
+
+def _rank_state_tables(arch, precs, o_names, i_names, layouts):
+    """Per stage, {field: (nP, nO, nI, nL) consts} of parallel/states.RankStates (zero for the absent stage)."""
+    opts = [get_optimizer(o) for o in o_names]
+    nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
+    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host")
+    vals = {(st, f): [] for st in (0, 1) for f in fields}
+    for p in precs:
+        for o in opts:
+            for i in i_names:
+                for lay in layouts:
+                    pair = par_states.rank_states(arch, p, o, i, lay)
+                    for st in (0, 1):
+                        for f in fields:
+                            vals[st, f].append(getattr(pair[st], f) if (st == 0 or lay.pp > 1) else 0)
+    return [{f: _consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
+
+
+def _grads_flag(layouts, stage: int, in_flight: list[int]) -> np.ndarray:
+    return np.array([1 if par_act.grads_live_in_forward(lay, nf) else 0 for lay, nf in zip(layouts, in_flight)],
+                    dtype=np.int64)
+
+
+def _host_table(st, sizes, dims) -> np.ndarray:
+    host = np.maximum(st[0]["host"], st[1]["host"])  # the most loaded rank's
+    return np.ascontiguousarray(_lift(host, dims, sizes)[..., 0]).reshape(-1)
+
+
+def _parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
+                         a_names: tuple, c_names: tuple, layouts: tuple) -> _Plan:
+    precs = _precisions(p_names, "train")
+    nP, nO, nI, nL = len(precs), len(o_names), len(i_names), len(layouts)
+    st = _rank_state_tables(arch, precs, o_names, i_names, layouts)
+    if arch.kind != "transformer":  # data parallel, ZeRO, offload: the states shrink, the activations do not
+        sizes = (nP, nO, nI, nL)
+        dims = (0, 1, 2, 3)
+        s0 = {k: _lift(v, dims, sizes) for k, v in st[0].items()}
+        states = {C.WEIGHTS: s0["weights"], C.MASTER_WEIGHTS: s0["master"], C.OPTIMIZER_STATE: s0["optimizer"]}
+        if arch.kind == "params":
+            A = _lift(_vec([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
+            phases = [("backward", dict(states, **{C.GRADIENTS: s0["gradients"], C.ACTIVATIONS: A}))]
+        else:
+            phases = _layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
+                                      grads_share=s0["gradients"])
+        plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
+        plan.host = _host_table(st, sizes, dims)
+        plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
+        return plan
+
+    nA, nC = len(a_names), len(c_names)
+    sizes = (nP, nO, nI, nA, nC, nL)
+    sdims = (0, 1, 2, 5)
+    acts = [[par_act.stage_activations(arch, p, a, c, lay, device) for lay in layouts]
+            for p in precs for a in a_names for c in c_names]
+    phases = []
+    for stage in (0, 1):
+        def get(fn) -> np.ndarray:  # per (precision, attention, checkpointing, layout)
+            ts = []
+            for per in acts:
+                for lay, r in zip(layouts, per):
+                    ta = r[stage]
+                    ts.append(fn(ta) if ta is not None else Term())
+            return _lift(_vec(ts, (nP, nA, nC, nL)), (0, 3, 4, 5), sizes)
+
+        s_ = {k: _lift(v, sdims, sizes) for k, v in st[stage].items()}
+        in_flight = [acts[0][j][2 + stage] for j in range(nL)]
+        live = _lift(_consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
+        states = {C.WEIGHTS: s_["weights"], C.MASTER_WEIGHTS: s_["master"], C.OPTIMIZER_STATE: s_["optimizer"]}
+        g = s_["gradients"]
+        g_fwd = g * live[..., :1]  # gradients of earlier micro-batches while the next one runs forward
+        saved = get(lambda t: t.saved)
+        inputs = get(lambda t: t.inputs)
+        fwd = get(lambda t: t.forward_temp)
+        n_bwd = max(len(r[stage].backward_start_temp) for per in acts for r in per if r[stage] is not None)
+        n_end = max(len(r[stage].backward_end_temp) for per in acts for r in per if r[stage] is not None)
+        bwd_start = [get(lambda t, j=j: t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term())
+                     for j in range(n_bwd)]
+        bwd_end = [get(lambda t, j=j: t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term())
+                   for j in range(n_end)]
+        phases += [
+            ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
+            *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
+              for t in bwd_start],
+            *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+            ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["step_temp"]})),
+        ]
+        if not any(lay.pp > 1 for lay in layouts):
+            break  # no second stage anywhere in the frame
+    plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
+    plan.host = _host_table(st, sizes, sdims)
+    plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
+    return plan
+
+
+def _layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None):
+    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer.
+    grads_share (parallel layouts): the rank's gradient bytes per combination; each moment's gradients are then
+    that share of the whole model's."""
     nets = [act.layer_net_train(arch, p, device) for p in precs]
     nP = len(precs)
 
@@ -346,6 +452,10 @@ def _layer_net_train(arch, precs, device, states, G, T_opt, sizes):
                        for i in range(len(keys[0])))]
     for j in dict.fromkeys(keep):
         grads = _lift(_consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
+        if grads_share is not None:  # ⌈moment's bytes · rank's gradient bytes / whole model's⌉, per combination
+            full = _lift(_consts([gradients_bytes(arch, p) for p in precs], (nP,)), (0,), sizes)
+            num = grads.astype(object) * grads_share.astype(object)  # Python ints: the product can pass 2^63
+            grads = (-((-num) // np.maximum(full, 1).astype(object))).astype(np.int64)
         a = table([net.backward[j][1] for net in nets])
         t = table([net.backward[j][2] for net in nets])
         phases.append(("backward", dict(states, **{C.GRADIENTS: grads, C.ACTIVATIONS: a, C.TEMPORARY: t})))
@@ -393,7 +503,29 @@ def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, devi
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return _pick(*_infer_phases(arch, frame, k, b, s), len(frame))
-    return plan.pick(k, b, s)
+    out = plan.pick(k, b, s)
+    if plan.host is not None:
+        out[C.HOST], out[C.HOST_FITS] = _host(plan, k, frame)
+    return out
+
+
+def _host(plan: _Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Host bytes per node (per rank x GPUs per node) and whether the node's RAM holds them."""
+    n = len(k)
+    gpn = _ints(frame, C.GPUS_PER_NODE) if C.GPUS_PER_NODE in frame.columns else \
+        np.full(n, par_layout.DEFAULT_GPUS_PER_NODE, dtype=np.int64)
+    ram = _ints(frame, C.HOST_MEMORY) if C.HOST_MEMORY in frame.columns else \
+        np.full(n, parse_size(par_layout.DEFAULT_HOST_MEMORY), dtype=np.int64)
+    host = plan.host[k] * gpn
+    return host, host <= ram
+
+
+def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """(host bytes per node, host fits) for frames with parallel columns (batch-independent), else None."""
+    if mode != "train" or not par_layout.has_parallel_columns(frame):
+        return None
+    plan, k, _, _ = _prepare(arch, mode, frame, "cuda", read_batch=False)
+    return _host(plan, k, frame) if plan.host is not None else None
 
 
 def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
@@ -452,9 +584,28 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
             c_code, c_names = _codes(frame, C.CHECKPOINTING)
             codes += [a_code, c_code]
             names += (a_names, c_names)
+        if par_layout.has_parallel_columns(frame):
+            l_code, layouts = par_layout.frame_layouts(frame, _codes)
+            par_layout.check(arch, layouts, mode)
+            if arch.kind != "transformer":
+                names = names[:3]
+                codes = codes[:3]
+            plan = _cached(arch, ("train-parallel", device, *names, layouts),
+                           lambda: _parallel_train_plan(arch, device, *names, *(((),) * (5 - len(names))), layouts))
+            div = plan.seq_divisor[l_code]
+            if (div > 1).any():
+                if (s % div).any():
+                    r = int(np.flatnonzero(s % div)[0])
+                    raise UsageError(par_layout.seq_problem(layouts[l_code[r]], int(s[r])))
+                s = s // div  # the rank's own tokens of each sequence
+            return plan, _combine(codes + [l_code], plan.sizes), b, s
         plan = _cached(arch, ("train", device, *names), lambda: _train_plan(arch, device, *names))
         return plan, _combine(codes, plan.sizes), b, s
     if mode == "infer":
+        if par_layout.has_parallel_columns(frame):  # only the single-GPU layout is modelled for inference
+            _, layouts = par_layout.frame_layouts(frame, _codes)
+            if any(lay != par_layout.Layout() for lay in layouts):
+                par_layout.check(arch, layouts, mode)
         if arch.kind != "transformer":
             plan = _cached(arch, ("infer", p_names), lambda: _infer_plan(arch, p_names))
             return plan, p_code.astype(np.int64), b, s

@@ -1,0 +1,8 @@
+"""Parallelism and sharding: memory per GPU on the most loaded rank (issue 4).
+
+layout.py      the parallel layout of a grid point (a frozen dataclass) and its validity rules
+states.py      model states per rank: tensor/pipeline/expert split, ZeRO sharding, offload to host memory
+activations.py activations per rank: Korthikanti et al. 2022 tensor/sequence/pipeline split, context parallel
+
+components/peak.py imports these (which registers their formulas) when a frame has parallel columns.
+"""

@@ -1,0 +1,195 @@
+"""The parallel layout of a grid point, read from the frame's parallel columns (columns.PARALLEL_AXES).
+
+A frame names its layouts by combination: the estimator factorises the parallel columns jointly into a few unique
+`Layout`s and builds its plan once per layout (components/peak.py), so a grid of a million rows over four layouts
+costs four plan builds, not a million.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import columns as C
+from ..errors import UsageError
+from ..models.arch import Architecture
+
+SCHEDULES = ("1f1b", "interleaved")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+DEFAULT_GPUS_PER_NODE = 8  # an 8-GPU node (DGX/HGX H100, A100)
+DEFAULT_HOST_MEMORY = "2 TiB"  # DGX H100: 2 TB of system memory
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1  # data_parallel
+    zero: int = 0  # zero_stage
+    tp: int = 1  # tensor_parallel
+    sp: bool = False  # sequence_parallel
+    pp: int = 1  # pipeline_parallel
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1  # virtual_stages
+    cp: int = 1  # context_parallel
+    ep: int = 1  # expert_parallel
+    offload: str = "none"
+    accum: int = 1  # gradient_accumulation
+    fp32_grads: bool = False  # fp32_grad_accumulation
+
+    @property
+    def t_sp(self) -> int:
+        """The tensor-parallel factor the sequence is split by outside attention (t with SP, else 1)."""
+        return self.tp if self.sp else 1
+
+    @property
+    def seq_divisor(self) -> int:
+        """s_local = s / seq_divisor: the tokens of a sequence one rank holds (sequence and context parallel)."""
+        return self.t_sp * self.cp
+
+    @property
+    def splits_model(self) -> bool:
+        """Whether activations or the transformer's tensors are split (anything but data parallel and ZeRO)."""
+        return self.tp > 1 or self.pp > 1 or self.cp > 1 or self.ep > 1
+
+    @property
+    def single_stage_in_flight(self) -> int:
+        """Micro-batches whose activations the first pipeline stage keeps at once (1F1B: min(p, m))."""
+        return min(self.pp, self.micro_batches) if self.pp > 1 else 1
+
+
+# columns -> Layout fields
+_FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp", C.SEQUENCE_PARALLEL: "sp",
+           C.PIPELINE_PARALLEL: "pp", C.MICRO_BATCHES: "micro_batches", C.PIPELINE_SCHEDULE: "schedule",
+           C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
+           C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads"}
+_BOOL = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION)
+_STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD)
+
+
+def has_parallel_columns(frame: pd.DataFrame) -> bool:
+    cols = frame.columns
+    return any(a in cols for a in C.PARALLEL_AXES)
+
+
+def _value(col: str, v):
+    if col in _BOOL:
+        if isinstance(v, str):
+            if v.lower() not in ("true", "false"):
+                raise UsageError(f"{col} must be true or false, got {v!r}")
+            return v.lower() == "true"
+        return bool(v)
+    if col in _STR:
+        return str(v)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise UsageError(f"{col} must be an integer, got {v!r}") from None
+
+
+def frame_layouts(frame: pd.DataFrame, codes_of) -> tuple[np.ndarray, tuple[Layout, ...]]:
+    """One layout code per row and the unique layouts, from the parallel columns present (absent: defaults).
+    `codes_of(frame, col) -> (codes, values)` factorises one column (peak._codes)."""
+    present = [a for a in C.PARALLEL_AXES if a in frame.columns]
+    n = len(frame)
+    if not present:
+        return np.zeros(n, dtype=np.intp), (Layout(),)
+    per = [codes_of(frame, a) for a in present]
+    sizes = [max(len(v), 1) for _, v in per]
+    if len(present) == 1:
+        combo = np.asarray(per[0][0], dtype=np.intp)
+    else:
+        combo = np.ravel_multi_index([np.asarray(c, dtype=np.intp) for c, _ in per], sizes)
+    uniq, inverse = np.unique(combo, return_inverse=True)
+    idx = np.unravel_index(uniq, sizes) if len(present) > 1 else (uniq,)
+    layouts = []
+    for j in range(len(uniq)):
+        kw = {_FIELDS[a]: _value(a, per[i][1][int(idx[i][j])]) for i, a in enumerate(present)}
+        layouts.append(Layout(**kw))
+    return inverse.reshape(-1).astype(np.intp), tuple(layouts)
+
+
+def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> list[tuple[str, str]]:
+    """(column, message) for every rule the layout breaks (seq_len is checked by `seq_problem`)."""
+    out: list[tuple[str, str]] = []
+    if mode != "train":
+        return [(C.TENSOR_PARALLEL, "parallelism is modelled for train mode only; for serving use "
+                 "serving.tensor_parallel (max_concurrency.csv)")]
+    for col, v in ((C.DATA_PARALLEL, lay.dp), (C.TENSOR_PARALLEL, lay.tp), (C.PIPELINE_PARALLEL, lay.pp),
+                   (C.MICRO_BATCHES, lay.micro_batches), (C.VIRTUAL_STAGES, lay.virtual),
+                   (C.CONTEXT_PARALLEL, lay.cp), (C.EXPERT_PARALLEL, lay.ep), (C.GRADIENT_ACCUMULATION, lay.accum)):
+        if v < 1:
+            out.append((col, f"{col} must be at least 1, got {v}"))
+    if lay.zero not in (0, 1, 2, 3):
+        out.append((C.ZERO_STAGE, f"zero_stage must be 0, 1, 2 or 3, got {lay.zero}"))
+    if lay.schedule not in SCHEDULES:
+        out.append((C.PIPELINE_SCHEDULE, f"pipeline_schedule must be one of {', '.join(SCHEDULES)}, got "
+                                         f"{lay.schedule!r}"))
+    if lay.offload not in OFFLOADS:
+        out.append((C.OFFLOAD, f"offload must be one of {', '.join(OFFLOADS)}, got {lay.offload!r}"))
+    if out:
+        return out
+    if lay.offload == "optimizer+params" and lay.zero != 3:
+        out.append((C.OFFLOAD, f"offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
+                               f"partitions), got zero_stage {lay.zero}"))
+    elif lay.offload == "optimizer" and lay.zero == 0:
+        out.append((C.OFFLOAD, "offload optimizer needs zero_stage 1, 2 or 3 (ZeRO-Offload moves the optimizer "
+                               "partition of each rank), got zero_stage 0"))
+    if lay.schedule == "interleaved":
+        if lay.pp < 2 or lay.virtual < 2:
+            out.append((C.VIRTUAL_STAGES, f"the interleaved schedule needs pipeline_parallel > 1 and virtual_stages "
+                                          f"> 1, got pipeline_parallel {lay.pp}, virtual_stages {lay.virtual}"))
+        elif lay.micro_batches % lay.pp:
+            out.append((C.MICRO_BATCHES, f"the interleaved schedule needs micro_batches a multiple of "
+                                         f"pipeline_parallel {lay.pp}, got {lay.micro_batches}"))
+    elif lay.virtual != 1:
+        out.append((C.VIRTUAL_STAGES, f"virtual_stages {lay.virtual} needs pipeline_schedule interleaved"))
+    if lay.ep > 1 and lay.dp % lay.ep:
+        out.append((C.EXPERT_PARALLEL, f"expert_parallel {lay.ep} must divide data_parallel {lay.dp} (expert "
+                                       "ranks are carved out of the data-parallel ranks)"))
+    if arch is None:
+        return out
+    if arch.kind != "transformer":
+        for col, v in ((C.TENSOR_PARALLEL, lay.tp), (C.PIPELINE_PARALLEL, lay.pp), (C.CONTEXT_PARALLEL, lay.cp),
+                       (C.EXPERT_PARALLEL, lay.ep), (C.VIRTUAL_STAGES, lay.virtual)):
+            if v != 1:
+                out.append((col, f"{col} {v} splits a transformer's layers; this model is a "
+                                 f"{'layer list' if arch.kind == 'layers' else 'parameter count'} (use data_parallel, "
+                                 "zero_stage, offload, gradient_accumulation)"))
+        return out
+    if arch.heads % lay.tp or arch.kv_heads % lay.tp:
+        out.append((C.TENSOR_PARALLEL, f"tensor_parallel {lay.tp} must divide the {arch.heads} attention heads and "
+                                       f"the {arch.kv_heads} KV heads"))
+    if arch.layers < lay.pp:
+        out.append((C.PIPELINE_PARALLEL, f"pipeline_parallel {lay.pp} is more stages than the {arch.layers} layers"))
+    elif lay.schedule == "interleaved" and lay.virtual > 1 and arch.layers % (lay.pp * lay.virtual):
+        out.append((C.VIRTUAL_STAGES, f"the interleaved schedule needs the {arch.layers} layers divisible by "
+                                      f"pipeline_parallel x virtual_stages = {lay.pp * lay.virtual}"))
+    if lay.ep > 1 and (not arch.num_experts or arch.num_experts % lay.ep):
+        what = f"the {arch.num_experts} experts" if arch.num_experts else "experts (this model has none)"
+        out.append((C.EXPERT_PARALLEL, f"expert_parallel {lay.ep} must divide {what}"))
+    return out
+
+
+def seq_problem(lay: Layout, seq_len: int) -> str | None:
+    """seq_len must split evenly over the sequence-parallel and context-parallel ranks."""
+    if seq_len % lay.seq_divisor:
+        parts = []
+        if lay.t_sp > 1:
+            parts.append(f"tensor_parallel {lay.tp} (sequence_parallel)")
+        if lay.cp > 1:
+            parts.append(f"context_parallel {lay.cp}")
+        return f"seq_len {seq_len:,} must be divisible by {' x '.join(parts)} = {lay.seq_divisor}"
+    return None
+
+
+def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=()) -> None:
+    """UsageError (one line) for the first broken rule: frames built by hand (runner.estimate_frame)."""
+    for lay in layouts:
+        bad = problems(arch, lay, mode)
+        if bad:
+            raise UsageError(f"{bad[0][0]}: {bad[0][1]}")
+        for s in seq_lens:
+            msg = seq_problem(lay, int(s))
+            if msg:
+                raise UsageError(msg)

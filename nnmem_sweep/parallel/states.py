@@ -1,0 +1,198 @@
+"""Model states per GPU: weights, master copy, gradients, optimizer state and the step's temporaries on one rank.
+
+Split of the parameters (Megatron-LM, Shoeybi et al. 2019 §3; Narayanan et al. 2021):
+    replicated      norms, biases of row-parallel linears (o_proj, down_proj), the MoE router, learned positions
+    TP-sharded      attention and MLP matrices, biases of column-parallel linears, vocab-parallel embedding/lm_head
+    expert          MoE experts: num_experts / ep experts per rank, each TP-sharded
+    pipeline        ceil(L / p) layers per stage; the embedding on the first stage, the final norm and head on the
+                    last (a tied embedding is a second copy there, as Megatron keeps it)
+Sharding over data parallel d (ZeRO, Rajbhandari et al. 2019 §5, Table 1): stage >= 1 the master weights and
+optimizer state, >= 2 the gradients, 3 the weights, each ceil(n / d) on the most loaded rank; expert states over
+the d / ep ranks that hold the same experts. Every byte count of the single-GPU estimator that is proportional to
+the parameters (weights, master, gradients, optimizer state, step temporaries) is taken for the rank's share n of
+the Ψ parameters as ceil(bytes · n / Ψ): exact for every per-parameter recipe, and identical to the single-GPU
+figure when n = Ψ.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..catalog.optimizers import Optimizer
+from ..catalog.precisions import ZERO_2019, Precision
+from ..citations import formula, source
+from ..components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from ..components.weights import gradients_bytes, master_weights_bytes, param_summary, transformer_tensors, weights_bytes
+from ..models.arch import Architecture
+from .layout import Layout
+
+MEGATRON_2019 = source("shoeybi2019", "Shoeybi et al. 2019, Megatron-LM: Training Multi-Billion Parameter Language "
+                       "Models Using Model Parallelism", "arXiv:1909.08053")
+MEGATRON_MEMORY = source("megatron-theoretical-memory", "Megatron-LM megatron/training/theoretical_memory_usage.py "
+                         "(18 B/param: bf16 weights, fp32 main grads, fp32 main params and Adam state)",
+                         "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/theoretical_memory_usage.py")
+DEEPSPEED_MEMORY = source("deepspeed-memory", "DeepSpeed documentation, Memory Requirements "
+                          "(estimate_zero3_model_states_mem_needs_all_live: largest_layer_memory = "
+                          "4 * largest_layer_params)", "https://deepspeed.readthedocs.io/en/latest/memory.html")
+ZERO_OFFLOAD = source("ren2021", "Ren et al. 2021, ZeRO-Offload: Democratizing Billion-Scale Model Training",
+                      "arXiv:2101.06840")
+
+# Tensor names (components/weights.transformer_tensors) by how tensor parallelism treats them
+_TP_SHARDED = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_proj.bias", "k_proj.bias",
+               "v_proj.bias", "gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_proj.bias",
+               "up_proj.bias", "c_attn.weight", "c_attn.bias", "embed_tokens", "lm_head.weight",
+               "cls.decoder.weight", "cls.decoder.bias")
+_EMBEDDING = ("embed_tokens", "embed_positions", "token_type_embeddings", "embeddings.")
+_HEAD = ("final_norm", "lm_head", "cls.", "pooler.", "classifier.", "score.")
+MAIN_GRAD_BYTES = 4  # fp32 main gradients (Megatron's main_grad, DeepSpeed's fp32 gradient partition)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one rank of a pipeline stage holds (after the tensor/expert split, before ZeRO)."""
+
+    dense: int  # sharded over all d data-parallel ranks by ZeRO
+    expert: int  # sharded over the d / ep ranks that hold the same experts
+    largest: int  # the largest unit ZeRO-3 gathers at once on this rank (a transformer block, the embedding, the head)
+    tensors: int  # parameter tensors on the rank (fused optimizers keep a step per tensor)
+
+    @property
+    def held(self) -> int:
+        return self.dense + self.expert
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _group(name: str) -> str:
+    if name.startswith(_EMBEDDING):
+        return "embedding"
+    if name.startswith(_HEAD):
+        return "head"
+    return "layer"
+
+
+@formula("parallel.stage_params",
+         "first stage: embedding + ⌈L/p⌉ · layer; last: ⌈L/p⌉ · layer + final norm + head (+ the tied embedding); "
+         "per tensor: replicated n, TP-sharded ⌈n/t⌉, experts (E/ep) · ⌈n_expert/t⌉",
+         MEGATRON_2019, where="§3 (column- and row-parallel linears, vocab-parallel embedding); Megatron-LM keeps "
+         "the tied word embedding on the first and last pipeline stages")
+@lru_cache(maxsize=256)
+def stage_params(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1) -> tuple[StageParams, StageParams]:
+    """(first stage, last stage) for one rank; the same object twice without pipeline parallelism.
+    params models and layer nets are one replicated block (they cannot be split by t, p or ep)."""
+    s = param_summary(arch)
+    if arch.kind != "transformer":
+        one = StageParams(s.total, 0, min(s.largest, s.total), s.n_tensors)
+        return one, one
+    dense = {"embedding": 0, "layer": 0, "head": 0}  # per layer for "layer"
+    expert_per_layer = 0
+    count = {"embedding": 0, "layer": 0, "head": 0}
+    tied_copy = 0
+    for x in transformer_tensors(arch):
+        g = _group(x.name)
+        per = x.numel  # one tensor of the group (per layer for layer tensors)
+        if x.name.startswith("experts."):
+            e = arch.num_experts
+            expert_per_layer += (e // ep) * _ceil(per // e, tp)
+        elif x.name.endswith(_TP_SHARDED) or x.name in _TP_SHARDED:
+            dense[g] += _ceil(per, tp)
+        else:
+            dense[g] += per
+        count[g] += 1
+        if x.name == "embed_tokens":
+            tied_copy = _ceil(per, tp)
+    tied = arch.tied_embeddings and arch.head in ("causal_lm", "masked_lm")
+    n = _ceil(arch.layers, pp)
+    layer = dense["layer"] + expert_per_layer
+    if pp == 1:
+        d = dense["embedding"] + arch.layers * dense["layer"] + dense["head"]
+        one = StageParams(d, arch.layers * expert_per_layer, max(layer, dense["embedding"], dense["head"]),
+                          count["embedding"] + arch.layers * count["layer"] + count["head"])
+        return one, one
+    head = dense["head"] + (tied_copy if tied else 0)
+    first = StageParams(dense["embedding"] + n * dense["layer"], n * expert_per_layer,
+                        max(layer, dense["embedding"]), count["embedding"] + n * count["layer"])
+    last = StageParams(n * dense["layer"] + head, n * expert_per_layer, max(layer, head),
+                       n * count["layer"] + count["head"] + (1 if tied else 0))
+    return first, last
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """Bytes of one rank's model states (GPU) and of what it offloads (host)."""
+
+    weights: int  # incl. `gathered`
+    gathered: int  # ZeRO-3: the live gathered parameters (current + prefetched unit), in the weight dtype
+    master: int
+    gradients: int
+    optimizer: int
+    step_temp: int  # the optimizer step's temporaries
+    host: int  # offloaded to host memory by this rank
+
+
+def _share(total_bytes: int, n: int, psi: int) -> int:
+    """Bytes proportional to the parameters, for a share n of the Ψ parameters: ⌈bytes · n / Ψ⌉."""
+    return _ceil(total_bytes * n, psi) if psi else 0
+
+
+@formula("parallel.zero_sharded_params",
+         "n_z = ⌈n_dense / d⌉ + ⌈n_expert / (d/ep)⌉ for the states ZeRO partitions (stage ≥ 1: master and optimizer "
+         "state; ≥ 2: + gradients; 3: + weights), else n = n_dense + n_expert",
+         ZERO_2019, where="§5.1-5.3 and Table 1: P_os 4Ψ + KΨ/N_d, P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (4+K)Ψ/N_d")
+def zero_params(sp: StageParams, lay: Layout) -> int:
+    return _ceil(sp.dense, lay.dp) + _ceil(sp.expert, max(lay.dp // lay.ep, 1))
+
+
+@formula("parallel.zero3_gathered_bytes", "2 · largest unit · bytes(weight)  (the unit in use and the prefetched one)",
+         DEEPSPEED_MEMORY, where="estimate_zero3_model_states_mem_needs: largest_layer_memory = 4 * largest_layer_params "
+         "(two fp16 copies); FSDP all-gathers one wrapped block and prefetches the next",
+         note="The unit is a whole transformer block (FSDP's usual wrapping), the embedding or the head: an upper "
+              "bound of DeepSpeed's per-module gathering")
+def zero3_gathered_bytes(sp: StageParams, prec: Precision) -> int:
+    return 2 * sp.largest * prec.weight_bytes
+
+
+@formula("parallel.rank_states",
+         "W = ⌈W_Ψ·n_w/Ψ⌉ (+ ZeRO-3 gathered), G = n_g · (4 with fp32 main grads, else bytes(grad)), "
+         "M, S, T = ⌈X_Ψ·n_o/Ψ⌉; offload optimizer: M + S + 4·n_g to host, offload optimizer+params: + W shard",
+         ZERO_2019, ZERO_OFFLOAD, MEGATRON_MEMORY,
+         where="ZeRO §5 (which states each stage partitions); ZeRO-Offload §4 (fp32 master, optimizer state and fp32 "
+               "gradients on the CPU; fp16 parameters on the GPU); Megatron theoretical_memory_usage.py (18 B/param "
+               "with fp32 main grads)",
+         note="fp32_grad_accumulation replaces the 16-bit gradients by fp32 main grads (Megatron keeps no 16-bit "
+              ".grad beside main_grad): 18 B/param with bf16-master + Adam, as Megatron's and DeepSpeed's estimates")
+def rank_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, lay: Layout
+                ) -> tuple[RankStates, RankStates]:
+    """(first stage, last stage) model states of one rank; one object twice without pipeline parallelism."""
+    first, last = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    out = tuple(_states(arch, prec, opt, impl, lay, sp) for sp in ((first,) if first is last else (first, last)))
+    return (out[0], out[0]) if len(out) == 1 else (out[0], out[1])
+
+
+def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
+    psi = param_summary(arch).total
+    n = sp.held
+    nz = zero_params(sp, lay)
+    n_w = nz if lay.zero >= 3 else n
+    n_g = nz if lay.zero >= 2 else n
+    n_o = nz if lay.zero >= 1 else n
+    gathered = zero3_gathered_bytes(sp, prec) if lay.zero >= 3 else 0
+    w = _share(weights_bytes(arch, prec), n_w, psi)
+    if lay.fp32_grads and prec.grad_bytes:
+        g = n_g * max(prec.grad_bytes, MAIN_GRAD_BYTES)
+    else:
+        g = _share(gradients_bytes(arch, prec), n_g, psi)
+    m = _share(master_weights_bytes(arch, prec), n_o, psi)
+    s = _share(optimizer_state_bytes(arch, prec, opt, impl), n_o, psi)
+    t = _share(optimizer_step_temporary_bytes(arch, prec, opt, impl), n_o, psi)
+    host = 0
+    if lay.offload != "none":  # the CPU runs the step on fp32 master weights and fp32 gradient partitions
+        host = m + s + t + MAIN_GRAD_BYTES * n_g
+        m = s = t = g = 0
+        if lay.offload == "optimizer+params":
+            host += w
+            w = 0
+    return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
+                      host=host)
