@@ -41,22 +41,25 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
     return 2 * (acts + 64 * params)
 
 
+_READ = (C.BATCH, C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS, C.ATTENTION)  # the columns the bound reads
+
+
 def check_frame(arch: Architecture, frame: pd.DataFrame) -> None:
     """UsageError naming the point when the frame's largest batch and sequence could overflow int64 bytes."""
-    check_columns(arch, len(frame), {c: column_values(frame, c) for c in _READ if c in frame.columns})
-
-
-_READ = (C.BATCH, C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS, C.ATTENTION)
+    cols = frame.columns
+    check_columns(arch, len(frame), {c: column_values(frame, c) for c in _READ if c in cols})
 
 
 def check_columns(arch: Architecture, n: int, columns: dict) -> None:
-    """check_frame on columns already read: {name: values} (a missing batch or sequence counts as 1)."""
+    """check_frame on columns already read, {name: values} (more names are ignored): a missing batch or seq_len
+    counts as 1, missing decode or cache tokens as 0, a missing attention column as eager."""
     if n == 0:
         return
     top = {c: int(np.maximum.reduce(np.asarray(columns[c]))) for c in _READ[:4] if c in columns}
     b = top.get(C.BATCH, 1)
     s = max(top.get(C.SEQ_LEN, 1) + top.get(C.DECODE_TOKENS, 0), top.get(C.CACHE_TOKENS, 0))
-    # the s² term only with eager attention; the attention column is read only when the bound with it is too large
+    # the s² term only with eager attention (flash kernels keep no s x s tensor); the attention column is looked at
+    # only when the bound with eager attention is too large
     if upper_bound_bytes(arch, b, s, eager=True) > LIMIT_BYTES and \
             upper_bound_bytes(arch, b, s, _uses_eager(columns.get(C.ATTENTION))) > LIMIT_BYTES:
         raise UsageError(

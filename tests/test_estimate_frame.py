@@ -118,3 +118,25 @@ def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch
     # batch 2 fits only the 100,000-byte GPU
     assert gpu_fits.tolist() == [True, True, True, False]
     assert out[C.FITS].tolist() == [True, False, True, False]
+
+
+@pytest.mark.parametrize("categorical", [True, False])
+def test_int64_bound_reads_the_attention_column_only_to_admit_flash(categorical):
+    from nnmem_sweep.errors import UsageError
+    from nnmem_sweep.models.presets import load_preset
+
+    arch = load_preset("llama-3.1-405b")
+    sc, _ = _grid(TINY_LLAMA)
+
+    def frame(attention):
+        f = pd.DataFrame({C.BATCH: [1024], C.SEQ_LEN: [131072], C.PRECISION: ["bf16"], C.OPTIMIZER: ["adamw"],
+                          C.OPTIMIZER_IMPL: ["foreach"], C.CHECKPOINTING: ["full"], C.ATTENTION: [attention],
+                          C.CACHE_TOKENS: [0], C.DECODE_TOKENS: [0], C.GPU: ["g"], C.GPU_MEMORY: [100_000]})
+        return f.astype({C.ATTENTION: "category"}) if categorical else f
+
+    # eager: 1,024 x 131,072 tokens x (per token ~2.4e8 + s x L x H x 16 = 131,072 x 126 x 128 x 16 ~ 3.4e10) x 2
+    # ~ 9e18 > 2^62 ~ 4.6e18: refused; flash drops the s² term: ~6e16, computed
+    with pytest.raises(UsageError, match=r"batch 1,024 x seq_len 131,072 for Llama 3.1 405B .* 2\^62"):
+        runner.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
+    out = runner.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
+    assert out[C.PEAK_ALLOCATED].iloc[0] > 0 and not out[C.FITS].iloc[0]
