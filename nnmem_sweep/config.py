@@ -525,6 +525,73 @@ def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
     return out
 
 
+def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[str, tuple]:
+    """The `parallel:` axes (every one, defaults filled in) and their rules, each combination checked at load time
+    (parallel/layout.py): the problem is reported at the value that breaks it."""
+    given = data.get("parallel")
+    if not isinstance(given, dict) or not ck.clean("parallel"):
+        return {}
+    if mode != "train":
+        ck.add("parallel", "parallelism is modelled for train mode only (this scenario has mode: infer); for "
+                           "serving use serving.tensor_parallel", key=True)
+        return {}
+    from itertools import product
+
+    from .parallel import layout as L
+
+    out = {a: _dedupe(_as_list(given[a])) if a in given else (C.PARALLEL_DEFAULTS[a],) for a in C.PARALLEL_AXES}
+    for a in C.PARALLEL_AXES:  # YAML booleans stay booleans (_dedupe would keep True as True; 1 is not a bool)
+        if a in (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION):
+            out[a] = tuple(bool(v) for v in out[a])
+    if model is None:
+        return out
+    raw = {a: _as_list(given[a]) if a in given else [C.PARALLEL_DEFAULTS[a]] for a in C.PARALLEL_AXES}
+
+    def where(axis: str, value) -> str:
+        path = f"parallel.{axis}"
+        if axis not in given:
+            return "parallel"
+        if isinstance(given[axis], list):
+            return f"{path}[{raw[axis].index(value)}]"
+        return path
+
+    seen: set[tuple[str, str]] = set()
+    seqs = [(i, s) for i, s in enumerate(_as_list((data.get("grid") or {}).get(C.SEQ_LEN, [])))
+            if isinstance(s, int)] if ck.clean(f"grid.{C.SEQ_LEN}") else []
+    seq_listed = isinstance((data.get("grid") or {}).get(C.SEQ_LEN), list)
+    if not all(ck.clean(f"parallel.{a}") for a in given):
+        return out
+    for combo in product(*(out[a] for a in C.PARALLEL_AXES)):
+        values = dict(zip(C.PARALLEL_AXES, combo))
+        lay = L.Layout(**{L._FIELDS[a]: v for a, v in values.items()})
+        problems = [(where(col, values[col]), msg) for col, msg in L.problems(model, lay, mode)]
+        for i, s in seqs:
+            msg = L.seq_problem(lay, s)
+            if msg:
+                problems.append((f"grid.{C.SEQ_LEN}" + (f"[{i}]" if seq_listed else ""), msg))
+        for key in problems:
+            if key not in seen:
+                seen.add(key)
+                ck.add(*key)
+        if len(seen) >= 20:  # a broken sweep repeats itself: the first twenty say what to change
+            break
+    return out
+
+
+def _node(data: dict, ck: _Checker) -> dict[str, int]:
+    from .parallel import layout as L
+
+    given = data.get("node") if isinstance(data.get("node"), dict) else {}
+    node = {C.GPUS_PER_NODE: int(given.get("gpus", L.DEFAULT_GPUS_PER_NODE)) if ck.clean("node.gpus")
+            else L.DEFAULT_GPUS_PER_NODE, C.HOST_MEMORY: parse_size(L.DEFAULT_HOST_MEMORY)}
+    if "host_memory" in given and ck.clean("node.host_memory"):
+        try:
+            node[C.HOST_MEMORY] = parse_size(given["host_memory"])
+        except ValueError as e:
+            ck.add("node.host_memory", str(e))
+    return node
+
+
 def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, digest: str) -> Scenario:
     schema_problems = _schema_problems(data, b)
     ck = _Checker(b, schema_problems, base_dir)
@@ -540,6 +607,8 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
             ck.add("grid", "missing required key 'seq_len' (a transformer or per-token model needs it)", key=True)
     report = _report(data, grid, ck)
     serving = _serving(data, mode, model, ck)
+    parallel = _parallel(data, mode, model, grid, ck)
+    node = _node(data, ck) if parallel else {}
     problems = b.problems + schema_problems + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))
@@ -558,6 +627,8 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
         source_text=text,
         sha256=digest,
         serving=serving,
+        parallel=parallel,
+        node=node,
     )
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import columns as C
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import column_values, phase_totals_in_batch
+from .components.peak import column_values, host_check, phase_totals_in_batch
 from .models.arch import Architecture
 from .scenario import Overheads
 
@@ -36,7 +36,8 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
               *, prefill_logits: str = "last") -> pd.DataFrame:
     """`points`: the non-batch axes, gpu and gpu_memory_bytes, one row per combination (any batch column is
     ignored). Returns the non-batch axes, gpu, max_batch, total_at_max_batch_bytes (0 when max_batch is 0),
-    total_at_batch_1_bytes, gpu_memory_bytes, usable_bytes."""
+    total_at_batch_1_bytes, gpu_memory_bytes, usable_bytes (and host_bytes with parallel columns: host memory per
+    node, batch-independent; a point whose host_bytes exceed host_memory_bytes has max_batch 0)."""
     n = len(points)
     mem = np.asarray(column_values(points, C.GPU_MEMORY), dtype=np.int64)
     usable = usable_bytes(mem, headroom)
@@ -69,6 +70,9 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
         bound = np.where((k <= 0) & (c > pstar), -1, bound)
         bmax = np.where(happens, np.minimum(bmax, bound), bmax)
     bmax = np.clip(bmax, 0, MAX_BATCH_CAP)
+    host = host_check(arch, mode, points)  # parallel layouts: offloaded states beyond the node's RAM fit no batch
+    if host is not None:
+        bmax = np.where(host[1], bmax, 0)
 
     # verify with the real functions; move by one where integer rounding bites
     for _ in range(4):
@@ -76,6 +80,8 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
         _, t_next = _totals_at(totals_of, np.minimum(bmax + 1, MAX_BATCH_CAP), overheads)
         too_big = (bmax > 0) & (t_at > usable)
         room = (bmax < MAX_BATCH_CAP) & (t_next <= usable)
+        if host is not None:
+            room &= host[1]
         if not too_big.any() and not room.any():
             break
         bmax = np.where(too_big, bmax - 1, np.where(room, bmax + 1, bmax))
@@ -88,4 +94,6 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     out[C.TOTAL_AT_BATCH_1] = total1
     out[C.GPU_MEMORY] = mem
     out[C.USABLE] = usable
+    if host is not None:
+        out[C.HOST] = host[0]
     return pd.DataFrame(out, index=pd.RangeIndex(n))

@@ -16,8 +16,12 @@ from .errors import UsageError
 from .scenario import Scenario
 
 INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
-            C.TENSOR_PARALLEL, C.CONTEXT, C.CONCURRENCY)  # the last three: serving plans (serving.py)
-CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION)
+            C.TENSOR_PARALLEL, C.CONTEXT, C.CONCURRENCY,  # these three: serving plans (serving.py)
+            C.DATA_PARALLEL, C.ZERO_STAGE, C.PIPELINE_PARALLEL, C.MICRO_BATCHES, C.VIRTUAL_STAGES,
+            C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.GRADIENT_ACCUMULATION)  # parallel layouts (parallel/)
+BOOL_AXES = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION)
+CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION,
+                    C.PIPELINE_SCHEDULE, C.OFFLOAD)
 
 
 def _axis_values(sc: Scenario, axis: str) -> tuple:
@@ -27,9 +31,40 @@ def _axis_values(sc: Scenario, axis: str) -> tuple:
     return values
 
 
+def axes_of(sc: Scenario) -> dict[str, tuple]:
+    """Every axis the scenario's rows vary over, in column order: the grid axes, then the parallel axes when the
+    scenario has a `parallel:` block (columns.PARALLEL_AXES; none of them otherwise)."""
+    axes = {a: _axis_values(sc, a) for a in C.GRID_AXES}
+    for a in C.PARALLEL_AXES if sc.parallel else ():
+        axes[a] = tuple(sc.parallel.get(a) or (C.PARALLEL_DEFAULTS[a],))
+    return axes
+
+
+def point_axes(sc: Scenario) -> dict[str, tuple]:
+    """axes_of without batch: what max_batch.csv has one row per (with GPU)."""
+    return {a: v for a, v in axes_of(sc).items() if a != C.BATCH}
+
+
+def add_gpu_columns(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
+    """gpu_memory_bytes from the frame's gpu column, and with parallel axes the node's gpus_per_node and
+    host_memory_bytes (in place; returns the frame)."""
+    by_id = {g.id: g.memory_bytes for g in sc.gpus}
+    mem = np.array([by_id[x] for x in frame[C.GPU].cat.categories], dtype=np.int64)
+    frame[C.GPU_MEMORY] = mem[frame[C.GPU].cat.codes.to_numpy()]
+    if sc.parallel:
+        from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
+        from .units import parse_size
+
+        n = len(frame)
+        frame[C.GPUS_PER_NODE] = np.full(n, sc.node.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE), dtype=np.int64)
+        frame[C.HOST_MEMORY] = np.full(n, sc.node.get(C.HOST_MEMORY, parse_size(DEFAULT_HOST_MEMORY)),
+                                       dtype=np.int64)
+    return frame
+
+
 def grid_size(sc: Scenario) -> int:
     """Rows the grid expands to: the product of the axis lengths times the number of GPUs."""
-    return prod(len(_axis_values(sc, a)) for a in C.GRID_AXES) * len(sc.gpus)
+    return prod(len(v) for v in axes_of(sc).values()) * len(sc.gpus)
 
 
 def product_frame(axes: dict[str, tuple], gpus: tuple[str, ...] | None = None) -> pd.DataFrame:
@@ -46,6 +81,8 @@ def product_frame(axes: dict[str, tuple], gpus: tuple[str, ...] | None = None) -
         codes = np.tile(np.repeat(codes, repeat_inner), n // (length * repeat_inner))
         if name in INT_AXES:
             data[name] = np.asarray(values, dtype=np.int64)[codes]
+        elif name in BOOL_AXES:
+            data[name] = np.asarray(values, dtype=bool)[codes]
         else:
             cats = list(dict.fromkeys(str(v) for v in values))
             if len(cats) != len(values):  # duplicates in the axis: map each value to its category
@@ -56,15 +93,11 @@ def product_frame(axes: dict[str, tuple], gpus: tuple[str, ...] | None = None) -
 
 
 def expand_grid(sc: Scenario, max_rows: int = 20_000_000) -> pd.DataFrame:
-    """One row per grid point and GPU, with the grid axes, `gpu` and `gpu_memory_bytes`."""
+    """One row per grid point and GPU, with the grid axes (and the parallel axes, when the scenario has them), `gpu`
+    and `gpu_memory_bytes` (and then `gpus_per_node`, `host_memory_bytes`)."""
     size = grid_size(sc)
     if size > max_rows:
         raise UsageError(f"scenario {sc.name!r} expands to {size:,} rows, over the limit of {max_rows:,}; "
                          f"narrow the grid or raise the limit with --max-rows {size}")
-    axes = {a: _axis_values(sc, a) for a in C.GRID_AXES}
-    gpu_ids = tuple(g.id for g in sc.gpus)
-    frame = product_frame(axes, gpu_ids)
-    by_id = {g.id: g.memory_bytes for g in sc.gpus}
-    mem = np.array([by_id[x] for x in frame[C.GPU].cat.categories], dtype=np.int64)
-    frame[C.GPU_MEMORY] = mem[frame[C.GPU].cat.codes.to_numpy()]
-    return frame
+    frame = product_frame(axes_of(sc), tuple(g.id for g in sc.gpus))
+    return add_gpu_columns(frame, sc)

@@ -44,3 +44,8 @@ class Scenario:
     # infer only (serving.py): kv_dtype (tuple, from grid.kv_dtype), kv_block_size, gpu_memory_utilization,
     # tensor_parallel (tuple), max_num_batched_tokens; absent keys take serving.py's defaults
     serving: dict[str, Any] = field(default_factory=dict)
+    # train only (parallel/): the `parallel:` axes (columns.PARALLEL_AXES -> values), every axis present when the
+    # scenario names any, empty when it names none (then the grid is estimated for one GPU, as before)
+    parallel: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # the node (`node:`), used with `parallel`: {"gpus_per_node": int, "host_memory_bytes": int}
+    node: dict[str, int] = field(default_factory=dict)
