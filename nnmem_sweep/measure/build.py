@@ -112,6 +112,61 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     return model
 
 
+@contextlib.contextmanager
+def replacing_module_to():
+    """peft moves and casts each new adapter with Module.to(), which cannot swap FakeTensor parameters
+    (MEASURING.md pitfall 3). While peft wraps a fake model, Module.to builds each converted parameter as a new
+    Parameter (same requires_grad) and puts it in the module's place instead: the same tensors, dtypes and bytes
+    a real conversion leaves behind."""
+    original = torch.nn.Module.to
+
+    def convert(t: torch.Tensor, device, dtype) -> torch.Tensor:  # noqa: ANN001
+        to_dtype = dtype if (dtype is not None and (t.is_floating_point() or t.is_complex())) else t.dtype
+        return t.to(device=device if device is not None else t.device, dtype=to_dtype)
+
+    def to(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        for mod in self.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    q = convert(p, device, dtype)
+                    if q is not p:
+                        mod._parameters[name] = torch.nn.Parameter(q, requires_grad=p.requires_grad)
+            for name, b in list(mod._buffers.items()):
+                if b is not None:
+                    mod._buffers[name] = convert(b, device, dtype)
+        return self
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original
+
+
+FINETUNE_MEASURED = ("lora",)  # QLoRA's bitsandbytes nf4 kernels need a CUDA device: modelled, not measured
+ADAPTER_DTYPES = ("fp32", "model")  # peft's autocast_adapter_dtype=True (fp32 adapters) or False (the model's)
+
+
+def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool) -> torch.nn.Module:
+    """The model as peft's get_peft_model(LoraConfig(...)) returns it: base frozen, adapters trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    method = spec.get("method", "lora")
+    if method not in FINETUNE_MEASURED:
+        raise ValueError(f"finetune method {method!r} cannot be measured here; measured: {FINETUNE_MEASURED}")
+    adapter_dtype = spec.get("adapter_dtype", "fp32")
+    if adapter_dtype not in ADAPTER_DTYPES:
+        raise ValueError(f"adapter_dtype {adapter_dtype!r} not in {ADAPTER_DTYPES}")
+    targets = spec.get("targets") or ["q_proj", "v_proj"]
+    config = LoraConfig(r=int(spec.get("rank", 8)), lora_alpha=int(spec.get("alpha", 8)),
+                        lora_dropout=float(spec.get("dropout", 0.0)),
+                        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+                        task_type="CAUSAL_LM" if type(model).__name__.endswith("ForCausalLM") else None)
+    with replacing_module_to() if fake else contextlib.nullcontext():
+        return get_peft_model(model, config, autocast_adapter_dtype=adapter_dtype == "fp32")
+
+
 def build_layer_model(layers: list[dict[str, Any]], input_shape: tuple[int, ...]) -> torch.nn.Module:
     """A CNN/MLP from a layer list, through the models package's builder (the estimator reads the same list)."""
     from nnmem_sweep.models.torch_layers import torch_module_from_layers
@@ -178,6 +233,8 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
                 inputs = {"x": torch.randn((b, *shape)), "y": torch.randint(0, int(case["num_classes"]), (b,))}
             else:
                 model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"), train)
+                if "finetune" in case:
+                    model = wrap_lora(model, case["finetune"], fake)
                 inputs = _lm_inputs(case, cfg, cfg["architectures"][0])
             opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
         loss_fn = None
@@ -197,4 +254,6 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     record["config"] = cfg
     record["config_origin"] = origin
     record["params"] = int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))
+    if "finetune" in case:  # peft's own count (PeftModel.get_nb_trainable_parameters)
+        record["trainable_params"] = int(model.get_nb_trainable_parameters()[0])
     return record

@@ -116,6 +116,37 @@ CASES: list[dict[str, Any]] = [
      "attention": "flash", "decode_tokens": 0},
 ]
 
+
+# LoRA through peft (get_peft_model over the same transformers model): frozen base, adapters trained by the optimizer
+# over the trainable parameters only. Written under tests/data/truth/finetune/ (FINETUNE_DIR), apart from the full
+# fine-tuning cases, until the estimator's grid has a finetune axis to compare them with.
+FINETUNE_DIR = "finetune"
+
+
+def _lora(model: str, batch: int, seq: int, precision: str, rank: int, targets: tuple[str, ...], alpha: int = 16,
+          dropout: float = 0.0, adapter_dtype: str = "fp32", **train: Any) -> dict[str, Any]:
+    case = _train(model, batch, seq, precision, **train)
+    where = "all" if targets == ("all-linear",) else "".join(t.split("_")[0][0] for t in targets)
+    tag = f"lora-r{rank}-{where}" + (f"-drop{dropout:g}" if dropout else "") + \
+        ("" if adapter_dtype == "fp32" else f"-adapter{adapter_dtype}")
+    case["id"] = case["id"].replace(f"{model}-train-", f"{model}-{tag}-train-", 1)
+    case["finetune"] = {"method": "lora", "rank": rank, "alpha": alpha, "targets": list(targets),
+                        "dropout": dropout, "adapter_dtype": adapter_dtype}
+    return case
+
+
+QV = ("q_proj", "v_proj")
+ALL_LINEAR = ("all-linear",)
+FINETUNE_CASES: list[dict[str, Any]] = [
+    _lora("qwen2.5-0.5b", 4, 1024, "bf16", 8, QV),
+    _lora("llama-3.2-1b", 2, 1024, "bf16", 64, ALL_LINEAR),
+    _lora("llama-3.2-1b", 1, 512, "fp32", 8, QV),
+    _lora("llama-3.2-1b", 4, 1024, "bf16", 16, QV, ckpt="full"),
+    _lora("qwen2.5-0.5b", 2, 1024, "bf16-mixed", 8, QV),
+    _lora("llama-3.2-1b", 2, 512, "bf16", 8, ALL_LINEAR, dropout=0.05, dropout_impl="native"),
+]
+CASES += FINETUNE_CASES
+
 for _c in CASES:
     _c.setdefault("tolerance", {"peak": PEAK_TOLERANCE, "states": STATE_TOLERANCE})
 

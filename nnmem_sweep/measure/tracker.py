@@ -79,6 +79,16 @@ def _innermost(parents) -> str:  # noqa: ANN001
     return ".".join(common)
 
 
+class _NoHandle:
+    """Stands for the gradient hook a frozen parameter cannot have."""
+
+    def remove(self) -> None:
+        pass
+
+
+_NO_HANDLE = _NoHandle()
+
+
 class PhaseTracker(MemTracker):
     """MemTracker that also keeps the peak of each phase, where it happened, and which aten ops ran."""
 
@@ -102,6 +112,15 @@ class PhaseTracker(MemTracker):
             record.end_bytes = self._current_total()
             record.end_categories = self._current_split()
             self.phases.append(record)
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):  # noqa: ANN001, ANN201
+        # MemTracker hooks every parameter's gradient, which raises on a frozen one (a LoRA base, MEASURING.md
+        # pitfall 2): mark frozen parameters as hooked already, with handles that remove nothing.
+        if install_grad_hooks:
+            for param in module.parameters():
+                if not param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                    self._param_to_grad_hook_handles[param] = (_NO_HANDLE, _NO_HANDLE)
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _current_total(self) -> int:
         return sum(int(s["Total"]) for s in self._curr_mem_snap.values())

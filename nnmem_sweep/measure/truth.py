@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import atomic_write_text, safe_stem
-from .cases import case_by_id
+from .cases import FINETUNE_DIR, case_by_id
 
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
-              "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes")
+              "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -49,6 +49,8 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     rec["hf_config"] = measured["config"] or None
     rec["hf_config_origin"] = measured["config_origin"]
     rec["params"] = measured["params"]
+    if "trainable_params" in measured:
+        rec["trainable_params"] = measured["trainable_params"]
     rec["measured"] = {
         "peak_bytes": measured["peak_bytes"],
         "peak_phase": measured["peak_phase"],
@@ -82,7 +84,8 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
         t0 = time.perf_counter()
         measured = measure_case(catalog[cid], fake=True)
         rec = case_record(catalog[cid], measured)
-        path = out_dir / f"{safe_stem(cid)}.json"
+        folder = out_dir / FINETUNE_DIR if "finetune" in catalog[cid] else out_dir
+        path = folder / f"{safe_stem(cid)}.json"
         atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
         print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "
               f"({measured['attention_kernel']} attention) {time.perf_counter() - t0:.1f} s -> {path}",
