@@ -1,0 +1,554 @@
+"""Fine-tuning methods: full, LoRA and QLoRA, as the bytes a training step keeps (issue 4, "Fine-tuning methods").
+
+LoRA (Hu et al. 2021 §4.1) freezes the pretrained weights and trains, beside each targeted linear W (out × in), the
+product B·A with A (r × in) and B (out × r): `h = W x + (α/r) · B A dropout(x)`. peft's LoraLayer does this with
+two nn.Linear (no bias) and, by default, casts the adapters of a 16-bit model to fp32 (get_peft_model's
+autocast_adapter_dtype=True) and the input with them. QLoRA (Dettmers et al. 2023 §3) stores the frozen linears
+of the blocks in NF4 with double-quantised block scales (components/weights.py nf4_bytes).
+
+What a frozen base changes, checked against peft runs under MemTracker (tests/data/truth/finetune/, FINDINGS.md):
+  - weights: the base in its dtype (QLoRA: NF4 block linears, the rest as prepare_model_for_kbit_training leaves
+    it, fp32) plus the adapters in theirs; gradients, master copy and optimizer state for the adapters only;
+  - activations: autograd saves a matmul's input only for the weight's gradient, so a frozen linear saves nothing
+    of its own (the input stays only where another op saves it); a frozen RMSNorm keeps its fp32 input and rsqrt
+    but not the normalised tensor (that was for the weight's gradient); nothing before the first adapter is saved
+    (the embedding and the first layer's input norm see no tensor that requires grad); each adapter saves its
+    input (the dropout output, or the fp32 copy peft casts, or the shared input itself) and A's output;
+  - no embedding backward (frozen embedding), no weight gradients in the last layer's backward.
+
+Entry points with the shapes the training plan (components/peak.py) consumes:
+  finetune_states(arch, ft, precs, o_names, i_names) -> (W, M, G, S, T) as peak._states;
+  train_activations(arch, p, attention, checkpointing, ft, device) -> activations.TrainActivations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..catalog.optimizers import BNB_OPTIM, DETTMERS_2021, SHAZEER_2018, TORCH_OPTIM, Optimizer, get_optimizer
+from ..catalog.precisions import DETTMERS_2023, Precision
+from ..citations import formula, source
+from ..errors import Problem, ScenarioError, UsageError
+from ..models.arch import Architecture
+from . import activations as act
+from . import optimizer as optim
+from .terms import ZERO, Term
+from .weights import nf4_bytes, param_summary
+from . import weights as wts
+
+HU_2021 = source("hu2021", "Hu et al. 2021, LoRA: Low-Rank Adaptation of Large Language Models", "arXiv:2106.09685")
+PEFT = source("peft-0.21", "Hugging Face peft 0.21 (tuners/lora/layer.py LoraLayer.update_layer and Linear.forward; "
+              "tuners_utils.py cast_adapter_dtype; utils/other.py prepare_model_for_kbit_training)",
+              "https://github.com/huggingface/peft/tree/main/src/peft")
+TORCH_AUTOGRAD = source("torch-autograd-saved", "PyTorch autograd derivatives.yaml: the tensors each op saves for "
+                        "backward", "https://github.com/pytorch/pytorch/blob/main/tools/autograd/derivatives.yaml")
+
+METHODS = ("full", "lora", "qlora")
+ADAPTER_DTYPES = ("fp32", "model")  # peft autocast_adapter_dtype=True (16-bit adapters upcast to fp32) | False
+ALL_LINEAR = "all-linear"  # peft's shortcut: every linear layer but the output layer
+FP32 = 4
+QLORA_REST_BYTES = 4  # prepare_model_for_kbit_training casts every non-quantised fp16/bf16 parameter to fp32
+
+# Linear modules a target name selects, per family: (input source, out features, in features) of one layer.
+# Input sources: "attn_in" (the attention norm's output), "attn_out" (attention output), "mlp_in" (the MLP norm's
+# output), "mlp_mid" (the input of the MLP's output projection).
+_LLAMA_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_GPT2_NAMES = ("c_attn", "c_proj", "c_fc")
+TARGET_NAMES = (*_LLAMA_NAMES, *_GPT2_NAMES, ALL_LINEAR)
+LORA_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "gpt2")
+
+
+@dataclass(frozen=True)
+class Finetune:
+    """A fine-tuning method. Defaults are peft's LoraConfig (r=8, lora_alpha=8, lora_dropout=0.0, q_proj and v_proj
+    for Llama-style models: TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) with get_peft_model's fp32 adapters;
+    parse_finetune gives QLoRA the QLoRA paper's recipe (r=64, α=16, dropout 0.1, every linear layer)."""
+
+    method: str = "full"
+    rank: int = 8
+    alpha: float = 8
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    dropout: float = 0.0
+    adapter_dtype: str = "fp32"
+
+    @property
+    def adapters(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+
+FULL = Finetune()
+_DEFAULTS = {
+    "lora": {},
+    # QLoRA §4 / Appendix B: r = 64, α = 16, dropout 0.1 (models up to 13B), adapters on all linear block layers
+    "qlora": {"rank": 64, "alpha": 16, "dropout": 0.1, "targets": (ALL_LINEAR,)},
+}
+
+FINETUNE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Fine-tuning method (issue 4): full (every weight trained), lora (frozen base + adapters) or "
+                   "qlora (NF4 frozen base + adapters). Defaults: peft LoraConfig (rank 8, alpha 8, dropout 0, "
+                   "q_proj/v_proj, fp32 adapters); qlora: rank 64, alpha 16, dropout 0.1, all-linear.",
+    "additionalProperties": False,
+    "required": ["method"],
+    "properties": {
+        "method": {"enum": list(METHODS)},
+        "rank": {"type": "integer", "minimum": 1, "description": "r: the adapters' inner dimension"},
+        "alpha": {"type": "number", "exclusiveMinimum": 0, "description": "lora_alpha (scaling α/r; no bytes)"},
+        "targets": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(TARGET_NAMES)},
+                    "description": "module names peft wraps (Llama-style or GPT-2 names), or all-linear"},
+        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "description": "lora_dropout"},
+        "adapter_dtype": {"enum": list(ADAPTER_DTYPES),
+                          "description": "fp32 (peft's default upcast of 16-bit adapters) or the model's dtype"},
+    },
+}
+
+Locator = Callable[[str], tuple[str, "int | None", "int | None"]]
+
+
+def parse_finetune(node: Any, where: Locator | str = "<scenario>", path: str = "finetune") -> Finetune:
+    """The `finetune` mapping of a scenario as a Finetune; every problem found raised at once as a ScenarioError.
+    `where(key_path)` gives (file, line, column) of a key path, as config.py's builder knows it; a string is a
+    file name without positions. None (the key absent) is full fine-tuning."""
+    locate: Locator = (lambda p, f=where: (f, None, None)) if isinstance(where, str) else where
+    problems: list[Problem] = []
+
+    def bad(key: str, message: str) -> None:
+        p = f"{path}.{key}" if key else path
+        file, line, col = locate(p)
+        problems.append(Problem(file, line, col, p, message))
+
+    if node is None:
+        return FULL
+    if isinstance(node, str):  # `finetune: lora` as a shorthand for {method: lora}
+        node = {"method": node}
+    if not isinstance(node, dict):
+        bad("", f"expected a mapping such as {{method: lora, rank: 16}}, got {type(node).__name__}")
+        raise ScenarioError(problems)
+    for key in node:
+        if key not in FINETUNE_SCHEMA["properties"]:
+            bad(str(key), f"unknown key {key!r} (allowed: {', '.join(FINETUNE_SCHEMA['properties'])})")
+    method = node.get("method", None)
+    if method not in METHODS:
+        bad("method", f"{method!r} is not one of: {', '.join(METHODS)}" if "method" in node else
+            f"missing required key 'method' ({', '.join(METHODS)})")
+        raise ScenarioError(problems)
+    if method == "full":
+        for key in node:
+            if key != "method" and key in FINETUNE_SCHEMA["properties"]:
+                bad(str(key), "applies to lora and qlora only (full fine-tuning trains every weight)")
+        if problems:
+            raise ScenarioError(problems)
+        return FULL
+    values: dict[str, Any] = {**{k: getattr(FULL, k) for k in ("rank", "alpha", "targets", "dropout",
+                                                                "adapter_dtype")}, **_DEFAULTS[method]}
+    if "rank" in node:
+        r = node["rank"]
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            bad("rank", f"must be a whole number ≥ 1, got {r!r}")
+        else:
+            values["rank"] = r
+    if "alpha" in node:
+        a = node["alpha"]
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not a > 0:
+            bad("alpha", f"must be a number > 0, got {a!r}")
+        else:
+            values["alpha"] = a
+    if "dropout" in node:
+        d = node["dropout"]
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
+            bad("dropout", f"must be a number in [0, 1), got {d!r}")
+        else:
+            values["dropout"] = float(d)
+    if "adapter_dtype" in node:
+        t = node["adapter_dtype"]
+        if t not in ADAPTER_DTYPES:
+            bad("adapter_dtype", f"{t!r} is not one of: {', '.join(ADAPTER_DTYPES)}")
+        else:
+            values["adapter_dtype"] = t
+    if "targets" in node:
+        ts = node["targets"]
+        ts = [ts] if isinstance(ts, str) else ts
+        if not isinstance(ts, list) or not ts:
+            bad("targets", "must be a non-empty list of module names, e.g. [q_proj, v_proj] or [all-linear]")
+        else:
+            unknown = [t for t in ts if t not in TARGET_NAMES]
+            for i, t in enumerate(ts):
+                if t in unknown:
+                    bad(f"targets[{i}]", f"{t!r} is not one of: {', '.join(TARGET_NAMES)}")
+            if len(set(map(str, ts))) != len(ts):
+                bad("targets", "lists the same module twice")
+            elif ALL_LINEAR in ts and len(ts) > 1:
+                bad("targets", "all-linear already selects every linear layer; list it alone")
+            elif not unknown:
+                values["targets"] = tuple(ts)
+    if problems:
+        raise ScenarioError(problems)
+    return Finetune(method=method, **values)
+
+
+# ---------------------------------------------------------------- adapter tensors
+
+@dataclass(frozen=True)
+class Target:
+    """One targeted linear of a layer: the module peft wraps."""
+
+    name: str
+    source: str  # which tensor it reads (attn_in, attn_out, mlp_in, mlp_mid)
+    out_f: int
+    in_f: int
+
+
+def _linears(arch: Architecture) -> list[tuple[str, Target]]:
+    """(target name, linear) for one block, in forward order."""
+    h, i = arch.hidden, arch.intermediate
+    hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    if arch.family == "gpt2":  # Conv1D modules, wrapped by peft the same way (fan_in_fan_out)
+        return [("c_attn", Target("c_attn", "attn_in", hq + 2 * hkv, h)),
+                ("c_proj", Target("attn.c_proj", "attn_out", h, hq)),
+                ("c_fc", Target("c_fc", "mlp_in", i, h)),
+                ("c_proj", Target("mlp.c_proj", "mlp_mid", h, i))]
+    out = [("q_proj", Target("q_proj", "attn_in", hq, h)), ("k_proj", Target("k_proj", "attn_in", hkv, h)),
+           ("v_proj", Target("v_proj", "attn_in", hkv, h)), ("o_proj", Target("o_proj", "attn_out", h, hq))]
+    if not arch.num_experts:  # MoE experts are 3-D parameters, not nn.Linear: peft's LoRA does not wrap them
+        if arch.mlp == "gated":
+            out.append(("gate_proj", Target("gate_proj", "mlp_in", i, h)))
+        out += [("up_proj", Target("up_proj", "mlp_in", i, h)), ("down_proj", Target("down_proj", "mlp_mid", h, i))]
+    return out
+
+
+def _check(arch: Architecture, ft: Finetune) -> None:
+    if arch.kind != "transformer" or arch.family not in LORA_FAMILIES or arch.head != "causal_lm":
+        raise UsageError(f"finetune {ft.method} is modelled for causal-LM transformers ({', '.join(LORA_FAMILIES)}); "
+                         f"{arch.name or arch.family} is not one")
+
+
+def targets_of(arch: Architecture, ft: Finetune) -> tuple[Target, ...]:
+    """The linears of one block that carry adapters (every layer alike, as peft matches module-name suffixes)."""
+    _check(arch, ft)
+    linears = _linears(arch)
+    if ALL_LINEAR in ft.targets:
+        return tuple(t for _, t in linears)
+    chosen = tuple(t for name, t in linears if name in ft.targets)
+    missing = [n for n in ft.targets if n not in {name for name, _ in linears}]
+    if missing:
+        raise UsageError(f"finetune target(s) {', '.join(missing)} name no linear layer of {arch.name or arch.family}"
+                         f"; its linears: {', '.join(dict.fromkeys(n for n, _ in linears))}")
+    return chosen
+
+
+@formula("lora_adapter_params", "L · Σ_targets r · (in + out)  (A: r × in, B: out × r, no bias)", HU_2021, PEFT,
+         where="§4.1 (ΔW = BA, B ∈ R^{d×r}, A ∈ R^{r×k}); LoraLayer.update_layer: nn.Linear(in, r, bias=False), "
+         "nn.Linear(r, out, bias=False)")
+def adapter_params(arch: Architecture, ft: Finetune) -> int:
+    if not ft.adapters:
+        return 0
+    return arch.layers * sum(ft.rank * (t.in_f + t.out_f) for t in targets_of(arch, ft))
+
+
+def adapter_shapes(arch: Architecture, ft: Finetune) -> list[tuple[int, int]]:
+    """(elements, how many) of every adapter tensor: A and B of each target in each layer."""
+    shapes: dict[int, int] = {}
+    for t in targets_of(arch, ft):
+        for n in (ft.rank * t.in_f, t.out_f * ft.rank):
+            shapes[n] = shapes.get(n, 0) + arch.layers
+    return sorted(shapes.items())
+
+
+def adapter_dtype_bytes(ft: Finetune, p: Precision) -> tuple[int, int, int, int]:
+    """(weight, grad, master, state) bytes per adapter parameter: fp32 adapters keep fp32 grads and fp32 state
+    (torch.optim follows the parameter's dtype); adapters in the model's dtype follow the precision recipe."""
+    if ft.adapter_dtype == "fp32":
+        return FP32, FP32, 0, FP32
+    return p.weight_bytes, p.grad_bytes, p.master_bytes, p.state_bytes
+
+
+# ---------------------------------------------------------------- model states
+
+@formula("finetune.weights_bytes",
+         "lora: Ψ_base · bytes(weight) + Ψ_A · a;  qlora: Σ block linears nf4(rows, cols) + (Ψ_base − block linears) "
+         "· 4 + Ψ_A · a", HU_2021, DETTMERS_2023, PEFT,
+         where="LoRA §4.1 (W0 frozen); QLoRA §3 (NF4 storage, double quantisation); prepare_model_for_kbit_training "
+         "upcasts the non-quantised parameters (embeddings, norms, lm_head) to fp32",
+         note="a = bytes of an adapter parameter (fp32 by default). QLoRA is modelled from the published format, "
+              "not measured (bitsandbytes' 4-bit kernels need a CUDA device); each matrix's 16-entry NF4 code table "
+              "and fp32 offset (68 B) are left out.")
+def weights_bytes(arch: Architecture, p: Precision, ft: Finetune = FULL) -> int:
+    if not ft.adapters:
+        return wts.weights_bytes(arch, p)
+    s = param_summary(arch)
+    adapters = adapter_params(arch, ft) * adapter_dtype_bytes(ft, p)[0]
+    if ft.method == "lora":
+        return s.total * p.weight_bytes + adapters
+    quantised = sum(qlora_matrix_bytes(x.shape) * x.count for x in s.tensors if x.block_linear)
+    return quantised + (s.total - s.block_linear) * QLORA_REST_BYTES + adapters
+
+
+def qlora_matrix_bytes(shape: tuple[int, ...]) -> int:
+    """One frozen block linear in NF4 (MoE experts: the leading dimensions are rows)."""
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return nf4_bytes(rows, shape[-1])
+
+
+@formula("finetune.master_weights_bytes", "Ψ_A · 4 when the adapters are in a 16-bit model dtype under bf16-master",
+         HU_2021, where="only trained parameters need a master copy")
+def master_weights_bytes(arch: Architecture, p: Precision, ft: Finetune = FULL) -> int:
+    if not ft.adapters:
+        return wts.master_weights_bytes(arch, p)
+    return adapter_params(arch, ft) * adapter_dtype_bytes(ft, p)[2]
+
+
+@formula("finetune.gradients_bytes", "Ψ_A · g_A  (no gradient for a frozen weight)", HU_2021, PEFT,
+         where="§4.1: 'W0 is frozen and does not receive gradient updates'")
+def gradients_bytes(arch: Architecture, p: Precision, ft: Finetune = FULL) -> int:
+    if not ft.adapters:
+        return wts.gradients_bytes(arch, p)
+    return adapter_params(arch, ft) * adapter_dtype_bytes(ft, p)[1]
+
+
+@formula("finetune.optimizer_state_bytes",
+         "over the adapter tensors: k · Ψ_A · s;  adafactor Σ (rows + cols) · s;  8-bit per tensor as for the model;"
+         "  fused: + 4 per adapter tensor", TORCH_OPTIM, SHAZEER_2018, DETTMERS_2021, BNB_OPTIM, HU_2021,
+         where="the optimizer is given the trainable parameters only (peft: model.parameters() with requires_grad)")
+def optimizer_state_bytes(arch: Architecture, p: Precision, opt: Optimizer, impl: str, ft: Finetune = FULL) -> int:
+    if not ft.adapters:
+        return optim.optimizer_state_bytes(arch, p, opt, impl)
+    s_bytes = adapter_dtype_bytes(ft, p)[3]
+    shapes = adapter_shapes(arch, ft)
+    n_tensors = sum(c for _, c in shapes)
+    if opt.layout == "8bit":
+        state, any_8bit = 0, False
+        for n, count in shapes:
+            if n >= optim.BNB_MIN_8BIT_SIZE:
+                any_8bit = True
+                state += count * (2 * n + 2 * (-(-n // optim.BNB_BLOCK)) * 4)
+            else:
+                state += count * 2 * 4 * n
+        state += optim.BNB_QMAP_BYTES if any_8bit else 0
+    elif opt.layout == "factored":  # A (r, in) and B (out, r): a row and a column vector each
+        state = arch.layers * sum((ft.rank + t.in_f) + (t.out_f + ft.rank) for t in targets_of(arch, ft))
+        state *= s_bytes
+    else:
+        state = len(opt.state) * adapter_params(arch, ft) * s_bytes
+    if impl == "fused" and opt.fused_available and opt.device_step_when_fused:
+        state += optim.STEP_BYTES * n_tensors
+    return state
+
+
+@formula("finetune.optimizer_step_temporary_bytes",
+         "foreach: t_f · Ψ_A · s;  forloop: t_l · largest adapter tensor · s;  fused: 0", TORCH_OPTIM,
+         where="as optimizer_step_temporary_bytes, over the adapter tensors")
+def optimizer_step_temporary_bytes(arch: Architecture, p: Precision, opt: Optimizer, impl: str,
+                                   ft: Finetune = FULL) -> int:
+    if not ft.adapters:
+        return optim.optimizer_step_temporary_bytes(arch, p, opt, impl)
+    if opt.layout == "8bit":
+        return 0
+    if opt.name == "lion":
+        impl = "forloop"
+    if impl == "fused" and not opt.fused_available:
+        impl = "foreach"
+    if impl in ("fused", "none"):
+        return 0
+    s_bytes = adapter_dtype_bytes(ft, p)[3]
+    if impl == "foreach":
+        return opt.foreach_temps * adapter_params(arch, ft) * s_bytes
+    return opt.forloop_temps * max(n for n, _ in adapter_shapes(arch, ft)) * s_bytes
+
+
+def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros((*shape, 5), dtype=np.int64)
+    out[..., 0] = np.array(values, dtype=np.int64).reshape(shape)
+    return out
+
+
+def finetune_states(arch: Architecture, ft: Finetune, precs: tuple[Precision, ...], o_names: tuple,
+                    i_names: tuple) -> tuple[np.ndarray, ...]:
+    """W, M, G per precision as (nP, 5); optimizer state and step temporaries per (precision, optimizer, impl) as
+    (nP, nO, nI, 5): the arrays components/peak.py `_states` returns, for this fine-tuning method."""
+    opts = [get_optimizer(o) for o in o_names]
+    nP, nO, nI = len(precs), len(opts), len(i_names)
+    W = _consts([weights_bytes(arch, p, ft) for p in precs], (nP,))
+    M = _consts([master_weights_bytes(arch, p, ft) for p in precs], (nP,))
+    G = _consts([gradients_bytes(arch, p, ft) for p in precs], (nP,))
+    S = _consts([optimizer_state_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+                (nP, nO, nI))
+    T = _consts([optimizer_step_temporary_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+                (nP, nO, nI))
+    return W, M, G, S, T
+
+
+# ---------------------------------------------------------------- activations of a frozen base
+
+@formula("frozen_norm_saved_bytes", "RMSNorm: 4·h + 4 (fp32 input, rsqrt);  LayerNorm: r·h + 8 (as trained)",
+         TORCH_AUTOGRAD, act.HF_MODELING,
+         where="LlamaRMSNorm: weight · normalised saves the normalised tensor only for the weight's gradient; "
+         "native_layer_norm saves input, mean and rstd for the input's gradient")
+def frozen_norm_saved(arch: Architecture, p: Precision) -> Term:
+    if arch.norm == "rmsnorm":
+        return Term(tok=act.STAT * arch.hidden + act.STAT)
+    return act.norm_saved(arch, p)
+
+
+def _eager_out(arch: Architecture, attention: str, device: str) -> bool:
+    """True when the o_proj input is a copy of its own (eager P·V, made contiguous), not SDPA's saved output."""
+    from . import cpu_kernels
+
+    return attention != "flash" or cpu_kernels.sdpa_falls_back_to_math(arch, attention, device)
+
+
+@formula("frozen_attention_saved_bytes",
+         "attention_saved − e·h (q/k/v input: frozen linears save no input) − [eager] e·hq (o_proj input)",
+         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="mm saves mat1 only for mat2's gradient (derivatives.yaml)")
+def frozen_attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False,
+                           device: str = "cuda") -> Term:
+    full = act.attention_saved(arch, p, attention, drop_scores, device)
+    minus = act.linear_inputs_saved(arch, p, 1 if arch.family == "gpt2" else 3)
+    if _eager_out(arch, attention, device):
+        minus += p.act_bytes * arch.heads * arch.head_dim
+    return full + Term(tok=-minus)
+
+
+@formula("frozen_mlp_saved_bytes", "mlp_saved − linear inputs − e·I (the output projection's input)",
+         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="frozen up/gate/down save no input; SiLU and the product "
+         "still save theirs (gate, SiLU output, up) for the input's gradient",
+         note="MoE (experts frozen and not adapted): as trained less the router input, an upper bound")
+def frozen_mlp_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
+    full = act.mlp_saved(arch, p, device)
+    minus = act.linear_inputs_saved(arch, p, 1 if (arch.num_experts or arch.mlp != "gated") else 2)
+    if not arch.num_experts:
+        minus += p.act_bytes * arch.intermediate
+    return full + Term(tok=-minus)
+
+
+def _source_bytes(arch: Architecture, p: Precision, source_name: str, attention: str, device: str
+                  ) -> tuple[int, int, bool]:
+    """(bytes per element, elements per token, already saved by another op) of the tensor a target reads."""
+    h, i, hq = arch.hidden, arch.intermediate, arch.heads * arch.head_dim
+    if source_name == "attn_in":
+        return p.residual_bytes if arch.norm == "rmsnorm" else p.act_bytes, h, False
+    if source_name == "attn_out":  # SDPA's output, saved by SDPA itself unless eager made a contiguous copy
+        return p.act_bytes, hq, not _eager_out(arch, attention, device)
+    if source_name == "mlp_in":
+        return p.residual_bytes if arch.norm == "rmsnorm" else p.act_bytes, h, False
+    return p.act_bytes, i, False  # mlp_mid: the SwiGLU product / the GeLU output
+
+
+@formula("lora_adapter_saved_bytes",
+         "per target: [dropout] c·in + mask·in | [cast] c·in | [shared input] x·in once per input;  + c·r (A's output)",
+         HU_2021, PEFT, TORCH_AUTOGRAD,
+         where="Linear.forward: x = _cast_input_dtype(x, lora_A.weight.dtype); result + lora_B(lora_A(dropout(x))) "
+         "· scaling; A saves its input, B saves A's output",
+         note="c = bytes of the adapter's compute dtype: the adapter's own, or the autocast dtype, which copies "
+              "its fp32 input per call (autocast caches only leaf weights that require grad)")
+def adapter_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str, device: str = "cuda",
+                  no_grad: tuple[str, ...] = ()) -> Term:
+    """One layer's adapters; `no_grad`: sources that need no gradient (the first layer's input), whose dropout
+    records no graph and so keeps no mask (its output is still saved by A, whose weight needs it)."""
+    a = adapter_dtype_bytes(ft, p)[0]
+    c = p.act_bytes if p.autocast else a
+    tok = 0
+    shared: set[str] = set()
+    for t in targets_of(arch, ft):
+        x_bytes, n_in, saved_elsewhere = _source_bytes(arch, p, t.source, attention, device)
+        if ft.dropout > 0:  # each target's own dropout: its output (saved by A) and the mask
+            tok += c * n_in + (0 if t.source in no_grad else act.dropout_mask_bytes(device, a) * n_in)
+        elif p.autocast or x_bytes != a:  # a copy per target (peft's cast or autocast's), saved by A
+            tok += c * n_in
+        elif t.source not in shared:  # A reads the layer's own tensor: one storage for all its readers
+            shared.add(t.source)
+            tok += 0 if saved_elsewhere else x_bytes * n_in
+        tok += c * ft.rank  # A's output, saved by B
+    return Term(tok=tok)
+
+
+@formula("frozen_layer_saved_bytes", "2 · frozen norm + frozen attention + frozen MLP + adapters", HU_2021,
+         TORCH_AUTOGRAD, where="layers after the first; the first saves nothing before its first adapter")
+def frozen_layer_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str, drop_scores: bool = False,
+                       device: str = "cuda", first: bool = False) -> Term:
+    norm = frozen_norm_saved(arch, p)
+    parts = [("attn_in", norm), ("attn", frozen_attention_saved(arch, p, attention, drop_scores, device)),
+             ("mlp_in", norm), ("mlp", frozen_mlp_saved(arch, p, device))]
+    no_grad: tuple[str, ...] = ()
+    if first:  # autograd records nothing until a tensor requires grad: the first adapter's output
+        order = ("attn_in", "attn_out", "mlp_in", "mlp_mid")
+        start = min(order.index(t.source) for t in targets_of(arch, ft))
+        no_grad = order[: start + 1]
+        # the input norm of a source precedes the adapter; the attention (or MLP) block follows its input
+        keep = {"attn_in": ["attn", "mlp_in", "mlp"], "attn_out": ["mlp_in", "mlp"], "mlp_in": ["mlp"],
+                "mlp_mid": []}[order[start]]
+        parts = [(k, v) for k, v in parts if k in keep]
+    total = ZERO
+    for _, v in parts:
+        total = total + v
+    return total + adapter_saved(arch, p, ft, attention, device, no_grad)
+
+
+@formula("frozen_head_saved_bytes", "final norm (frozen) only: lm_head is frozen, its input is not saved",
+         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="§4.3 output-layer input 2sbh: only for the weight's gradient")
+def frozen_head_saved(arch: Architecture, p: Precision) -> Term:
+    return frozen_norm_saved(arch, p)
+
+
+@formula("frozen_autocast_copies_bytes",
+         "2 · (matmul weights − the first layer's linears before its first adapter) + 2 · Ψ_A",
+         act.TORCH_CKPT, wts.TORCH_AMP, TORCH_AUTOGRAD,
+         where="autocast caches casts of leaf tensors that require grad only (the adapters); a frozen weight's "
+               "16-bit copy is made per call and kept by the matmul when its input requires grad")
+def frozen_autocast_copies(arch: Architecture, p: Precision, ft: Finetune, checkpointing: str) -> int:
+    if not p.autocast:
+        return 0
+    adapters = adapter_params(arch, ft) * p.act_bytes
+    if checkpointing == "full":  # the frozen copies are remade by the recomputation; the cached adapters stay
+        return adapters
+    s = param_summary(arch)
+    # the first layer's linears that read a tensor needing no grad: those up to and including the first adapter's
+    order = ("attn_in", "attn_out", "mlp_in", "mlp_mid")
+    first = min(order.index(t.source) for t in targets_of(arch, ft))
+    skipped = sum(t.out_f * t.in_f for _, t in _linears(arch) if order.index(t.source) <= first)
+    return (s.matmul - skipped) * p.act_bytes + adapters
+
+
+@formula("frozen_last_layer_backward_temporary_bytes", "2·r·h + e·I per token (no weight gradient)",
+         act.HF_MODELING, HU_2021, where="as last_layer_backward_temporary_bytes without the frozen I·h weight grad")
+def frozen_last_layer_backward_temp(arch: Architecture, p: Precision) -> Term:
+    return Term(tok=2 * p.residual_bytes * arch.hidden + p.act_bytes * arch.intermediate)
+
+
+@formula("frozen_forward_hidden_states_bytes", "r·h per token (the final norm output, alive through the loss)",
+         act.HF_MODELING, where="LlamaForCausalLM.forward keeps `hidden_states` while loss_function runs; a trained "
+         "lm_head saves it anyway (head_saved_bytes), a frozen one does not")
+def forward_hidden_states(arch: Architecture, p: Precision) -> Term:
+    return Term(tok=p.residual_bytes * arch.hidden)
+
+
+def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, ft: Finetune = FULL,
+                      device: str = "cuda") -> act.TrainActivations:
+    """activations.train_activations for a frozen base with adapters (full: that function itself)."""
+    if not ft.adapters:
+        return act.train_activations(arch, p, attention, checkpointing, device)
+    L = arch.layers
+    later = frozen_layer_saved(arch, p, ft, attention, device=device)
+    first = frozen_layer_saved(arch, p, ft, attention, device=device, first=True)
+    if checkpointing == "full":
+        layers = L * act.checkpointed_layer_saved(arch, p)
+    elif checkpointing == "selective":
+        sel = frozen_layer_saved(arch, p, ft, attention, drop_scores=True, device=device)
+        layers = (L - 1) * sel + first + Term(s2=-later.s2 + sel.s2) if L else ZERO
+    else:
+        layers = (L - 1) * later + first
+    inputs = act.inputs_term(arch)
+    copies = Term(const=frozen_autocast_copies(arch, p, ft, checkpointing))
+    # no embedding term: a frozen embedding's output needs no grad, so nothing on it is saved
+    saved = inputs + copies + act.rope_saved(arch, p) + layers + frozen_head_saved(arch, p)
+    bwd_start = [act.loss_backward_temp(arch, p), frozen_last_layer_backward_temp(arch, p)]
+    if checkpointing == "full":
+        bwd_start.append(later)
+    elif checkpointing == "selective" and attention == "eager":
+        bwd_start.append(Term(s2=later.s2))
+    return act.TrainActivations(saved=saved, inputs=inputs,
+                                forward_temp=act.loss_forward_temp(arch, p) + forward_hidden_states(arch, p),
+                                backward_start_temp=tuple(bwd_start), backward_end_temp=(ZERO,))
