@@ -196,3 +196,25 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
                       host=host)
+
+
+NCCL_DOCS = source("nccl-env", "NVIDIA NCCL documentation, Environment Variables (NCCL_BUFFSIZE: 4 MiB per channel "
+                   "and peer by default, allocated by NCCL with cudaMalloc, outside PyTorch's allocator)",
+                   "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html")
+TORCH_DDP = source("torch-ddp", "PyTorch DistributedDataParallel (bucket_cap_mb=25) and FSDP (all-gather of one "
+                   "wrapped unit, forward/backward prefetch)",
+                   "https://pytorch.org/docs/stable/notes/ddp.html")
+
+
+@formula("parallel.assumptions.communication_buffers",
+         "not counted: NCCL buffers; DDP/ZeRO gradient buckets (25 MB); pipeline send/receive beyond one b·s_l·h "
+         "tensor", NCCL_DOCS, TORCH_DDP,
+         where="NCCL_BUFFSIZE (4 MiB per channel and peer) lives outside the caching allocator, like the CUDA "
+               "context (the overheads cover it); buckets are views of or small next to the gradients",
+         note="Also assumed: data-parallel ranks hold the same bytes (the most loaded rank is a first or last "
+              "pipeline stage); ZeRO partitions are even (ceil division); tensor-parallel shards round up where t "
+              "does not divide a dimension; expert parallelism routes tokens evenly (activations as without it); "
+              "the last stage of an interleaved pipeline keeps one micro-batch like 1F1B")
+def communication_buffers_bytes() -> int:
+    """What the estimator adds for communication buffers: nothing (stated, not modelled)."""
+    return 0
