@@ -24,6 +24,7 @@ t does not divide is rounded up (the most loaded rank).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from ..catalog.precisions import Precision
@@ -104,10 +105,17 @@ def grads_live_in_forward(lay: Layout, in_flight: int) -> bool:
     return lay.accum > 1 or lay.micro_batches > in_flight
 
 
-@lru_cache(maxsize=4096)
 def stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
                       device: str = "cuda") -> tuple[TrainActivations, TrainActivations | None, int, int]:
-    """(first stage, last stage or None without pipeline, in-flight micro-batches of each) as Terms over s_l."""
+    """(first stage, last stage or None without pipeline, in-flight micro-batches of each) as Terms over s_l.
+    Data parallelism, ZeRO, offload and accumulation do not change them: cached without."""
+    return _stage_activations(arch, p, attention, checkpointing, replace(
+        lay, dp=1, zero=0, offload="none", accum=1, fp32_grads=False), device)
+
+
+@lru_cache(maxsize=4096)
+def _stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
+                       device: str = "cuda") -> tuple[TrainActivations, TrainActivations | None, int, int]:
     base = act.train_activations(arch, p, attention, checkpointing, device)
     if not lay.splits_model:
         return base, None, 1, 1
