@@ -35,8 +35,9 @@ validate: $(STAMP)
 run: $(STAMP)
 	$(BIN)/nnmem-sweep run $(CONFIG) $(if $(OUT),--out $(OUT))
 
+# SINCE=REV adds the max-batch cells that changed since CONFIG as committed at git revision REV.
 report: $(STAMP)
-	$(BIN)/nnmem-sweep report $(CONFIG) $(if $(OUT),--out $(OUT))
+	$(BIN)/nnmem-sweep report $(CONFIG) $(if $(OUT),--out $(OUT)) $(if $(SINCE),--changes-since $(SINCE))
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -97,7 +97,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import make_report
 
     out = Path(args.out) if args.out else _default_out(args.config)
-    for written in make_report(args.config, out, max_rows=args.max_rows, progress=not args.quiet):
+    for written in make_report(args.config, out, max_rows=args.max_rows, progress=not args.quiet,
+                               changes_since=args.changes_since):
         print(written)
     return 0
 
@@ -176,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="run the scenario and render report.html and report.pdf",
                        description="Run the scenario and render the capacity-planning report (HTML and PDF).")
     common_run(s)
+    s.add_argument("--changes-since", metavar="REV",
+                   help="add a section listing the max-batch cells that changed since CONFIG was as committed at "
+                   "git revision REV")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("diff", help="list the max-batch cells that changed between two scenarios",

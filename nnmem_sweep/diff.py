@@ -12,10 +12,13 @@ axes and GPU (columns.NON_BATCH_AXES + gpu). The answer is ordered by what a rev
 `provenance(config)` says whether CONFIG is committed as it is on disk (for the report's provenance line).
 
 `scenario_at_revision(config, rev)` reads CONFIG as it was at REV with `git show REV:./file`, run in the folder
-holding CONFIG, so the path is taken relative to the repository that contains it.
+holding CONFIG, so the path is taken relative to the repository that contains it. `config_at_revision` also names
+the commit REV resolves to and the file's sha256 there, and `changes_since` diffs that against a run of today's
+file: what `nnmem-sweep report CONFIG --changes-since REV` shows.
 """
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,34 +138,96 @@ def provenance(config: str | Path) -> Provenance:
     return Provenance(commit, "not tracked by git" if text.startswith("??") else "uncommitted changes")
 
 
-def scenario_text_at_revision(config: str | Path, rev: str) -> str:
-    """The text of CONFIG at git revision REV; UsageError (one line) when git, the repository, the revision or
-    the file at that revision is missing."""
+@dataclass(frozen=True)
+class AtRevision:
+    """CONFIG as committed at a revision: what `report --changes-since REV` compares the working tree with."""
+    rev: str  # as the user gave it
+    commit: str  # the full hash REV resolves to
+    sha256: str  # of the file's bytes at that commit
+    scenario: Scenario
+
+
+def _folder(config: str | Path) -> Path:
     p = Path(config)
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise UsageError(f"{config}: no such folder {str(folder)!r}")
+    return folder
+
+
+def _checked(rev: str, option: str) -> str:
     if rev.startswith("-"):
-        raise UsageError(f"--against {rev!r}: a revision cannot start with '-'")
-    done = _git(folder, "show", f"{rev}:./{p.name}")
+        raise UsageError(f"{option} {rev!r}: a revision cannot start with '-'")
+    return rev
+
+
+def _bytes_at_revision(config: str | Path, rev: str, what: str | None = None) -> bytes:
+    """`git show REV:./file` run in CONFIG's folder; errors start with `what` (default: cannot read ... at REV)."""
+    what = what or f"cannot read {config} at revision {rev!r}"
+    done = _git(_folder(config), "show", f"{rev}:./{Path(config).name}")
     if done is None:
-        raise UsageError(f"cannot read {config} at revision {rev!r}: git is not installed or did not answer")
+        raise UsageError(f"{what}: git is not installed or did not answer")
     if done.returncode != 0:
         msg = done.stderr.decode("utf-8", "replace").strip().splitlines()
         why = msg[-1].removeprefix("fatal: ") if msg else f"git exit {done.returncode}"
-        raise UsageError(f"cannot read {config} at revision {rev!r}: {why}")
+        raise UsageError(f"{what}: {why}")
+    return done.stdout
+
+
+def _text(data: bytes, config: str | Path, rev: str) -> str:
     try:
-        return done.stdout.decode("utf-8").removeprefix("\ufeff")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
         raise UsageError(f"{config} at revision {rev!r} is not UTF-8 text") from None
 
 
-def scenario_at_revision(config: str | Path, rev: str) -> Scenario:
-    """CONFIG as it was at REV, validated; relative paths inside it resolve from CONFIG's folder today."""
+def scenario_text_at_revision(config: str | Path, rev: str, option: str = "--against") -> str:
+    """The text of CONFIG at git revision REV; UsageError (one line) when git, the repository, the revision or
+    the file at that revision is missing. `option` names the flag REV came from in the messages."""
+    _checked(rev, option)
+    return _text(_bytes_at_revision(config, rev), config, rev)
+
+
+def _parse(text: str, config: str | Path, rev: str) -> Scenario:
     from .config import parse_scenario_text
 
-    text = scenario_text_at_revision(config, rev)
     return parse_scenario_text(text, file=f"{rev}:{config}", base_dir=Path(config).parent)
+
+
+def scenario_at_revision(config: str | Path, rev: str) -> Scenario:
+    """CONFIG as it was at REV, validated; relative paths inside it resolve from CONFIG's folder today."""
+    return _parse(scenario_text_at_revision(config, rev), config, rev)
+
+
+def config_at_revision(config: str | Path, rev: str, option: str = "--changes-since") -> AtRevision:
+    """CONFIG at REV with the commit REV names and the sha256 of the file there; one-line UsageError when REV is
+    not a commit of the repository holding CONFIG or the file did not exist at it."""
+    _checked(rev, option)
+    done = _git(_folder(config), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
+    if done is None:
+        raise UsageError(f"{option} {rev}: git is not installed or did not answer")
+    if done.returncode != 0:
+        inside = _git(_folder(config), "rev-parse", "--is-inside-work-tree")
+        if inside is None or inside.returncode != 0:
+            raise UsageError(f"{option} {rev}: {config} is not in a git repository")
+        raise UsageError(f"{option} {rev}: not a commit of the git repository holding {config}")
+    commit = done.stdout.decode().strip()
+    data = _bytes_at_revision(config, commit, f"{option} {rev}: cannot read {config} at commit {commit[:12]}")
+    return AtRevision(rev, commit, hashlib.sha256(data).hexdigest(), _parse(_text(data, config, rev), config, rev))
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The max-batch cells that changed since a revision (the report's "Changes since REV" section)."""
+    old: AtRevision
+    cells: pd.DataFrame  # diff_max_batch(CONFIG at the revision, CONFIG now); empty when nothing changed
+
+
+def changes_since(old: AtRevision, new_max_batch: pd.DataFrame, max_rows: int = 20_000_000) -> Changes:
+    """Run CONFIG as it was at the revision and compare its max-batch table with `new_max_batch` (the run now)."""
+    from .runner import run_scenario
+
+    return Changes(old, diff_max_batch(run_scenario(old.scenario, max_rows=max_rows), new_max_batch))
 
 
 def diff_scenarios(old: Scenario, new: Scenario, max_rows: int = 20_000_000) -> pd.DataFrame:

@@ -58,10 +58,12 @@ def templates_dir(sc) -> Path | None:
 
 
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
-                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True) -> list[Path]:
+                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True,
+                  changes: Any = None) -> list[Path]:
     """Write report.html and report.pdf for a RunResult (scenario, results, max_batch).
 
     `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
+    `changes` (a diff.Changes) adds the "Changes since REV" section.
     """
     from .context import build_context
     from .provenance import collect
@@ -74,7 +76,7 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
-                        getattr(result, "serving", None), getattr(result, "serving_context", None))
+                        getattr(result, "serving", None), getattr(result, "serving_context", None), changes)
     say("building HTML")
     html = render_html(ctx, templates_dir(sc))
     out_dir = Path(out_dir)
@@ -87,15 +89,23 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
 
 
 def make_report(config_path: str | Path, out_dir: Path, max_rows: int = 20_000_000,
-                progress: bool = True) -> list[Path]:
-    """Run the scenario and write report.html, report.pdf, results.csv and max_batch.csv into out_dir."""
+                progress: bool = True, changes_since: str | None = None) -> list[Path]:
+    """Run the scenario and write report.html, report.pdf, results.csv and max_batch.csv into out_dir.
+    `changes_since` (a git revision) adds the max-batch cells that changed since CONFIG was as committed there;
+    a revision that is not one, or a config that did not exist at it, fails before anything runs."""
     from ..config import load_scenario
+    from ..diff import changes_since as diff_since, config_at_revision
     from ..runner import run_scenario, write_outputs
 
     say = _Progress(progress)
     say(f"loading {config_path}")
     sc = load_scenario(config_path)
+    old = None if changes_since is None else config_at_revision(config_path, changes_since)
     say("running the grid")
     result = run_scenario(sc, max_rows=max_rows, progress=progress)
+    changes = None
+    if old is not None:
+        say(f"running the grid as committed at {changes_since}")
+        changes = diff_since(old, result.max_batch, max_rows=max_rows)
     written = list(write_outputs(result, Path(out_dir)))
-    return written + render_report(result, Path(out_dir), config_path, progress=say)
+    return written + render_report(result, Path(out_dir), config_path, progress=say, changes=changes)

@@ -452,10 +452,12 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
 def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
                   all_formulas: list, validation_table: pd.DataFrame | None = None,
                   serving_plan: pd.DataFrame | None = None,
-                  serving_context: pd.DataFrame | None = None) -> dict[str, Any]:
+                  serving_context: pd.DataFrame | None = None, changes: Any = None) -> dict[str, Any]:
     """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
     `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
-    section, report/serving.py); None leaves the section out."""
+    section, report/serving.py); None leaves the section out. `changes`: a diff.Changes (the "Changes since REV"
+    section, report/changes.py); None leaves it out."""
+    from .changes import section as changes_section
     from .serving import section as serving_section
 
     point = reference_point(sc)
@@ -491,6 +493,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "formulas": formulas(all_formulas),
         "validation": validation(validation_table),
         "serving": serving_section(sc, serving_plan, serving_context, point),
+        "changes": changes_section(changes, prov, sc),
         "yaml": sc.source_text,
         "levels": [{"n": str(i), "fill": f, "text": t} for i, (f, t) in enumerate(zip(charts.LEVEL_FILL, charts.LEVEL_TEXT))],
         "component_colours": [{"name": COMPONENT_LABELS[c], "colour": charts.COMPONENT_COLOURS[i]}
