@@ -144,6 +144,10 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     _lora("llama-3.2-1b", 4, 1024, "bf16", 16, QV, ckpt="full"),
     _lora("qwen2.5-0.5b", 2, 1024, "bf16-mixed", 8, QV),
     _lora("llama-3.2-1b", 2, 512, "bf16", 8, ALL_LINEAR, dropout=0.05, dropout_impl="native"),
+    # adapters in the model's dtype (autocast_adapter_dtype=False) on layers whose inputs other ops already keep
+    _lora("llama-3.2-1b", 2, 1024, "bf16", 8, ("o_proj", "down_proj"), adapter_dtype="model"),
+    # GPT-2's fused c_attn (Conv1D), eager attention with CUDA-style dropout masks
+    _lora("gpt2", 4, 512, "fp32", 8, ("c_attn",), attention="eager", dropout_impl="native"),
 ]
 CASES += FINETUNE_CASES
 
