@@ -454,6 +454,7 @@ def adapter_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str
     shared: set[str] = set()
     for t in targets_of(arch, ft):
         x_bytes, n_in, saved_elsewhere = _source_bytes(arch, p, t.source, attention, device)
+        saved_elsewhere = saved_elsewhere and t.source not in no_grad  # nothing else saves a no-grad tensor
         if ft.dropout > 0:  # each target's own dropout: its output (saved by A) and the mask
             tok += c * n_in + (0 if t.source in no_grad else act.dropout_mask_bytes(device, a) * n_in)
         elif p.autocast or x_bytes != a:  # a copy per target (peft's cast or autocast's), saved by A
@@ -525,30 +526,68 @@ def forward_hidden_states(arch: Architecture, p: Precision) -> Term:
     return Term(tok=p.residual_bytes * arch.hidden)
 
 
+@formula("forward_cache_kv_bytes",
+         "per layer 2·hkv·c where the cached K, V are not what attention saved: autocast (c = 4, the cache keeps "
+         "the fp32 K, V, SDPA saves 16-bit casts), eager GQA (c = e, repeat_kv copies are saved instead), and a "
+         "first layer whose attention needs no grad (c = e)", act.HF_MODELING, TORCH_AUTOGRAD,
+         where="a training forward still fills a DynamicCache (config.use_cache defaults to True; checkpointing "
+         "turns it off); it lives in the outputs until they are dropped after the loss",
+         note="Measured: llama-3.2-1b o_proj/down_proj (first-layer K, V) and qwen2.5-0.5b bf16-mixed (fp32 cache).")
+def forward_cache_kv(arch: Architecture, p: Precision, ft: Finetune, attention: str, checkpointing: str,
+                     device: str = "cuda") -> Term:
+    if checkpointing == "full" or arch.family == "gpt2":  # GPT-2's cache holds the very K, V its matmuls save
+        return ZERO
+    hkv = arch.kv_heads * arch.head_dim
+    if p.autocast:
+        return Term(tok=arch.layers * 2 * hkv * p.residual_bytes)
+    layers = 0
+    if _eager_out(arch, attention, device) and arch.kv_heads != arch.heads:
+        layers = arch.layers
+    elif min(("attn_in", "attn_out", "mlp_in", "mlp_mid").index(t.source) for t in targets_of(arch, ft)) > 0:
+        layers = 1
+    return Term(tok=layers * 2 * hkv * p.act_bytes)
+
+
+BNB_4BIT = source("bnb-matmul4bit", "bitsandbytes autograd/_functions.py MatMul4Bit: forward dequantizes the NF4 "
+                  "weight to the input dtype for F.linear and keeps (None, B), not the input; backward dequantizes it "
+                  "again for grad_A", "https://github.com/bitsandbytes-foundation/bitsandbytes")
+
+
+@formula("qlora_dequant_temporary_bytes", "I·h·e  (the last layer's down projection dequantized for its input gradient)",
+         BNB_4BIT, DETTMERS_2023, where="MatMul4Bit.backward: dequantize_4bit(B).to(grad_output.dtype)",
+         note="Modelled from the source, not measured. The forward's dequantized copy (one matrix at a time) is not "
+              "live at the loss, the forward moment the plan models.")
+def qlora_dequant_temp(arch: Architecture, p: Precision, ft: Finetune) -> Term:
+    if ft.method != "qlora":
+        return ZERO
+    return Term(const=arch.intermediate * arch.hidden * p.act_bytes)
+
+
 def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, ft: Finetune = FULL,
                       device: str = "cuda") -> act.TrainActivations:
     """activations.train_activations for a frozen base with adapters (full: that function itself)."""
     if not ft.adapters:
         return act.train_activations(arch, p, attention, checkpointing, device)
     L = arch.layers
-    later = frozen_layer_saved(arch, p, ft, attention, device=device)
-    first = frozen_layer_saved(arch, p, ft, attention, device=device, first=True)
+    drop = checkpointing == "selective"  # selective recomputation drops the attention scores
+    later = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device)
+    first = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device, first=True)
+    full_layer = frozen_layer_saved(arch, p, ft, attention, device=device)
     if checkpointing == "full":
         layers = L * act.checkpointed_layer_saved(arch, p)
-    elif checkpointing == "selective":
-        sel = frozen_layer_saved(arch, p, ft, attention, drop_scores=True, device=device)
-        layers = (L - 1) * sel + first + Term(s2=-later.s2 + sel.s2) if L else ZERO
     else:
-        layers = (L - 1) * later + first
+        layers = (L - 1) * later + first if L else ZERO
     inputs = act.inputs_term(arch)
     copies = Term(const=frozen_autocast_copies(arch, p, ft, checkpointing))
     # no embedding term: a frozen embedding's output needs no grad, so nothing on it is saved
     saved = inputs + copies + act.rope_saved(arch, p) + layers + frozen_head_saved(arch, p)
-    bwd_start = [act.loss_backward_temp(arch, p), frozen_last_layer_backward_temp(arch, p)]
-    if checkpointing == "full":
-        bwd_start.append(later)
-    elif checkpointing == "selective" and attention == "eager":
-        bwd_start.append(Term(s2=later.s2))
+    bwd_start = [act.loss_backward_temp(arch, p),
+                 frozen_last_layer_backward_temp(arch, p) + qlora_dequant_temp(arch, p, ft)]
+    if checkpointing == "full":  # the last layer recomputed with everything it saves
+        bwd_start.append(full_layer)
+    elif checkpointing == "selective" and attention == "eager":  # the last layer's scores recomputed
+        bwd_start.append(Term(s2=full_layer.s2))
     return act.TrainActivations(saved=saved, inputs=inputs,
-                                forward_temp=act.loss_forward_temp(arch, p) + forward_hidden_states(arch, p),
+                                forward_temp=act.loss_forward_temp(arch, p) + forward_hidden_states(arch, p)
+                                + forward_cache_kv(arch, p, ft, attention, checkpointing, device),
                                 backward_start_temp=tuple(bwd_start), backward_end_temp=(ZERO,))
