@@ -179,3 +179,26 @@ def test_per_rank_memory_never_grows_with_more_gpus(dp, zero, t, sp, p, m, ckpt,
     if zero < 2 or dp >= 8:  # ZeRO-3 gathers two units (4 x the embedding in bf16): a saving from 8 ranks on
         if zero < 3:
             assert peak(**{**cols, C.ZERO_STAGE: zero + 1}) <= here
+
+
+def test_params_model_shards_its_states_with_zero_and_keeps_its_activations():
+    # FORMULAS.md worked example: 20,000,000 params, fp32, SGD, batch 32, 1,000,000 activation elements a sample:
+    # 80,000,000 + 80,000,000 + 128,000,000 = 288,000,000 B on one GPU. ZeRO-2 over 4 ranks shards the gradients:
+    # 80,000,000 + 20,000,000 + 128,000,000
+    arch = Architecture(name="p", kind="params", family="params", params=20_000_000,
+                        activation_elements_per_sample=1_000_000)
+    f = frame(2, **{C.BATCH: 32, C.SEQ_LEN: 1, C.PRECISION: "fp32", C.OPTIMIZER: "sgd",
+                    C.DATA_PARALLEL: [1, 4], C.ZERO_STAGE: [0, 2]})
+    assert estimate_components(arch, "train", f)[C.PEAK_ALLOCATED].tolist() == [288_000_000, 228_000_000]
+
+
+def test_layer_net_gradients_shrink_with_zero_2():
+    from test_properties import CNN  # 3,050 params; its last backward moment holds every layer's gradient
+
+    f = frame(3, **{C.BATCH: 8, C.SEQ_LEN: 1, C.PRECISION: "fp32", C.OPTIMIZER: "sgd-momentum",
+                    C.DATA_PARALLEL: [1, 2, 2], C.ZERO_STAGE: [0, 0, 2]})
+    got = estimate_components(CNN, "train", f)
+    assert got[C.PEAK_ALLOCATED][0] == got[C.PEAK_ALLOCATED][1]  # plain data parallel: a full replica
+    assert got[C.GRADIENTS][2] * 2 <= got[C.GRADIENTS][0] + 2  # ⌈each moment's gradients / 2⌉
+    with pytest.raises(Exception, match="tensor_parallel 2 splits a transformer"):
+        estimate_components(CNN, "train", f.assign(**{C.TENSOR_PARALLEL: 2}))

@@ -156,7 +156,8 @@ def zero3_gathered_bytes(sp: StageParams, prec: Precision) -> int:
 
 @formula("parallel.rank_states",
          "W = ⌈W_Ψ·n_w/Ψ⌉ (+ ZeRO-3 gathered), G = n_g · (4 with fp32 main grads, else bytes(grad)), "
-         "M, S, T = ⌈X_Ψ·n_o/Ψ⌉; offload optimizer: M + S + 4·n_g to host, offload optimizer+params: + W shard",
+         "M, S, T = ⌈X_Ψ·n_o/Ψ⌉; offload optimizer: M + S + 4·n_o to host (no GPU gradients or step temporaries), "
+         "offload optimizer+params: + W shard",
          ZERO_2019, ZERO_OFFLOAD, MEGATRON_MEMORY,
          where="ZeRO §5 (which states each stage partitions); ZeRO-Offload §4 (fp32 master, optimizer state and fp32 "
                "gradients on the CPU; fp16 parameters on the GPU); Megatron theoretical_memory_usage.py (18 B/param "
@@ -188,8 +189,10 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
     s = _share(optimizer_state_bytes(arch, prec, opt, impl), n_o, psi)
     t = _share(optimizer_step_temporary_bytes(arch, prec, opt, impl), n_o, psi)
     host = 0
-    if lay.offload != "none":  # the CPU runs the step on fp32 master weights and fp32 gradient partitions
-        host = m + s + t + MAIN_GRAD_BYTES * n_g
+    if lay.offload != "none":
+        # the CPU runs the step (in place: DeepSpeedCPUAdam) on the rank's partition: fp32 master weights, optimizer
+        # state and the fp32 gradients reduced into it; the GPU keeps only the gradient buckets (not counted)
+        host = m + s + MAIN_GRAD_BYTES * n_o
         m = s = t = g = 0
         if lay.offload == "optimizer+params":
             host += w
