@@ -271,8 +271,12 @@ def test_states_have_the_training_plan_shapes():
 
 def test_defaults_are_peft_and_qlora_paper():
     assert F.parse_finetune(None) == F.FULL
-    assert F.parse_finetune({"method": "lora"}) == F.Finetune("lora", 8, 8, ("q_proj", "v_proj"), 0.0, "fp32")
-    assert F.parse_finetune("qlora") == F.Finetune("qlora", 64, 16, ("all-linear",), 0.1, "fp32")
+    assert F.parse_finetune({"method": "lora"}) == F.Finetune("lora", 8, 8, (), 0.0, "fp32")
+    assert F.parse_finetune({"method": "qlora"}) == F.Finetune("qlora", 64, 16, ("all-linear",), 0.1, "fp32")
+    # no targets: peft's default for the model type
+    default = F.parse_finetune({"method": "lora"})
+    assert [t.name for t in F.targets_of(_arch("llama-3.2-1b"), default)] == ["q_proj", "v_proj"]
+    assert [t.name for t in F.targets_of(_arch("gpt2"), default)] == ["c_attn"]
 
 
 def test_bad_mapping_lists_every_problem_with_its_place():
@@ -294,6 +298,7 @@ def test_bad_mapping_lists_every_problem_with_its_place():
     ({"method": "lora", "targets": ["all-linear", "q_proj"]}, "finetune.targets"),
     ({"method": "lora", "adapter_dtype": "fp8"}, "finetune.adapter_dtype"),
     ([1, 2], "finetune"),
+    ("lora", "finetune"),
 ])
 def test_bad_values_are_scenario_errors(node, key):
     with pytest.raises(ScenarioError) as e:

@@ -62,14 +62,14 @@ LORA_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "gpt2")
 
 @dataclass(frozen=True)
 class Finetune:
-    """A fine-tuning method. Defaults are peft's LoraConfig (r=8, lora_alpha=8, lora_dropout=0.0, q_proj and v_proj
-    for Llama-style models: TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) with get_peft_model's fp32 adapters;
-    parse_finetune gives QLoRA the QLoRA paper's recipe (r=64, α=16, dropout 0.1, every linear layer)."""
+    """A fine-tuning method. Defaults are peft's LoraConfig (r=8, lora_alpha=8, lora_dropout=0.0, the model type's
+    default targets) with get_peft_model's fp32 adapters; parse_finetune gives QLoRA the QLoRA paper's recipe
+    (r=64, α=16, dropout 0.1, every linear layer)."""
 
     method: str = "full"
     rank: int = 8
     alpha: float = 8
-    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    targets: tuple[str, ...] = ()  # (): peft's default for the model (PEFT_DEFAULT_TARGETS)
     dropout: float = 0.0
     adapter_dtype: str = "fp32"
 
@@ -79,6 +79,9 @@ class Finetune:
 
 
 FULL = Finetune()
+# peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, used when target_modules is None
+PEFT_DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"),
+                        "mixtral": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 _DEFAULTS = {
     "lora": {},
     # QLoRA §4 / Appendix B: r = 64, α = 16, dropout 0.1 (models up to 13B), adapters on all linear block layers
@@ -97,7 +100,8 @@ FINETUNE_SCHEMA: dict[str, Any] = {
         "rank": {"type": "integer", "minimum": 1, "description": "r: the adapters' inner dimension"},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "description": "lora_alpha (scaling α/r; no bytes)"},
         "targets": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(TARGET_NAMES)},
-                    "description": "module names peft wraps (Llama-style or GPT-2 names), or all-linear"},
+                    "description": "module names peft wraps (Llama-style or GPT-2 names), or all-linear; "
+                                   "default: peft's for the model type (q_proj, v_proj; GPT-2 c_attn)"},
         "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "description": "lora_dropout"},
         "adapter_dtype": {"enum": list(ADAPTER_DTYPES),
                           "description": "fp32 (peft's default upcast of 16-bit adapters) or the model's dtype"},
@@ -121,8 +125,6 @@ def parse_finetune(node: Any, where: Locator | str = "<scenario>", path: str = "
 
     if node is None:
         return FULL
-    if isinstance(node, str):  # `finetune: lora` as a shorthand for {method: lora}
-        node = {"method": node}
     if not isinstance(node, dict):
         bad("", f"expected a mapping such as {{method: lora, rank: 16}}, got {type(node).__name__}")
         raise ScenarioError(problems)
@@ -228,10 +230,11 @@ def targets_of(arch: Architecture, ft: Finetune) -> tuple[Target, ...]:
     """The linears of one block that carry adapters (every layer alike, as peft matches module-name suffixes)."""
     _check(arch, ft)
     linears = _linears(arch)
-    if ALL_LINEAR in ft.targets:
+    names = ft.targets or PEFT_DEFAULT_TARGETS[arch.family]
+    if ALL_LINEAR in names:
         return tuple(t for _, t in linears)
-    chosen = tuple(t for name, t in linears if name in ft.targets)
-    missing = [n for n in ft.targets if n not in {name for name, _ in linears}]
+    chosen = tuple(t for name, t in linears if name in names)
+    missing = [n for n in names if n not in {name for name, _ in linears}]
     if missing:
         raise UsageError(f"finetune target(s) {', '.join(missing)} name no linear layer of {arch.name or arch.family}"
                          f"; its linears: {', '.join(dict.fromkeys(n for n, _ in linears))}")
