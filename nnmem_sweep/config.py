@@ -531,10 +531,6 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
     given = data.get("parallel")
     if not isinstance(given, dict) or not ck.clean("parallel"):
         return {}
-    if mode != "train":
-        ck.add("parallel", "parallelism is modelled for train mode only (this scenario has mode: infer); for "
-                           "serving use serving.tensor_parallel", key=True)
-        return {}
     from itertools import product
 
     from .parallel import layout as L

@@ -175,7 +175,10 @@ def test_per_rank_memory_never_grows_with_more_gpus(dp, zero, t, sp, p, m, ckpt,
     if t < 8:
         assert peak(**{**cols, C.TENSOR_PARALLEL: t * 2, C.SEQUENCE_PARALLEL: True}) <= here
     if p < 32:
-        assert peak(**{**cols, C.PIPELINE_PARALLEL: p * 2}) <= here
+        # more stages: fewer layers each, but the first stage may take more micro-batches in flight (min(p, m)),
+        # each with its int64 ids and labels (16 B a token) and RoPE tables (2·128·2 B a position) and nothing more
+        more = min(2 * p, m) - min(p, m)
+        assert peak(**{**cols, C.PIPELINE_PARALLEL: p * 2}) <= here + more * (16 * b * 4096 + 512 * 4096)
     if zero < 2 or dp >= 8:  # ZeRO-3 gathers two units (4 x the embedding in bf16): a saving from 8 ranks on
         if zero < 3:
             assert peak(**{**cols, C.ZERO_STAGE: zero + 1}) <= here

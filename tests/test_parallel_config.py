@@ -64,12 +64,20 @@ def test_invalid_layouts_are_named_at_load_time(tmp_path, block, expected):
     assert problems(tmp_path, HEAD + block) == [expected]
 
 
-def test_infer_mode_refuses_the_parallel_block(tmp_path):
+def test_infer_mode_takes_tensor_and_pipeline_parallel_only(tmp_path):
     text = HEAD.replace("mode: train", "mode: infer").replace("  optimizer: adamw\n", "") + \
-        "parallel:\n  tensor_parallel: 2\n"
+        "parallel:\n  tensor_parallel: [1, 8]\n  zero_stage: 3\n"
     assert problems(tmp_path, text) == [
-        "9:1: parallel: parallelism is modelled for train mode only (this scenario has mode: infer); for serving "
-        "use serving.tensor_parallel"]
+        "11:15: parallel.zero_stage: zero_stage applies to train mode only; inference models tensor_parallel, "
+        "pipeline_parallel and data_parallel"]
+    sc = load(tmp_path, text.replace("  zero_stage: 3\n", ""))
+    res = run_scenario(sc)
+    # Llama 3.1 8B bf16 over 8 GPUs: the weights are an eighth but the norms (65 x 4096 x 2 B) on every rank
+    w = res.results[C.WEIGHTS].tolist()
+    assert w[0] == 16_060_522_496 and w[1] == (16_060_522_496 - 65 * 4096 * 2) // 8 + 65 * 4096 * 2
+    # the KV cache: 8 KV heads, one per GPU
+    kv = res.results[C.KV_CACHE].tolist()
+    assert kv[1] * 8 == kv[0]
 
 
 def test_unknown_parallel_key_is_a_schema_error(tmp_path):

@@ -480,6 +480,10 @@ class _InferTables:
     def __init__(self, arch: Architecture, p_names: tuple, a_names: tuple, logits: str = "last"):
         precs = _precisions(p_names, "infer")
         self.W = np.array([weights_bytes(arch, p) for p in precs], dtype=np.int64)
+        # the LM head (or the embedding, the same shape), 16-bit even in quantised recipes: the part a pipeline
+        # stage holds only one of
+        self.head_bytes = np.array([arch.vocab * arch.hidden * max(p.weight_bytes, 2) for p in precs],
+                                   dtype=np.int64)
         self.e = np.array([p.act_bytes for p in precs], dtype=np.int64)
         # autocast (mixed recipes) casts each fp32 matmul weight to 16 bit as it is used: one largest copy at a time
         self.cast = np.array([param_summary(arch).largest * p.act_bytes if p.autocast else 0 for p in precs],
@@ -502,7 +506,7 @@ def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, devi
     prefill that computes the logits of every prompt position."""
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
-        return _pick(*_infer_phases(arch, frame, k, b, s), len(frame))
+        return _pick(*_infer_any(arch, frame, k, b, s), len(frame))
     out = plan.pick(k, b, s)
     if plan.host is not None:
         out[C.HOST], out[C.HOST_FITS] = _host(plan, k, frame)
@@ -533,7 +537,7 @@ def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str
     """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
-        return _infer_phases(arch, frame, k, b, s)[0]
+        return _infer_any(arch, frame, k, b, s)[0]
     return list(plan.phase_totals(k, b, s))
 
 
@@ -546,7 +550,7 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
     def at(b: np.ndarray) -> list[np.ndarray]:
         b = np.asarray(b, dtype=np.int64)
         if plan is None:
-            return _infer_phases(arch, frame, k, b, s)[0]
+            return _infer_any(arch, frame, k, b, s)[0]
         return list(plan.phase_totals(k, b, s))
 
     return at
@@ -557,7 +561,7 @@ def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, devic
     """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
-        totals, _, names = _infer_phases(arch, frame, k, b, s)
+        totals, _, names = _infer_any(arch, frame, k, b, s)
         return list(zip(names, totals))
     return list(zip(plan.names, plan.phase_totals(k, b, s)))
 
@@ -602,10 +606,20 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
         plan = _cached(arch, ("train", device, *names), lambda: _train_plan(arch, device, *names))
         return plan, _combine(codes, plan.sizes), b, s
     if mode == "infer":
-        if par_layout.has_parallel_columns(frame):  # only the single-GPU layout is modelled for inference
-            _, layouts = par_layout.frame_layouts(frame, _codes)
+        if par_layout.has_parallel_columns(frame):  # tensor and pipeline parallel inference: a rank's model
+            l_code, layouts = par_layout.frame_layouts(frame, _codes)
             if any(lay != par_layout.Layout() for lay in layouts):
                 par_layout.check(arch, layouts, mode)
+                if arch.kind == "transformer":
+                    _precisions(p_names, mode)
+                    a_code, a_names = _codes(frame, C.ATTENTION)
+                    keys = []
+                    for lay in layouts:
+                        ra = par_states.infer_rank_arch(arch, lay.tp, lay.pp)
+                        tables = _cached(ra, ("infer-tables", p_names, a_names, prefill_logits),
+                                         lambda ra=ra: _InferTables(ra, p_names, a_names, prefill_logits))
+                        keys.append((tables, p_code.astype(np.int64), a_code))
+                    return None, ("parallel", arch, layouts, l_code, keys), b, s
         if arch.kind != "transformer":
             plan = _cached(arch, ("infer", p_names), lambda: _infer_plan(arch, p_names))
             return plan, p_code.astype(np.int64), b, s
@@ -648,6 +662,37 @@ def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.nd
     label_codes = np.array([uniq_names.index(p) for p in phase_names], dtype=np.int8)[win]
     out[C.PEAK_PHASE] = pd.Categorical.from_codes(label_codes, dtype=dtype, validate=False)
     return out
+
+
+def _infer_any(arch, frame, key, b, s):
+    """_infer_phases, per parallel layout on its rank's model where the frame has layouts (parallel/states.py
+    infer_rank_arch), the rows of each layout gathered back in place."""
+    if key[0] != "parallel":
+        return _infer_phases(arch, frame, key, b, s)
+    _, full, layouts, l_code, keys = key
+    n = len(l_code)
+    totals_out: list[np.ndarray] = []
+    comps_out: list[dict[str, np.ndarray]] = []
+    names: list[str] = []
+    for j, (lay, k) in enumerate(zip(layouts, keys)):
+        rows = np.flatnonzero(l_code == j)
+        if not len(rows):
+            continue
+        sub = frame.iloc[rows]
+        rank_arch = par_states.infer_rank_arch(full, lay.tp, lay.pp)
+        tb, p_code, a_code = k
+        totals, comps, names = _infer_phases(rank_arch, sub, (tb, p_code[rows], a_code[rows]), b[rows], s[rows])
+        # pipeline stages hold the embedding or the head, not both (a tied embedding: both stages a copy)
+        delta = tb.head_bytes[p_code[rows]] if lay.pp > 1 and not full.tied_embeddings else 0
+        if not totals_out:
+            totals_out = [np.zeros(n, dtype=np.int64) for _ in totals]
+            comps_out = [{c: np.zeros(n, dtype=np.int64) for c in pc} for pc in comps]
+        for t_out, t in zip(totals_out, totals):
+            t_out[rows] = np.where(t >= 0, t - delta, t)
+        for pc_out, pc in zip(comps_out, comps):
+            for c, v in pc.items():
+                pc_out[c][rows] = (v - delta) if c == C.WEIGHTS else v
+    return totals_out, comps_out, names
 
 
 def _infer_phases(arch, frame, key, b, s):

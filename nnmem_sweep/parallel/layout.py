@@ -17,6 +17,7 @@ from ..models.arch import Architecture
 
 SCHEDULES = ("1f1b", "interleaved")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+INFER_AXES = (C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.DATA_PARALLEL)  # what inference is split by
 DEFAULT_GPUS_PER_NODE = 8  # an 8-GPU node (DGX/HGX H100, A100)
 DEFAULT_HOST_MEMORY = "2 TiB"  # DGX H100: 2 TB of system memory
 
@@ -112,9 +113,12 @@ def frame_layouts(frame: pd.DataFrame, codes_of) -> tuple[np.ndarray, tuple[Layo
 def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> list[tuple[str, str]]:
     """(column, message) for every rule the layout breaks (seq_len is checked by `seq_problem`)."""
     out: list[tuple[str, str]] = []
-    if mode != "train":
-        return [(C.TENSOR_PARALLEL, "parallelism is modelled for train mode only; for serving use "
-                 "serving.tensor_parallel (max_concurrency.csv)")]
+    if mode != "train":  # inference: a model split by tensor and pipeline parallelism (replicas change nothing)
+        train_only = [(col, getattr(lay, f)) for col, f in _FIELDS.items()
+                      if col not in INFER_AXES and getattr(lay, f) != getattr(Layout(), f)]
+        if train_only:
+            return [(col, f"{col} applies to train mode only; inference models tensor_parallel, pipeline_parallel "
+                          "and data_parallel") for col, _ in train_only]
     for col, v in ((C.DATA_PARALLEL, lay.dp), (C.TENSOR_PARALLEL, lay.tp), (C.PIPELINE_PARALLEL, lay.pp),
                    (C.MICRO_BATCHES, lay.micro_batches), (C.VIRTUAL_STAGES, lay.virtual),
                    (C.CONTEXT_PARALLEL, lay.cp), (C.EXPERT_PARALLEL, lay.ep), (C.GRADIENT_ACCUMULATION, lay.accum)):

@@ -15,7 +15,7 @@ figure when n = Ψ.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..catalog.optimizers import Optimizer
@@ -221,3 +221,19 @@ TORCH_DDP = source("torch-ddp", "PyTorch DistributedDataParallel (bucket_cap_mb=
 def communication_buffers_bytes() -> int:
     """What the estimator adds for communication buffers: nothing (stated, not modelled)."""
     return 0
+
+
+@formula("parallel.infer_rank_model",
+         "a rank's model: heads/t, kv_heads/t, ⌈I/t⌉, ⌈V/t⌉ (vocab-parallel), ⌈L/p⌉ layers; hidden whole",
+         MEGATRON_2019, where="§3: attention heads and MLP columns split over t; the residual stream is whole on "
+                              "every rank",
+         note="Inference with tensor/pipeline parallelism: weights, KV cache (kv_heads/t per layer, the stage's "
+              "layers) and a prefill's per-layer transients are those of this smaller model; a pipeline stage keeps "
+              "the embedding or the head")
+@lru_cache(maxsize=256)
+def infer_rank_arch(arch: Architecture, tp: int = 1, pp: int = 1) -> Architecture:
+    if tp == 1 and pp == 1:
+        return arch
+    return replace(arch, name=f"{arch.name} (t{tp} p{pp} rank)", heads=arch.heads // tp,
+                   kv_heads=arch.kv_heads // tp, intermediate=_ceil(arch.intermediate, tp),
+                   vocab=_ceil(arch.vocab, tp), layers=_ceil(arch.layers, pp))
