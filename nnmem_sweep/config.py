@@ -588,6 +588,20 @@ def _node(data: dict, ck: _Checker) -> dict[str, int]:
     return node
 
 
+def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], ck: _Checker):
+    """The `cluster:` block (cluster.py) as a ClusterSearch; its problems located at their keys."""
+    given = data.get("cluster")
+    if not isinstance(given, dict) or not ck.clean("cluster"):
+        return None
+    from .cluster import parse_cluster
+
+    target = data.get("target") if isinstance(data.get("target"), dict) and ck.clean("target") else {}
+    search, problems = parse_cluster(given, grid, target, model, mode, node[C.GPUS_PER_NODE], node[C.HOST_MEMORY])
+    for path, message in problems:
+        ck.add(path, message, key=path == "cluster")
+    return search
+
+
 def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, digest: str) -> Scenario:
     schema_problems = _schema_problems(data, b)
     ck = _Checker(b, schema_problems, base_dir)
@@ -604,7 +618,8 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
     report = _report(data, grid, ck)
     serving = _serving(data, mode, model, ck)
     parallel = _parallel(data, mode, model, grid, ck)
-    node = _node(data, ck) if parallel else {}
+    node = _node(data, ck) if (parallel or "cluster" in data) else {}
+    cluster = _cluster(data, mode, model, grid, node, ck)
     problems = b.problems + schema_problems + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))
@@ -625,6 +640,7 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
         serving=serving,
         parallel=parallel,
         node=node,
+        cluster=cluster,
     )
 
 

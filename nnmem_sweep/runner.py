@@ -30,7 +30,7 @@ import pandas as pd
 
 from .bounds import check_columns, check_frame
 from . import columns as C
-from . import serving
+from . import cluster, serving
 from .components.overhead import overhead_bytes, usable_bytes
 from .components.peak import column_values, estimate_components
 from .errors import UsageError
@@ -58,6 +58,8 @@ class RunResult:
     # infer scenarios of transformers (serving.py): max_concurrency.csv and max_context.csv; None otherwise
     serving: pd.DataFrame | None = None
     serving_context: pd.DataFrame | None = None
+    # scenarios with a `cluster:` block (cluster.py): cluster_options.csv; None otherwise
+    cluster: pd.DataFrame | None = None
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
@@ -193,10 +195,11 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
     plan = plan_context = None
     if serving.applies(sc):
         plan, plan_context = serving.max_concurrency(sc), serving.max_context(sc)
+    options = cluster.cluster_options(sc, sc.cluster) if sc.cluster is not None else None
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
-    return RunResult(sc, results, mb, elapsed, plan, plan_context)
+    return RunResult(sc, results, mb, elapsed, plan, plan_context, options)
 
 
 def _csv(frame: pd.DataFrame) -> str:
@@ -213,6 +216,8 @@ def write_outputs(result: RunResult, out_dir: Path) -> list[Path]:
         written.append(atomic_write_text(out_dir / "max_concurrency.csv", _csv(result.serving)))
     if result.serving_context is not None:
         written.append(atomic_write_text(out_dir / "max_context.csv", _csv(result.serving_context)))
+    if result.cluster is not None:
+        written.append(atomic_write_text(out_dir / "cluster_options.csv", _csv(result.cluster)))
     return written
 
 

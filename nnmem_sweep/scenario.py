@@ -49,3 +49,5 @@ class Scenario:
     parallel: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # the node (`node:`), used with `parallel`: {"gpus_per_node": int, "host_memory_bytes": int}
     node: dict[str, int] = field(default_factory=dict)
+    # train only (cluster.py): the `cluster:` block as a cluster.ClusterSearch, None when absent
+    cluster: Any = None

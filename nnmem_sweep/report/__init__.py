@@ -76,7 +76,8 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
-                        getattr(result, "serving", None), getattr(result, "serving_context", None), changes)
+                        getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
+                        getattr(result, "cluster", None))
     say("building HTML")
     html = render_html(ctx, templates_dir(sc))
     out_dir = Path(out_dir)

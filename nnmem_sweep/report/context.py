@@ -452,12 +452,15 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
 def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
                   all_formulas: list, validation_table: pd.DataFrame | None = None,
                   serving_plan: pd.DataFrame | None = None,
-                  serving_context: pd.DataFrame | None = None, changes: Any = None) -> dict[str, Any]:
+                  serving_context: pd.DataFrame | None = None, changes: Any = None,
+                  cluster_options: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
     `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
     section, report/serving.py); None leaves the section out. `changes`: a diff.Changes (the "Changes since REV"
-    section, report/changes.py); None leaves it out."""
+    section, report/changes.py); None leaves it out. `cluster_options`: cluster_options.csv of a scenario with a
+    `cluster:` block (the "Cluster options" section, report/cluster.py); None leaves it out."""
     from .changes import section as changes_section
+    from .cluster import section as cluster_section
     from .serving import section as serving_section
 
     point = reference_point(sc)
@@ -494,6 +497,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "validation": validation(validation_table),
         "serving": serving_section(sc, serving_plan, serving_context, point),
         "changes": changes_section(changes, prov, sc),
+        "cluster": cluster_section(sc, cluster_options),
         "yaml": sc.source_text,
         "levels": [{"n": str(i), "fill": f, "text": t} for i, (f, t) in enumerate(zip(charts.LEVEL_FILL, charts.LEVEL_TEXT))],
         "component_colours": [{"name": COMPONENT_LABELS[c], "colour": charts.COMPONENT_COLOURS[i]}

@@ -1,0 +1,316 @@
+"""How many GPUs (issue 4): for a training target, per GPU type the fewest GPUs and a parallel configuration whose
+memory per GPU fits with headroom, and the cheapest when the scenario gives prices.
+
+The target is a global batch of sequences per optimizer step at one sequence length (or tokens per step, turned
+into sequences). For each GPU type the search builds one frame of every candidate layout and evaluates it with the
+same vectorised estimator as the grid (runner.estimate_frame: memory of the most loaded rank, host memory per node):
+
+    tensor_parallel  t in `search.tensor_parallel`, at most the GPUs of one node (TP stays inside NVLink)
+    pipeline_parallel p in `search.pipeline_parallel`, at most the layers
+    micro-batch      b in `search.micro_batch` (the estimator's `batch`), dividing the global batch
+    data_parallel    d: every divisor of global_batch / b with d·t·p <= max_gpus
+    accumulation     global_batch / (b·d) micro-batches per step: the pipeline's micro_batches when p > 1, else
+                     gradient accumulation steps
+    zero_stage, checkpointing: the listed values; sequence_parallel on whenever t > 1 (Megatron's recommendation)
+
+GPUs = d·t·p. Among the layouts that fit, the one kept for each (GPU type, GPU count) is chosen by a stated rule
+(ORDER below): the least recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest
+micro-batch. Nothing here models speed: the rule prefers layouts that are usually faster, and the costs are the
+price of the GPUs (or per hour), not per token trained.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .errors import UsageError
+from .grid import product_frame
+from .scenario import GPUSpec, Scenario
+
+DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_PP = (1, 2, 4, 8, 16)
+DEFAULT_MICRO = (1, 2, 4, 8)
+DEFAULT_ZERO = (0, 1, 2, 3)
+DEFAULT_MAX_GPUS = 4096
+DEFAULT_GPUS_PER_NODE = 8
+MAX_CANDIDATES = 5_000_000  # rows of one GPU type's search frame
+OPTIONS_PER_GPU = 5  # GPU counts listed per GPU type in the report (all are in cluster_options.csv)
+_CKPT_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+# cluster_options.csv
+GPUS = "gpus"
+NODES = "nodes"
+ACCUMULATION = "accumulation_steps"
+GLOBAL_BATCH = "global_batch"
+PRICE = "price_usd"
+PRICE_PER_HOUR = "price_usd_per_hour"
+COST = "cost_usd"
+COST_PER_HOUR = "cost_usd_per_hour"
+RECOMMENDED = "recommended"
+
+
+@dataclass(frozen=True)
+class ClusterSearch:
+    """The scenario's `cluster:` block."""
+
+    global_batch: int  # sequences per optimizer step
+    seq_len: int
+    max_gpus: int = DEFAULT_MAX_GPUS
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    tensor_parallel: tuple[int, ...] = DEFAULT_TP
+    pipeline_parallel: tuple[int, ...] = DEFAULT_PP
+    micro_batch: tuple[int, ...] = DEFAULT_MICRO
+    zero_stage: tuple[int, ...] = DEFAULT_ZERO
+    checkpointing: tuple[str, ...] = ("none", "selective", "full")
+    host_memory_bytes: int = 2 * 2**40  # the node's RAM (scenario `node:`)
+    fixed: dict[str, Any] = field(default_factory=dict)  # precision, optimizer, ... (the grid's first values)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFrame:
+    """Every candidate layout for one GPU type as an estimator frame (the batch column is the micro-batch)."""
+    from .parallel.layout import Layout, problems, seq_problem
+
+    arch = sc.model
+    G = search.global_batch
+    node = search.gpus_per_node
+    tps = [t for t in search.tensor_parallel if t <= node]
+    pps = [p for p in search.pipeline_parallel if p <= max(arch.layers, 1)]
+    parts = []
+    for b in search.micro_batch:
+        if G % b:
+            continue
+        dps = [d for d in _divisors(G // b) if d <= search.max_gpus]
+        axes = {C.BATCH: (b,), C.SEQ_LEN: (search.seq_len,), **{a: (search.fixed[a],) for a in (
+            C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION)},
+            C.CHECKPOINTING: search.checkpointing, C.CACHE_TOKENS: (0,), C.DECODE_TOKENS: (0,),
+            C.DATA_PARALLEL: tuple(dps), C.ZERO_STAGE: search.zero_stage, C.TENSOR_PARALLEL: tuple(tps),
+            C.PIPELINE_PARALLEL: tuple(pps)}
+        parts.append(product_frame({k: v for k, v in axes.items()}))
+    if not parts:
+        raise UsageError(f"cluster.global_batch {G} is not a multiple of any cluster.micro_batch "
+                         f"({', '.join(map(str, search.micro_batch))})")
+    f = pd.concat(parts, ignore_index=True)
+    dp = f[C.DATA_PARALLEL].to_numpy(dtype=np.int64)
+    tp = f[C.TENSOR_PARALLEL].to_numpy(dtype=np.int64)
+    pp = f[C.PIPELINE_PARALLEL].to_numpy(dtype=np.int64)
+    b = f[C.BATCH].to_numpy(dtype=np.int64)
+    gpus = dp * tp * pp
+    keep = gpus <= search.max_gpus
+    f = f[keep].reset_index(drop=True)
+    gpus, dp, tp, pp, b = gpus[keep], dp[keep], tp[keep], pp[keep], b[keep]
+    acc = G // (b * dp)
+    f[C.SEQUENCE_PARALLEL] = tp > 1
+    f[C.MICRO_BATCHES] = np.where(pp > 1, acc, 1)
+    f[C.PIPELINE_SCHEDULE] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=["1f1b"])
+    f[C.VIRTUAL_STAGES] = 1
+    f[C.CONTEXT_PARALLEL] = 1
+    f[C.EXPERT_PARALLEL] = 1
+    f[C.OFFLOAD] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=["none"])
+    f[C.GRADIENT_ACCUMULATION] = np.where(pp > 1, 1, acc)
+    f[C.FP32_GRAD_ACCUMULATION] = False
+    # layouts the model cannot take (heads not divisible by t, ...) are dropped before estimating
+    key = tp * 1000 + pp
+    ok = np.ones(len(f), dtype=bool)
+    for t, p in {(int(k // 1000), int(k % 1000)) for k in np.unique(key)}:
+        lay = Layout(tp=t, sp=t > 1, pp=p, micro_batches=max(p, 1))
+        if problems(arch, lay, "train") or seq_problem(lay, search.seq_len):
+            ok &= key != t * 1000 + p
+    f = f[ok].reset_index(drop=True)
+    f[C.GPU] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=[gpu.id])
+    f[C.GPU_MEMORY] = np.int64(gpu.memory_bytes)
+    f[C.GPUS_PER_NODE] = np.int64(node)
+    f[C.HOST_MEMORY] = np.int64(search.host_memory_bytes)
+    return f
+
+
+def _order_keys(est: pd.DataFrame) -> list[np.ndarray]:
+    """np.lexsort keys, the last the primary: fewest GPUs, least recomputation, no pipeline, smallest TP,
+    lowest ZeRO stage, largest micro-batch (ORDER in the module docstring)."""
+    ck = est[C.CHECKPOINTING].astype(str).map(_CKPT_ORDER).to_numpy(dtype=np.int64)
+    return [-est[C.BATCH].to_numpy(dtype=np.int64), est[C.ZERO_STAGE].to_numpy(dtype=np.int64),
+            est[C.TENSOR_PARALLEL].to_numpy(dtype=np.int64), est[C.PIPELINE_PARALLEL].to_numpy(dtype=np.int64),
+            ck, est[GPUS].to_numpy(dtype=np.int64)]
+
+
+OUTPUT_COLUMNS = (C.GPU, GPUS, NODES, C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL,
+                  C.ZERO_STAGE, C.CHECKPOINTING, C.BATCH, ACCUMULATION, GLOBAL_BATCH, C.SEQ_LEN, C.PRECISION,
+                  C.OPTIMIZER, C.PEAK_ALLOCATED, C.TOTAL, C.USABLE, C.GPU_MEMORY, C.HOST, PRICE, COST,
+                  PRICE_PER_HOUR, COST_PER_HOUR, RECOMMENDED)
+
+
+def cluster_options(sc: Scenario, search: ClusterSearch) -> pd.DataFrame:
+    """cluster_options.csv: per GPU type and GPU count, the configuration kept by the ORDER rule among those that
+    fit (GPU counts at which nothing fits are absent), with its memory per GPU and its cost."""
+    from .runner import estimate_frame
+
+    kept = []
+    for gpu in sc.gpus:
+        frame = candidates(search, sc, gpu)
+        if len(frame) > MAX_CANDIDATES:
+            raise UsageError(f"cluster search for {gpu.id} has {len(frame):,} candidate layouts, over "
+                             f"{MAX_CANDIDATES:,}; narrow cluster.tensor_parallel, pipeline_parallel or micro_batch")
+        if not len(frame):
+            continue
+        est = estimate_frame(sc.model, "train", frame, sc.overheads, sc.headroom)
+        est = est[est[C.FITS].to_numpy()].reset_index(drop=True)
+        if not len(est):
+            continue
+        est[GPUS] = (est[C.DATA_PARALLEL].to_numpy(dtype=np.int64) * est[C.TENSOR_PARALLEL].to_numpy(dtype=np.int64)
+                     * est[C.PIPELINE_PARALLEL].to_numpy(dtype=np.int64))
+        est = est.iloc[np.lexsort(_order_keys(est))]
+        est = est.drop_duplicates(GPUS, keep="first").reset_index(drop=True)
+        n = est[GPUS].to_numpy(dtype=np.int64)
+        est[NODES] = -(-n // search.gpus_per_node)
+        b = est[C.BATCH].to_numpy(dtype=np.int64)
+        est[ACCUMULATION] = search.global_batch // (b * est[C.DATA_PARALLEL].to_numpy(dtype=np.int64))
+        est[GLOBAL_BATCH] = search.global_batch
+        est[PRICE] = np.nan if gpu.price_usd is None else float(gpu.price_usd)
+        est[COST] = est[PRICE] * n
+        est[PRICE_PER_HOUR] = np.nan if gpu.price_usd_per_hour is None else float(gpu.price_usd_per_hour)
+        est[COST_PER_HOUR] = est[PRICE_PER_HOUR] * n
+        if C.HOST not in est.columns:
+            est[C.HOST] = np.int64(0)
+        kept.append(est)
+    if not kept:
+        return pd.DataFrame({c: [] for c in OUTPUT_COLUMNS})
+    out = pd.concat(kept, ignore_index=True)
+    out[RECOMMENDED] = _recommended(out)
+    cols = {c: out[c] for c in OUTPUT_COLUMNS if c in out.columns}
+    cols[C.GPU] = out[C.GPU].astype(str)
+    cols[C.CHECKPOINTING] = out[C.CHECKPOINTING].astype(str)
+    return pd.DataFrame(cols)[[c for c in OUTPUT_COLUMNS if c in cols]]
+
+
+def _price_basis(out: pd.DataFrame) -> str | None:
+    """The cost every GPU type has: per hour first, then purchase; None when some type has neither."""
+    for col in (COST_PER_HOUR, COST):
+        if out[col].notna().all():
+            return col
+    return None
+
+
+def _recommended(out: pd.DataFrame) -> np.ndarray:
+    """True on the cheapest option when every GPU type has a price, else on each type's fewest-GPU option."""
+    rec = np.zeros(len(out), dtype=bool)
+    gpu = out[C.GPU].astype(str).to_numpy()
+    first = ~pd.Series(gpu).duplicated().to_numpy()  # each type's fewest-GPU row comes first (sorted by GPUs)
+    basis = _price_basis(out)
+    if basis is None:
+        return first
+    cost = out[basis].to_numpy(dtype=float)
+    cand = np.flatnonzero(first)
+    rec[cand[np.argmin(cost[cand])]] = True  # argmin: the first of equal costs (scenario GPU order)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------------- the scenario
+
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "How many GPUs (train mode): the fewest GPUs of each listed type, and a parallel configuration, "
+                   "that hold a global batch with headroom; the cheapest when gpus[] carry price_usd or "
+                   "price_usd_per_hour. Writes cluster_options.csv and the report's 'Cluster options'.",
+    "properties": {
+        "global_batch": {"type": "integer", "minimum": 1, "maximum": 1048576,
+                         "description": "Sequences per optimizer step (all data-parallel ranks together)."},
+        "tokens_per_step": {"type": "integer", "minimum": 1, "maximum": 2**40,
+                            "description": "Tokens per optimizer step; global_batch = tokens_per_step / seq_len."},
+        "seq_len": {"type": "integer", "minimum": 1, "maximum": 16777216,
+                    "description": "Tokens per sequence; default the target's seq_len, else the grid's first."},
+        "max_gpus": {"type": "integer", "minimum": 1, "maximum": 1048576,
+                     "description": f"Largest GPU count considered (default {DEFAULT_MAX_GPUS})."},
+        "tensor_parallel": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1,
+                                                                      "maximum": 1024},
+                            "description": "TP degrees tried, at most the node's GPUs (default 1, 2, 4, 8)."},
+        "pipeline_parallel": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1,
+                                                                        "maximum": 1024},
+                              "description": "Pipeline stages tried (default 1, 2, 4, 8, 16)."},
+        "micro_batch": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1,
+                                                                  "maximum": 1048576},
+                        "description": "Micro-batch sizes tried (default 1, 2, 4, 8)."},
+        "zero_stage": {"type": "array", "minItems": 1, "items": {"enum": [0, 1, 2, 3]},
+                       "description": "ZeRO stages tried (default 0, 1, 2, 3)."},
+        "checkpointing": {"type": "array", "minItems": 1, "items": {"enum": ["none", "selective", "full"]},
+                          "description": "Recomputation tried (default: the grid's checkpointing values)."},
+    },
+    "oneOf": [{"required": ["global_batch"]}, {"required": ["tokens_per_step"]}],
+}
+
+
+def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gpus_per_node: int,
+                  host_memory_bytes: int) -> tuple[ClusterSearch | None, list[tuple[str, str]]]:
+    """The `cluster:` block (already schema-valid) -> (ClusterSearch, problems as (key path, message))."""
+    bad: list[tuple[str, str]] = []
+    if mode != "train":
+        return None, [("cluster", "the cluster search applies to train mode only (serving: see the serving plan's "
+                                  "tensor_parallel)")]
+    if model is None:
+        return None, []
+    seq = given.get("seq_len") or (target or {}).get(C.SEQ_LEN) or (sc_grid.get(C.SEQ_LEN) or (1,))[0]
+    if "tokens_per_step" in given:
+        tokens = int(given["tokens_per_step"])
+        if tokens % seq:
+            return None, [("cluster.tokens_per_step", f"{tokens:,} tokens per step is not a whole number of "
+                                                      f"sequences of {seq:,} tokens")]
+        global_batch = tokens // seq
+    else:
+        global_batch = int(given["global_batch"])
+    micro = tuple(dict.fromkeys(given.get("micro_batch", DEFAULT_MICRO)))
+    if not any(global_batch % b == 0 for b in micro):
+        bad.append(("cluster.micro_batch", f"no micro-batch size divides the global batch of {global_batch:,} "
+                                           "sequences"))
+    ck = tuple(dict.fromkeys(given.get("checkpointing", sc_grid.get(C.CHECKPOINTING) or ("none",))))
+    if model.kind != "transformer":
+        tps, pps = (1,), (1,)
+    else:
+        tps = tuple(dict.fromkeys(given.get("tensor_parallel", DEFAULT_TP)))
+        pps = tuple(dict.fromkeys(given.get("pipeline_parallel", DEFAULT_PP)))
+    fixed = {}
+    for axis in (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION):
+        values = tuple(sc_grid.get(axis) or ())
+        chosen = (target or {}).get(axis)
+        fixed[axis] = chosen if chosen in values else (values[0] if values else None)
+    search = ClusterSearch(global_batch=global_batch, seq_len=int(seq), max_gpus=int(given.get("max_gpus",
+                           DEFAULT_MAX_GPUS)), gpus_per_node=gpus_per_node, tensor_parallel=tps,
+                           pipeline_parallel=pps, micro_batch=micro,
+                           zero_stage=tuple(dict.fromkeys(given.get("zero_stage", DEFAULT_ZERO))),
+                           checkpointing=ck, host_memory_bytes=host_memory_bytes, fixed=fixed)
+    return (None if bad else search), bad
+
+
+# ---------------------------------------------------------------------------------------------------- words
+
+def describe(row: dict) -> str:
+    """'tp 4 · pp 2 · dp 8 · ZeRO 1 · micro-batch 2 × 32 accumulation steps · full recomputation'."""
+    parts = [f"TP {row[C.TENSOR_PARALLEL]}" + (" + SP" if row.get(C.SEQUENCE_PARALLEL) else ""),
+             f"PP {row[C.PIPELINE_PARALLEL]}", f"DP {row[C.DATA_PARALLEL]}", f"ZeRO {row[C.ZERO_STAGE]}",
+             f"micro-batch {row[C.BATCH]} × {row[ACCUMULATION]} accumulation steps"]
+    ck = str(row[C.CHECKPOINTING])
+    parts.append("no recomputation" if ck == "none" else f"{ck} recomputation")
+    return ", ".join(parts)
+
+
+def recommendation(options: pd.DataFrame, names: dict[str, str], gib) -> str:
+    """The report's one-line recommendation (gib: bytes -> 'x.x GiB')."""
+    if not len(options):
+        return "No configuration searched fits any listed GPU: raise cluster.max_gpus or allow more recomputation."
+    rows = options[options[RECOMMENDED].to_numpy()].to_dict("records")
+    basis = _price_basis(options)
+    if basis is not None:
+        r = rows[0]
+        cost = (f"${r[COST_PER_HOUR]:,.2f} per hour" if basis == COST_PER_HOUR else f"${r[COST]:,.0f}")
+        return (f"Cheapest: {r[GPUS]:,} × {names.get(r[C.GPU], r[C.GPU])} ({cost}) with {describe(r)}: "
+                f"{gib(r[C.TOTAL])} of {gib(r[C.USABLE])} usable per GPU.")
+    each = "; ".join(f"{r[GPUS]:,} × {names.get(r[C.GPU], r[C.GPU])} ({describe(r)})" for r in rows)
+    return f"Fewest GPUs of each type: {each}. No prices given for every GPU, so no type is preferred."

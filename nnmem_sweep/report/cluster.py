@@ -1,0 +1,59 @@
+"""The report's "Cluster options" section (scenarios with a `cluster:` block): cluster_options.csv -> a table of
+GPU type x count x configuration x memory per GPU x cost, and the one-line recommendation. Formatting only; the
+search and the recommendation rule are in nnmem_sweep/cluster.py."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .. import cluster as K
+from .. import columns as C
+from ..scenario import Scenario
+from .format import DASH, gib, percent, thousands
+
+
+def _money(v: Any, per_hour: bool) -> str:
+    if v is None or pd.isna(v):
+        return DASH
+    return f"${v:,.2f}/h" if per_hour else f"${v:,.0f}"
+
+
+def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None:
+    if options is None or sc.cluster is None:
+        return None
+    search = sc.cluster
+    names = {g.id: g.name for g in sc.gpus}
+    rows = []
+    shown = options.groupby(C.GPU, sort=False, observed=True).head(K.OPTIONS_PER_GPU)
+    for r in shown.to_dict("records"):
+        cost = r[K.COST_PER_HOUR] if pd.notna(r[K.COST_PER_HOUR]) else r[K.COST]
+        rows.append({
+            "gpu": names.get(r[C.GPU], r[C.GPU]),
+            "gpus": thousands(r[K.GPUS]),
+            "nodes": thousands(r[K.NODES]),
+            "layout": f"TP {r[C.TENSOR_PARALLEL]}{' + SP' if r[C.SEQUENCE_PARALLEL] else ''} · PP "
+                      f"{r[C.PIPELINE_PARALLEL]} · DP {r[C.DATA_PARALLEL]} · ZeRO {r[C.ZERO_STAGE]}",
+            "batching": f"{r[C.BATCH]} × {thousands(r[K.ACCUMULATION])}",
+            "checkpointing": str(r[C.CHECKPOINTING]),
+            "memory": gib(r[C.TOTAL]),
+            "used": percent(r[C.TOTAL] / r[C.USABLE]) if r[C.USABLE] else DASH,
+            "cost": _money(cost, pd.notna(r[K.COST_PER_HOUR])),
+            "recommended": bool(r[K.RECOMMENDED]),
+        })
+    missing = [g.name for g in sc.gpus if g.id not in set(options[C.GPU].astype(str))]
+    fixed = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in search.fixed.items() if v is not None)
+    return {
+        "recommendation": K.recommendation(options, names, gib),
+        "target": f"{thousands(search.global_batch)} sequences of {thousands(search.seq_len)} tokens per optimizer "
+                  f"step ({thousands(search.global_batch * search.seq_len)} tokens)",
+        "fixed": fixed,
+        "search": (f"tensor parallel {', '.join(map(str, search.tensor_parallel))} (at most the node's "
+                   f"{search.gpus_per_node} GPUs); pipeline parallel {', '.join(map(str, search.pipeline_parallel))}; "
+                   f"micro-batch {', '.join(map(str, search.micro_batch))}; ZeRO stage "
+                   f"{', '.join(map(str, search.zero_stage))}; recomputation {', '.join(search.checkpointing)}; "
+                   f"at most {thousands(search.max_gpus)} GPUs"),
+        "rows": rows,
+        "per_gpu": str(K.OPTIONS_PER_GPU),
+        "none_fit": ", ".join(missing),
+    }
