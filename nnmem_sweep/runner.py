@@ -7,7 +7,9 @@ Library entry points:
 - `estimate_frame(arch, mode, frame, overheads, headroom) -> DataFrame`: the pure estimator on any hand-made frame
   of points. `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
-  column, peak_allocated_bytes, peak_phase, overhead_bytes, total_bytes, usable_bytes and fits. The accuracy
+  column, peak_allocated_bytes, peak_phase, overhead_bytes, total_bytes, usable_bytes and fits (then any further
+  per-row arrays the components return, such as per-rank host memory; their "host_fits" is ANDed into fits). Built
+  block by block with pandas.api.internals (pd.DataFrame(dict) where that is missing), the same frame. The accuracy
   comparison calls it on measured points, with device="cpu" where the measurement ran on the CPU (CPU dropout
   keeps a noise tensor of the input dtype where CUDA keeps a 1-byte mask; nothing else differs).
 - `estimate_point(model=..., mode=..., batch=..., ...) -> pd.Series` and `format_breakdown(row) -> str` for
@@ -71,7 +73,8 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     "host_fits" is ANDed into `fits` instead."""
     names = frame.columns.tolist()
     read = getattr(frame, "_iter_column_arrays", None)  # each column's array, no Series built (pandas internal)
-    if _from_blocks is None or read is None or len(set(names)) != len(names):
+    if _from_blocks is None or read is None or len(set(names)) != len(names) or not _COMPUTED.isdisjoint(names):
+        # (a frame that already holds output columns: the dict build overwrites them where they stand)
         return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
     values = list(read())
     given = dict(zip(names, values))
@@ -81,6 +84,8 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     mem = np.asarray(given[C.GPU_MEMORY], dtype=np.int64)
     peak, over, total, usable, fits = _totals(comps, mem, overheads, headroom)
     extra = [k for k in comps if k not in _OWN_KEYS]
+    if not _COMPUTED.isdisjoint(extra) or not frozenset(extra).isdisjoint(names):
+        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
 
     # the output, block by block: one 2-D int64 block holding every int64 column (the consolidated layout that
     # pd.DataFrame(dict) reaches) and each other column a block of its own. pd.DataFrame(dict) of these ~25
@@ -121,6 +126,7 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
 HOST_FITS = "host_fits"  # estimate_components may return it: per-row bool, ANDed into fits
 _OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, HOST_FITS))
 _OUT_COLUMNS = (*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS)
+_COMPUTED = frozenset(_OUT_COLUMNS) - {C.GPU_MEMORY}  # gpu_memory_bytes is an input, moved to its place
 # where the int64 columns (components, peak, overhead, total, gpu_memory, usable, in this order) go among them
 _INT_AT = tuple(i for i, c in enumerate(_OUT_COLUMNS) if c not in (C.PEAK_PHASE, C.FITS))
 _PHASE_AT, _FITS_AT = _OUT_COLUMNS.index(C.PEAK_PHASE), _OUT_COLUMNS.index(C.FITS)

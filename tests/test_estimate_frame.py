@@ -140,3 +140,13 @@ def test_int64_bound_reads_the_attention_column_only_to_admit_flash(categorical)
         runner.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
     out = runner.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
     assert out[C.PEAK_ALLOCATED].iloc[0] > 0 and not out[C.FITS].iloc[0]
+
+
+def test_a_frame_that_already_holds_output_columns_gets_them_overwritten_in_place():
+    sc, frame = CASES["gpt2 train"]()
+    again = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    fast, plain = _both(sc, again)  # re-estimating a results frame: its columns are overwritten where they stand
+    _assert_identical(fast, plain)
+    assert list(fast.columns) == [c for c in again.columns if c != C.GPU_MEMORY] + [C.GPU_MEMORY]
+    assert fast.columns.is_unique
+    assert (fast[C.TOTAL] == again[C.TOTAL]).all()
