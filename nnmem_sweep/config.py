@@ -588,6 +588,36 @@ def _node(data: dict, ck: _Checker) -> dict[str, int]:
     return node
 
 
+def _finetune(data: dict, mode: str, model, parallel: dict, ck: _Checker):
+    """The `finetune:` block (components/finetune.py) folded into the model, so every estimator path sees it."""
+    if "finetune" not in data or not ck.clean("finetune"):
+        return model
+    from .components import finetune as F
+    from .errors import UsageError as _Usage
+
+    try:
+        ft = F.parse_finetune(data["finetune"], lambda p: (ck.b.file, *(_locate(p, ck.b) or (None, None))))
+    except ScenarioError as e:
+        for p in e.problems:
+            ck.add(p.key_path, p.message)
+        return model
+    if not ft.adapters or model is None:
+        return model
+    if mode != "train":
+        ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
+        return model
+    if parallel:
+        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU only; remove the parallel: block "
+                           "or use method: full", key=True)
+        return model
+    try:
+        F.adapter_params(model, ft)  # unsupported model families and unknown targets are one line each
+    except (_Usage, ValueError) as e:
+        ck.add("finetune", str(e), key=True)
+        return model
+    return dataclasses.replace(model, finetune=ft)
+
+
 def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], ck: _Checker):
     """The `cluster:` block (cluster.py) as a ClusterSearch; its problems located at their keys."""
     given = data.get("cluster")
@@ -619,6 +649,7 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
     serving = _serving(data, mode, model, ck)
     parallel = _parallel(data, mode, model, grid, ck)
     node = _node(data, ck) if (parallel or "cluster" in data) else {}
+    model = _finetune(data, mode, model, parallel, ck)
     cluster = _cluster(data, mode, model, grid, node, ck)
     problems = b.problems + schema_problems + ck.problems
     if problems:

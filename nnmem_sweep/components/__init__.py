@@ -1,2 +1,2 @@
 """Pure vectorised memory formulas, one module per component. Importing this package registers their citations."""
-from . import activations, kv, optimizer, overhead, peak, terms, weights  # noqa: F401
+from . import activations, finetune, kv, optimizer, overhead, peak, terms, weights  # noqa: F401

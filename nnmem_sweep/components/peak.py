@@ -44,6 +44,7 @@ from ..catalog.precisions import Precision, get_precision
 from ..errors import UsageError
 from ..models.arch import Architecture
 from . import activations as act
+from . import finetune
 from .kv import cache_tokens, kv_append_temp_bytes, kv_cache_bytes
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .terms import Term
@@ -291,7 +292,11 @@ def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_
 def _train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
                 a_names: tuple = (), c_names: tuple = ()) -> _Plan:
     precs = _precisions(p_names, "train")
-    W, M, G, S, T_opt = _states(arch, precs, o_names, i_names)
+    ft = arch.finetune or finetune.FULL
+    if ft.adapters:  # LoRA / QLoRA: frozen base, adapters trained (components/finetune.py)
+        W, M, G, S, T_opt = finetune.finetune_states(arch, ft, precs, o_names, i_names)
+    else:
+        W, M, G, S, T_opt = _states(arch, precs, o_names, i_names)
     nP, nO, nI = len(precs), len(o_names), len(i_names)
     if arch.kind != "transformer":
         sizes = (nP, nO, nI)
@@ -309,7 +314,7 @@ def _train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple,
     w, m, g = (_lift(x, (0,), sizes) for x in (W, M, G))
     s_, t_opt = (_lift(x, (0, 1, 2), sizes) for x in (S, T_opt))
     states = {C.WEIGHTS: w, C.MASTER_WEIGHTS: m, C.OPTIMIZER_STATE: s_}
-    terms = [act.train_activations(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+    terms = [finetune.train_activations(arch, p, a, c, ft, device) for p in precs for a in a_names for c in c_names]
 
     def table(ts: list[Term]) -> np.ndarray:  # per (precision, attention, checkpointing)
         return _lift(_vec(ts, (nP, nA, nC)), (0, 3, 4), sizes)
@@ -591,6 +596,9 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
         if par_layout.has_parallel_columns(frame):
             l_code, layouts = par_layout.frame_layouts(frame, _codes)
             par_layout.check(arch, layouts, mode)
+            if arch.finetune is not None and arch.finetune.adapters:
+                raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU only, not with "
+                                 "parallel: axes")
             if arch.kind != "transformer":
                 names = names[:3]
                 codes = codes[:3]

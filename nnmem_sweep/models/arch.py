@@ -7,6 +7,7 @@ kind = "layers":      a CNN/MLP layer list, counted layer by layer (see `layer_t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,6 @@ class Architecture:
 
     # where the description came from (preset file, hf config path, "explicit")
     origin: str = ""
+    # how the model is trained (scenario `finetune:`): a components.finetune.Finetune; None = every parameter trained.
+    # Part of the architecture so that every estimator path (grid, max batch, stream, accuracy) sees the same model.
+    finetune: Any = None

@@ -448,6 +448,21 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
     return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats}
 
 
+def _finetune_text(sc: Scenario) -> str:
+    """'LoRA rank 16 (alpha 16, dropout 0.0) on q_proj, v_proj, adapters fp32: 1,703,936 trainable parameters; the
+    base is frozen' for a LoRA/QLoRA scenario, '' otherwise."""
+    ft = getattr(sc.model, "finetune", None)
+    if ft is None or not ft.adapters:
+        return ""
+    from ..components import finetune as F
+
+    targets = ", ".join(t.name for t in F.targets_of(sc.model, ft))
+    base = "NF4 (4-bit, double-quantised block scales)" if ft.method == "qlora" else "frozen in the recipe's dtype"
+    return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "
+            f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {F.adapter_params(sc.model, ft):,} trainable "
+            f"parameters; base weights {base}")
+
+
 # ---------------------------------------------------------------------------------------------------- all of it
 def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, prov: Provenance,
                   all_formulas: list, validation_table: pd.DataFrame | None = None,
@@ -480,7 +495,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
             "commit_short": prov.commit[:12], "dirty": prov.dirty, "in_git": prov.in_git, "date": prov.date,
             "date_source": prov.date_source, "tool_version": prov.tool_version,
         },
-        "model": {"name": sc.model.name, "params": f"{sc.model.params:,}"},
+        "model": {"name": sc.model.name, "params": f"{sc.model.params:,}", "finetune": _finetune_text(sc)},
         "mode": "inference" if sc.mode == "infer" else "training",
         "grid_size": f"{n_points:,}",
         "gpu_count": str(len(sc.gpus)),
