@@ -30,12 +30,12 @@ PHASES = {"train": ("forward", "backward", "optimizer"), "infer": ("prefill", "d
 
 
 def load_cases(truth_dir: str | Path) -> list[dict[str, Any]]:
-    """Every *.json case in `truth_dir`, sorted by case id."""
+    """Every *.json case in `truth_dir` and its subfolders, sorted by case id."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
     cases = []
-    for p in sorted(d.glob("*.json")):
+    for p in sorted(d.rglob("*.json")):  # subfolders too: finetune/ holds the LoRA cases
         try:
             rec = json.loads(p.read_text())
         except json.JSONDecodeError as e:
@@ -54,8 +54,15 @@ def architecture_of(case: dict[str, Any]):
         return resolve_model({"input_shape": inputs["input_shape"], "layers": inputs["layers"]}, Path("."))
     from .models.hf import architecture_from_hf
 
-    return architecture_from_hf(dict(case["hf_config"]), origin=f"truth case {case['case_id']}",
+    arch = architecture_from_hf(dict(case["hf_config"]), origin=f"truth case {case['case_id']}",
                                 preset=str(inputs.get("model", "")))
+    if inputs.get("finetune"):  # LoRA/QLoRA cases (truth/finetune/): the frozen base with its adapters
+        import dataclasses
+
+        from .components.finetune import parse_finetune
+
+        arch = dataclasses.replace(arch, finetune=parse_finetune(inputs["finetune"], case["case_id"]))
+    return arch
 
 
 def device_for_estimate(case: dict[str, Any]) -> str:
@@ -111,6 +118,14 @@ def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
         phases[name] = max(phases.get(name, -1), int(np.asarray(total)[0]))
     out["phases"] = phases
     prec = get_precision(i["precision"])
+    if arch.finetune is not None and arch.finetune.adapters:
+        from .components import finetune as F
+
+        ft, opt, impl = arch.finetune, get_optimizer(i["optimizer"]), i.get("optimizer_impl", "foreach")
+        out["weights"] = F.weights_bytes(arch, prec, ft) + F.master_weights_bytes(arch, prec, ft)
+        out["gradients"] = F.gradients_bytes(arch, prec, ft)
+        out["optimizer"] = F.optimizer_state_bytes(arch, prec, opt, impl, ft)
+        return out
     out["weights"] = weights_bytes(arch, prec) + master_weights_bytes(arch, prec)
     if i["mode"] == "train":
         out["gradients"] = gradients_bytes(arch, prec)
