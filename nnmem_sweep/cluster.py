@@ -117,7 +117,7 @@ def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFram
     f[C.EXPERT_PARALLEL] = 1
     f[C.OFFLOAD] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=["none"])
     f[C.GRADIENT_ACCUMULATION] = np.where(pp > 1, 1, acc)
-    f[C.FP32_GRAD_ACCUMULATION] = False
+    f[C.FP32_GRAD_ACCUMULATION] = bool(search.fixed.get(C.FP32_GRAD_ACCUMULATION, False))
     # layouts the model cannot take (heads not divisible by t, ...) are dropped before estimating
     key = tp * 1000 + pp
     ok = np.ones(len(f), dtype=bool)
@@ -249,8 +249,10 @@ SCHEMA = {
 
 
 def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gpus_per_node: int,
-                  host_memory_bytes: int) -> tuple[ClusterSearch | None, list[tuple[str, str]]]:
-    """The `cluster:` block (already schema-valid) -> (ClusterSearch, problems as (key path, message))."""
+                  host_memory_bytes: int, parallel: dict | None = None
+                  ) -> tuple[ClusterSearch | None, list[tuple[str, str]]]:
+    """The `cluster:` block (already schema-valid) -> (ClusterSearch, problems as (key path, message)).
+    `parallel`: the scenario's parallel axes, whose first fp32_grad_accumulation value the search keeps."""
     bad: list[tuple[str, str]] = []
     if mode != "train":
         return None, [("cluster", "the cluster search applies to train mode only (serving: see the serving plan's "
@@ -281,6 +283,7 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
         values = tuple(sc_grid.get(axis) or ())
         chosen = (target or {}).get(axis)
         fixed[axis] = chosen if chosen in values else (values[0] if values else None)
+    fixed[C.FP32_GRAD_ACCUMULATION] = bool(((parallel or {}).get(C.FP32_GRAD_ACCUMULATION) or (False,))[0])
     search = ClusterSearch(global_batch=global_batch, seq_len=int(seq), max_gpus=int(given.get("max_gpus",
                            DEFAULT_MAX_GPUS)), gpus_per_node=gpus_per_node, tensor_parallel=tps,
                            pipeline_parallel=pps, micro_batch=micro,

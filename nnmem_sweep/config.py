@@ -618,7 +618,8 @@ def _finetune(data: dict, mode: str, model, parallel: dict, ck: _Checker):
     return dataclasses.replace(model, finetune=ft)
 
 
-def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], ck: _Checker):
+def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,
+             ck: _Checker):
     """The `cluster:` block (cluster.py) as a ClusterSearch; its problems located at their keys."""
     given = data.get("cluster")
     if not isinstance(given, dict) or not ck.clean("cluster"):
@@ -626,7 +627,8 @@ def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], nod
     from .cluster import parse_cluster
 
     target = data.get("target") if isinstance(data.get("target"), dict) and ck.clean("target") else {}
-    search, problems = parse_cluster(given, grid, target, model, mode, node[C.GPUS_PER_NODE], node[C.HOST_MEMORY])
+    search, problems = parse_cluster(given, grid, target, model, mode, node[C.GPUS_PER_NODE], node[C.HOST_MEMORY],
+                                     parallel)
     for path, message in problems:
         ck.add(path, message, key=path == "cluster")
     return search
@@ -650,7 +652,7 @@ def _scenario(data: Any, b: _Builder, file: str, base_dir: Path, text: str, dige
     parallel = _parallel(data, mode, model, grid, ck)
     node = _node(data, ck) if (parallel or "cluster" in data) else {}
     model = _finetune(data, mode, model, parallel, ck)
-    cluster = _cluster(data, mode, model, grid, node, ck)
+    cluster = _cluster(data, mode, model, grid, node, parallel, ck)
     problems = b.problems + schema_problems + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))

@@ -158,3 +158,18 @@ def test_run_writes_cluster_options_csv_and_the_report_shows_the_section(tmp_pat
     assert "<h2>Cluster options</h2>" in html
     assert "Cheapest: 2 × big ($6.00 per hour) with TP 1, PP 1, DP 2, ZeRO 1" in html
     assert html.count('class="recommended"') == 1
+
+
+def test_the_search_keeps_the_scenarios_fp32_main_grads():
+    """configs/llama-70b-cluster.yaml trains with Megatron-style fp32 main grads (parallel.fp32_grad_accumulation):
+    the cluster search must estimate its candidates the same way (18 B/param with bf16-master + AdamW, not 16)."""
+    from nnmem_sweep.config import load_scenario
+
+    sc = load_scenario("configs/llama-70b-cluster.yaml")
+    assert sc.cluster.fixed[C.FP32_GRAD_ACCUMULATION] is True
+    frame = K.candidates(sc.cluster, sc, sc.gpus[0])
+    assert frame[C.FP32_GRAD_ACCUMULATION].all()
+    # ZeRO-3 over 16 GPUs: 18 B x 70,553,706,496 / 16 = 79.4 GB of model states alone, over the A100's 76.0 GiB
+    # usable once the runtime overheads are added; 16 B/param (no main grads) fits at 16 GPUs
+    out = run_scenario(sc).cluster
+    assert out[out[C.GPU] == "a100-80gb"][K.GPUS].min() == 32

@@ -42,7 +42,8 @@ def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None
             "recommended": bool(r[K.RECOMMENDED]),
         })
     missing = [g.name for g in sc.gpus if g.id not in set(options[C.GPU].astype(str))]
-    fixed = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in search.fixed.items() if v is not None)
+    fixed = ", ".join(f"{k.replace('_', ' ')} {('on' if v else 'off') if isinstance(v, bool) else v}"
+                      for k, v in search.fixed.items() if v is not None)
     return {
         "recommendation": K.recommendation(options, names, gib),
         "target": f"{thousands(search.global_batch)} sequences of {thousands(search.seq_len)} tokens per optimizer "
