@@ -4,10 +4,13 @@
 `runner.write_outputs`, byte for byte, without ever holding more than one chunk:
 
 - results.csv: rows lo..hi of the grid are built directly from their row numbers (mixed-radix decoding of the
-  cartesian product, batch slowest, GPU fastest, exactly grid.product_frame's order), run through the pure
-  estimator (runner.estimate_frame) and appended.
-- max_batch.csv: max batch depends only on the non-batch axes and GPU, so the non-batch combinations are chunked
-  the same way and run through fit.max_batch.
+  cartesian product of grid.axes_of, batch slowest, GPU fastest, exactly grid.product_frame's order), given the
+  GPU and node columns by grid.add_gpu_columns, run through the pure estimator (runner.estimate_frame) and appended.
+- max_batch.csv: max batch depends only on the other axes and GPU (grid.point_axes: with a `parallel:` block the
+  parallel axes too), so those combinations are chunked the same way and run through fit.max_batch.
+
+The axes and the GPU columns come from the same functions the in-memory run calls, so a scenario with parallel
+axes streams the same columns and rows as it runs.
 
 Both files are written to temporary files in the output folder and renamed over the old ones only when everything
 succeeded: an interrupted or failed run leaves the previous results intact. The grid size is checked against
@@ -32,7 +35,7 @@ from . import columns as C
 from . import serving
 from .errors import UsageError
 from .fit import max_batch
-from .grid import grid_size, product_frame
+from .grid import add_gpu_columns, axes_of, grid_size, point_axes, product_frame
 from .runner import estimate_frame
 from .scenario import Scenario
 
@@ -70,13 +73,6 @@ def slice_product(axes: dict[str, tuple], lo: int, hi: int) -> pd.DataFrame:
         else:
             data[name] = col.to_numpy()[codes]
     return pd.DataFrame(data, copy=False)
-
-
-def _with_gpu_memory(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
-    by_id = {g.id: g.memory_bytes for g in sc.gpus}
-    mem = np.array([by_id[g] for g in frame[C.GPU].cat.categories], dtype=np.int64)
-    frame[C.GPU_MEMORY] = mem[frame[C.GPU].cat.codes.to_numpy()]
-    return frame
 
 
 def _ranges(n: int, step: int) -> Iterator[tuple[int, int]]:
@@ -131,8 +127,8 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     start = time.perf_counter()
     out_dir = Path(out_dir)
     gpus = tuple(g.id for g in sc.gpus)
-    axes = {a: tuple(sc.grid[a]) for a in C.GRID_AXES} | {C.GPU: gpus}
-    points_axes = {a: tuple(sc.grid[a]) for a in C.NON_BATCH_AXES} | {C.GPU: gpus}
+    axes = axes_of(sc) | {C.GPU: gpus}
+    points_axes = point_axes(sc) | {C.GPU: gpus}
     cells = prod(len(v) for v in points_axes.values())
     model = pd.CategoricalDtype([sc.model.name])
     mode = pd.CategoricalDtype([sc.mode])
@@ -142,7 +138,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
         res = stack.enter_context(_AtomicFile(out_dir / "results.csv"))
         mb = stack.enter_context(_AtomicFile(out_dir / "max_batch.csv"))
         for lo, hi in _ranges(n, chunk_rows):
-            part = estimate_frame(sc.model, sc.mode, _with_gpu_memory(slice_product(axes, lo, hi), sc),
+            part = estimate_frame(sc.model, sc.mode, add_gpu_columns(slice_product(axes, lo, hi), sc),
                                   sc.overheads, sc.headroom, prefill_logits=logits)
             codes = np.zeros(hi - lo, dtype=np.int8)
             part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
@@ -154,7 +150,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
                 print(f"\rnnmem-sweep: {hi:,}/{n:,} rows ({100 * hi / max(n, 1):.0f}%)", end="", file=sys.stderr,
                       flush=True)
         for lo, hi in _ranges(cells, chunk_rows):
-            points = _with_gpu_memory(slice_product(points_axes, lo, hi), sc)
+            points = add_gpu_columns(slice_product(points_axes, lo, hi), sc)
             _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits), mb,
                     header=lo == 0)
         res.commit()

@@ -35,6 +35,15 @@ def sc():
     return parse_scenario_text(SCENARIO)
 
 
+def stream_and_run(sc, tmp_path, chunk_rows: int) -> stream.StreamResult:
+    """Run in memory into tmp_path/mem, stream into tmp_path/st; both CSVs must be the same bytes."""
+    write_outputs(run_scenario(sc), tmp_path / "mem")
+    r = stream.run_streamed(sc, tmp_path / "st", chunk_rows=chunk_rows)
+    for name in ("results.csv", "max_batch.csv"):
+        assert (tmp_path / "st" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes(), name
+    return r
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
 def test_slice_product_is_a_slice_of_product_frame(lengths, data):
@@ -51,11 +60,8 @@ def test_slice_product_is_a_slice_of_product_frame(lengths, data):
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 48, 144, 10_000])
 def test_streamed_files_are_byte_identical_to_an_in_memory_run(tmp_path, sc, chunk_rows):
-    write_outputs(run_scenario(sc), tmp_path / "mem")
-    r = stream.run_streamed(sc, tmp_path / "st", chunk_rows=chunk_rows)
+    r = stream_and_run(sc, tmp_path, chunk_rows)
     assert (r.rows, r.cells) == (144, 48)
-    for name in ("results.csv", "max_batch.csv"):
-        assert (tmp_path / "st" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes(), name
     res = pd.read_csv(tmp_path / "st" / "results.csv")
     assert r.fits == int(res["fits"].sum())
     assert sorted(os.listdir(tmp_path / "st")) == ["max_batch.csv", "results.csv"]  # no temporary left
@@ -138,3 +144,44 @@ def test_shipped_config_streams_like_it_runs(tmp_path):
     for name in ("results.csv", "max_batch.csv"):
         assert (tmp_path / "st" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes()
     assert pd.read_csv(tmp_path / "st" / "max_batch.csv")["max_batch"].max() > 0
+
+
+# A parallel: block (issue 4) adds 13 axes and the node's columns: 2 batches x 2 seq x 2 dp x 3 ZeRO x 2 tp x
+# 2 offload x 2 GPUs = 192 rows, 96 max-batch cells. Offload needs ZeRO >= 1, so zero_stage skips 0 here.
+PARALLEL = """\
+name: stream parallel
+model: {preset: llama-3.1-8b}
+mode: train
+grid:
+  batch: [1, 2]
+  seq_len: [2048, 4096]
+  precision: bf16-master
+  optimizer: adamw
+  checkpointing: selective
+parallel:
+  data_parallel: [2, 8]
+  zero_stage: [1, 2, 3]
+  tensor_parallel: [1, 4]
+  sequence_parallel: true
+  offload: [none, optimizer]
+node: {gpus: 8, host_memory: 256 GiB}
+gpus: [a100-40gb, h100-sxm]
+"""
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 13, 96, 192, 10_000])
+def test_a_parallel_scenario_streams_the_same_bytes_as_it_runs(tmp_path, chunk_rows):
+    # before the fix, --stream built the grid from the grid: axes alone and wrote single-GPU results
+    sc = parse_scenario_text(PARALLEL)
+    r = stream_and_run(sc, tmp_path, chunk_rows)
+    assert (r.rows, r.cells) == (192, 96)
+    res = pd.read_csv(tmp_path / "st" / "results.csv")
+    mb = pd.read_csv(tmp_path / "st" / "max_batch.csv")
+    for col in ("data_parallel", "zero_stage", "tensor_parallel", "offload", "gpus_per_node", "host_bytes"):
+        assert col in res.columns and col in mb.columns, col
+    assert res["host_bytes"].gt(0).any() and set(res["tensor_parallel"]) == {1, 4}
+
+
+def test_shipped_cluster_config_streams_like_it_runs(tmp_path):
+    sc = load_scenario("configs/llama-70b-cluster.yaml")
+    stream_and_run(sc, tmp_path, 100)
