@@ -418,8 +418,15 @@ def _gpus(data: dict, ck: _Checker) -> tuple[GPUSpec, ...]:
             except ValueError:
                 ck.add(path if isinstance(entry, str) else f"{path}.id", unknown_gpu_message(gpu_id))
                 continue
-        elif not {"name", "memory"} <= entry.keys():
+        elif "name" not in entry:
             continue  # reported by the schema as a missing key
+        elif "memory" not in entry:  # {name: h100-sxm, price_usd: ...}: a catalog GPU named by its id
+            try:
+                spec = get_gpu(entry["name"])
+            except ValueError:
+                ck.add(f"{path}.name", unknown_gpu_message(entry["name"]) + "; or give memory: for a GPU not in "
+                                                                             "the catalog")
+                continue
         else:
             try:
                 memory = parse_size(entry["memory"])

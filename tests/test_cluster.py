@@ -173,3 +173,15 @@ def test_the_search_keeps_the_scenarios_fp32_main_grads():
     # usable once the runtime overheads are added; 16 B/param (no main grads) fits at 16 GPUs
     out = run_scenario(sc).cluster
     assert out[out[C.GPU] == "a100-80gb"][K.GPUS].min() == 32
+
+
+def test_a_catalog_gpu_named_with_a_price_as_the_issue_writes_it():
+    """Issue 4 writes `gpus: [{name: h100-sxm, price_usd: ...}]`: a name that is a catalog id, no memory, is the
+    catalog GPU with its price; an unknown name without memory is one located error."""
+    sc = scenario("[{name: h100-sxm, price_usd: 30000}, a100-80gb]")
+    assert [(g.id, g.memory_bytes, g.price_usd) for g in sc.gpus] == [("h100-sxm", 85_520_809_984, 30000),
+                                                                       ("a100-80gb", 85_899_345_920, None)]
+    with pytest.raises(ScenarioError) as e:
+        scenario("[{name: h100sxm, price_usd: 30000}]")
+    (p,) = e.value.problems
+    assert p.key_path == "gpus[0].name" and "did you mean 'h100-sxm'" in p.message
