@@ -85,11 +85,14 @@ def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFram
     node = search.gpus_per_node
     tps = [t for t in search.tensor_parallel if t <= node]
     pps = [p for p in search.pipeline_parallel if p <= max(arch.layers, 1)]
+    dps_of = {b: [d for d in _divisors(G // b) if d <= search.max_gpus] for b in search.micro_batch if G % b == 0}
+    size = sum(len(d) for d in dps_of.values()) * len(tps) * len(pps) * len(search.zero_stage) * len(
+        search.checkpointing)
+    if size > MAX_CANDIDATES:  # counted before anything is built
+        raise UsageError(f"cluster search for {gpu.id} has {size:,} candidate layouts, over {MAX_CANDIDATES:,}; "
+                         "narrow cluster.tensor_parallel, pipeline_parallel, micro_batch or max_gpus")
     parts = []
-    for b in search.micro_batch:
-        if G % b:
-            continue
-        dps = [d for d in _divisors(G // b) if d <= search.max_gpus]
+    for b, dps in dps_of.items():
         axes = {C.BATCH: (b,), C.SEQ_LEN: (search.seq_len,), **{a: (search.fixed[a],) for a in (
             C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION)},
             C.CHECKPOINTING: search.checkpointing, C.CACHE_TOKENS: (0,), C.DECODE_TOKENS: (0,),
@@ -156,9 +159,6 @@ def cluster_options(sc: Scenario, search: ClusterSearch) -> pd.DataFrame:
     kept = []
     for gpu in sc.gpus:
         frame = candidates(search, sc, gpu)
-        if len(frame) > MAX_CANDIDATES:
-            raise UsageError(f"cluster search for {gpu.id} has {len(frame):,} candidate layouts, over "
-                             f"{MAX_CANDIDATES:,}; narrow cluster.tensor_parallel, pipeline_parallel or micro_batch")
         if not len(frame):
             continue
         est = estimate_frame(sc.model, "train", frame, sc.overheads, sc.headroom)

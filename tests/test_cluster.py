@@ -185,3 +185,19 @@ def test_a_catalog_gpu_named_with_a_price_as_the_issue_writes_it():
         scenario("[{name: h100sxm, price_usd: 30000}]")
     (p,) = e.value.problems
     assert p.key_path == "gpus[0].name" and "did you mean 'h100-sxm'" in p.message
+
+
+def test_a_search_too_large_is_refused_before_it_is_built(monkeypatch):
+    """Counted from the axis lengths: DP in the 6 divisors of 32, TP 1/2/4/8, PP 1/2/4/8/16 (Llama 3.2 1B has 16
+    layers), ZeRO 0-3, no recomputation: 6 x 4 x 5 x 4 x 1 = 480 candidates, refused at a limit of 479."""
+    from nnmem_sweep.errors import UsageError
+
+    sc = scenario("[{name: g, memory: 80 GB}]", "{global_batch: 32, micro_batch: [1]}", model=LLAMA,
+                  grid="{batch: 1, seq_len: 512, precision: bf16, optimizer: adamw}")
+    monkeypatch.setattr(K, "MAX_CANDIDATES", 479)
+    monkeypatch.setattr(K, "product_frame", lambda *a, **k: pytest.fail("built before the size was checked"))
+    with pytest.raises(UsageError, match="480 candidate layouts, over 479"):
+        K.candidates(sc.cluster, sc, sc.gpus[0])
+    monkeypatch.setattr(K, "MAX_CANDIDATES", 480)
+    monkeypatch.undo()
+    assert len(K.candidates(sc.cluster, sc, sc.gpus[0])) == 480
