@@ -42,6 +42,7 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
 
 
 _READ = (C.BATCH, C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS, C.ATTENTION)  # the columns the bound reads
+MAXIMA = _READ[:4]  # the integer columns whose largest values it takes
 
 
 def check_frame(arch: Architecture, frame: pd.DataFrame) -> None:
@@ -56,12 +57,18 @@ def check_columns(arch: Architecture, n: int, columns: dict) -> None:
     if n == 0:
         return
     top = {c: int(np.maximum.reduce(np.asarray(columns[c]))) for c in _READ[:4] if c in columns}
+    check_maxima(arch, top, columns.get(C.ATTENTION))
+
+
+def check_maxima(arch: Architecture, top: dict, attention=None) -> None:
+    """check_columns on the largest values already taken, {name: int} of batch, seq_len, decode_tokens and
+    cache_tokens (absent: as check_columns counts a missing column), and the attention column's values."""
     b = top.get(C.BATCH, 1)
     s = max(top.get(C.SEQ_LEN, 1) + top.get(C.DECODE_TOKENS, 0), top.get(C.CACHE_TOKENS, 0))
     # the s² term only with eager attention (flash kernels keep no s x s tensor); the attention column is looked at
     # only when the bound with eager attention is too large
     if upper_bound_bytes(arch, b, s, eager=True) > LIMIT_BYTES and \
-            upper_bound_bytes(arch, b, s, _uses_eager(columns.get(C.ATTENTION))) > LIMIT_BYTES:
+            upper_bound_bytes(arch, b, s, _uses_eager(attention)) > LIMIT_BYTES:
         raise UsageError(
             f"batch {b:,} x seq_len {s:,} for {arch.name} is beyond what nnmem-sweep computes exactly "
             f"(a bound of its bytes exceeds 2^62 B = 4 EiB, far past any GPU); lower the largest batch or seq_len")

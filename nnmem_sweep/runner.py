@@ -9,7 +9,7 @@ Library entry points:
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
   column, peak_allocated_bytes, peak_phase, overhead_bytes, total_bytes, usable_bytes and fits (then any further
   per-row arrays the components return, such as per-rank host memory; their "host_fits" is ANDed into fits). Built
-  block by block with pandas.api.internals (pd.DataFrame(dict) where that is missing), the same frame. The accuracy
+  block by block from pandas' internals (pd.DataFrame(dict) where they are missing), the same frame. The accuracy
   comparison calls it on measured points, with device="cpu" where the measurement ran on the CPU (CPU dropout
   keeps a noise tensor of the input dtype where CUDA keeps a 1-byte mask; nothing else differs).
 - `estimate_point(model=..., mode=..., batch=..., ...) -> pd.Series` and `format_breakdown(row) -> str` for
@@ -20,7 +20,6 @@ overhead = context + workspace + ⌈reserve_fraction · peak⌉.
 """
 from __future__ import annotations
 
-import functools
 import io
 import sys
 import time
@@ -30,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .bounds import check_columns, check_frame
+from .bounds import MAXIMA, check_columns, check_frame, check_maxima
 from . import columns as C
 from . import cluster, serving
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import column_values, estimate_components
+from .components.peak import ROWS, column_values, estimate_components
 from .errors import UsageError
 from .fit import max_batch
 from .grid import add_gpu_columns, expand_grid, point_axes, product_frame
@@ -47,6 +46,12 @@ try:  # pandas >= 2.3; pd.DataFrame(dict) otherwise
     from pandas.api.internals import create_dataframe_from_blocks as _from_blocks
 except ImportError:  # pragma: no cover - depends on the installed pandas
     _from_blocks = None
+try:  # the blocks made directly where pandas' internals have these (see _frame_of_blocks)
+    from pandas._libs.internals import BlockPlacement as _Placement
+    from pandas.core.internals.blocks import get_block_type as _block_type
+    from pandas.core.internals.managers import BlockManager as _Manager
+except ImportError:  # pragma: no cover - depends on the installed pandas
+    _Manager = None
 
 CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
 
@@ -73,64 +78,147 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     "host_fits" is ANDed into `fits` instead."""
     names = frame.columns.tolist()
     read = getattr(frame, "_iter_column_arrays", None)  # each column's array, no Series built (pandas internal)
-    if _from_blocks is None or read is None or len(set(names)) != len(names) or not _COMPUTED.isdisjoint(names):
-        # (a frame that already holds output columns: the dict build overwrites them where they stand)
+    if _from_blocks is None or read is None:
         return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
     values = list(read())
+    key = (tuple(names), tuple(map(_kind, values)))
+    lay = _LAYOUTS.get(key, _UNSEEN)
+    if lay is _UNSEEN:
+        if len(_LAYOUTS) >= 64:
+            _LAYOUTS.clear()
+        lay = _LAYOUTS[key] = _Layout.of(*key)
+    if lay is None:  # duplicated names, output columns already there (re-estimating results), odd column kinds
+        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
     given = dict(zip(names, values))
-    check_columns(arch, len(frame), given)  # refuse points whose bytes could wrap around int64 (bounds.py)
-    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
     n = len(frame)
-    mem = np.asarray(given[C.GPU_MEMORY], dtype=np.int64)
-    peak, over, total, usable, fits = _totals(comps, mem, overheads, headroom)
+
+    # The output's int64 columns are the rows of one 2-D block (the consolidated layout pd.DataFrame(dict)
+    # reaches), written in place: the int64 inputs (the bound's columns first), the components and peak (the
+    # estimator writes them), then overhead, total, gpu_memory and usable. Every block is a fresh array
+    # (categoricals copied), so the output shares no memory with the input frame.
+    buf = np.empty((lay.rows, n), dtype=np.int64)
+    for r, i in enumerate(lay.int_rows):
+        buf[r] = values[i]
+    if n:  # refuse points whose bytes could wrap around int64 (bounds.py), on the maxima of the copied rows
+        if lay.bound_rows is None:
+            check_columns(arch, n, given)
+        else:
+            top = np.maximum.reduce(buf[:len(lay.bound_rows)], axis=1).tolist()
+            check_maxima(arch, dict(zip(lay.bound_rows, top)), given.get(C.ATTENTION))
+    c = lay.comp_row
+    held = buf[c:c + len(C.COMPONENTS) + 1]
+    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits, _columns=given, _out=held)
+    rows = comps.pop(ROWS, None)
+    if rows is None:  # an estimate that did not write into `held` (transformer inference): copied
+        for r, name in enumerate(_HELD):
+            held[r] = comps.get(name, 0)
+        rows = _HELD
     extra = [k for k in comps if k not in _OWN_KEYS]
-    if not _COMPUTED.isdisjoint(extra) or not frozenset(extra).isdisjoint(names):
+    if extra and (not _COMPUTED.isdisjoint(extra) or not frozenset(extra).isdisjoint(names)):
         return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
 
-    # the output, block by block: one 2-D int64 block holding every int64 column (the consolidated layout that
-    # pd.DataFrame(dict) reaches) and each other column a block of its own. pd.DataFrame(dict) of these ~25
-    # columns cost ~400 us, most of a 1,000-row call (bench/bench_estimate.py). Every block is a fresh array
-    # (categoricals copied), so the output shares no memory with the input frame.
-    ints: list[np.ndarray] = []
-    at: list[int] = []
-    blocks: list[tuple[object, np.ndarray]] = []
-    j = 0
-    for name, v in given.items():
-        if name == C.GPU_MEMORY:
-            continue
-        if type(v) is np.ndarray and v.dtype == _INT64:
-            ints.append(v)
-            at.append(j)
-        elif isinstance(v, np.ndarray):
-            blocks.append((v.reshape(1, -1).copy(), np.array([j])))
-        elif isinstance(v, pd.Categorical) or isinstance(v.dtype, pd.StringDtype):
-            blocks.append((v.copy(), np.array([j])))
-        else:  # datetimes, sparse, nullable ints ...: not worth a path of their own
-            return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
-        j += 1
-    zero = np.zeros(n, dtype=np.int64)
-    ints += [comps.get(c, zero) for c in C.COMPONENTS]  # a component no phase holds is 0
-    ints += [peak, over, total, mem, usable]
-    ints += [comps[k] for k in extra]
-    at += [j + i for i in _INT_AT]
-    at += range(j + len(_OUT_COLUMNS), j + len(_OUT_COLUMNS) + len(extra))
-    stacked = np.concatenate(ints)  # int64 already: ~5 us less than asking for a dtype
-    if stacked.dtype != _INT64:  # a component or extra array of another dtype: cast as np.asarray(v, int64) would
-        stacked = np.concatenate(ints, dtype=np.int64, casting="unsafe")
-    blocks += [(comps[C.PEAK_PHASE], np.array([j + _PHASE_AT])), (fits.reshape(1, -1), np.array([j + _FITS_AT])),
-               (stacked.reshape(len(ints), n), np.array(at))]
-    columns = _column_index((*(c for c in names if c != C.GPU_MEMORY), *_OUT_COLUMNS, *extra))
-    return _from_blocks(blocks, index=frame.index, columns=columns)
+    c += len(C.COMPONENTS)
+    peak, mem = buf[c], buf[c + 3]
+    mem[...] = np.asarray(values[lay.mem], dtype=np.int64)
+    total = np.add(peak, overhead_bytes(peak, overheads, out=buf[c + 1]), out=buf[c + 2])
+    fits = np.less_equal(total, usable_bytes(mem, headroom, out=buf[c + 4]), out=np.empty((1, n), dtype=bool)[0])
+    host = comps.get(HOST_FITS)
+    if host is not None:
+        fits &= np.asarray(host, dtype=bool)
+    if extra:
+        more = np.empty((len(extra), n), dtype=np.int64)
+        for r, k in enumerate(extra):
+            more[r] = comps[k]  # cast to int64 as np.asarray(v, dtype=np.int64)
+        buf = np.concatenate((buf, more))
+
+    at_ints, at_phase, at_fits, columns = lay.placed(rows, tuple(extra))
+    blocks = [(v.reshape(1, -1).copy() if kind == "n" else v.copy(), at)
+              for v, kind, at in ((values[i], kind, at) for i, kind, at in lay.others)]
+    blocks += [(comps[C.PEAK_PHASE], at_phase), (fits.reshape(1, n), at_fits), (buf, at_ints)]
+    return _frame_of_blocks(blocks, frame.index, columns)
 
 
 HOST_FITS = "host_fits"  # estimate_components may return it: per-row bool, ANDed into fits
 _OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, HOST_FITS))
 _OUT_COLUMNS = (*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS)
 _COMPUTED = frozenset(_OUT_COLUMNS) - {C.GPU_MEMORY}  # gpu_memory_bytes is an input, moved to its place
-# where the int64 columns (components, peak, overhead, total, gpu_memory, usable, in this order) go among them
-_INT_AT = tuple(i for i, c in enumerate(_OUT_COLUMNS) if c not in (C.PEAK_PHASE, C.FITS))
-_PHASE_AT, _FITS_AT = _OUT_COLUMNS.index(C.PEAK_PHASE), _OUT_COLUMNS.index(C.FITS)
+_HELD = (*C.COMPONENTS, C.PEAK_ALLOCATED)  # the rows estimate_components may write, in the order it did not say
 _INT64 = np.dtype(np.int64)
+_UNSEEN = object()
+
+
+def _kind(v) -> str | None:
+    """How the block path carries an input column: "i" an int64 row of the int block, "n" another numpy array
+    (a block of its own), "c" a categorical or string array (copied); None: a kind left to pd.DataFrame(dict)
+    (datetimes, sparse, nullable ints ...)."""
+    if isinstance(v, np.ndarray):
+        if type(v) is np.ndarray and v.dtype == _INT64:
+            return "i"
+        return None if v.dtype.kind in "mM" else "n"
+    if (isinstance(v, pd.Categorical) or isinstance(v.dtype, pd.StringDtype)) and \
+            not getattr(v.dtype, "_supports_2d", False):
+        return "c"
+    return None
+
+
+class _Layout:
+    """Where estimate_frame puts each input column of frames with these column names and kinds of values, worked
+    out once per (names, kinds): ~30 us of Python per call otherwise."""
+
+    @classmethod
+    def of(cls, names: tuple[str, ...], kinds: tuple) -> "_Layout | None":
+        if (len(set(names)) != len(names) or not _COMPUTED.isdisjoint(names) or C.GPU_MEMORY not in names
+                or None in kinds):
+            return None
+        return cls(names, kinds)
+
+    def __init__(self, names: tuple[str, ...], kinds: tuple):
+        self.names = [c for c in names if c != C.GPU_MEMORY]  # the input columns, gpu_memory moves among outputs
+        pos = {c: j for j, c in enumerate(self.names)}
+        self.first_out = len(self.names)
+        self.mem = names.index(C.GPU_MEMORY)
+        ints = {c: i for i, (c, k) in enumerate(zip(names, kinds)) if k == "i" and c != C.GPU_MEMORY}
+        bound = [c for c in MAXIMA if c in ints]
+        # every bound column present an int64 row: one reduction over the first rows takes their maxima
+        self.bound_rows = bound if all(c in ints for c in MAXIMA if c in names) else None
+        self.int_rows = [ints[c] for c in bound] + [i for c, i in ints.items() if c not in bound]
+        self.int_at = [pos[names[i]] for i in self.int_rows]
+        self.comp_row = len(self.int_rows)
+        self.rows = self.comp_row + len(_HELD) + 4  # + overhead, total, gpu_memory, usable
+        self.others = [(i, k, slice(pos[c], pos[c] + 1)) for i, (c, k) in enumerate(zip(names, kinds))
+                       if c not in ints and c != C.GPU_MEMORY]
+        self._placed: dict[tuple, tuple] = {}
+
+    def placed(self, rows: tuple[str, ...], extra: tuple[str, ...]):
+        """(placement of the int block's rows, of peak_phase, of fits, the output's column labels)."""
+        hit = self._placed.get((rows, extra))
+        if hit is None:
+            out = {c: self.first_out + j for j, c in enumerate(_OUT_COLUMNS)}
+            at = self.int_at + [out[c] for c in (*rows, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE)]
+            at += range(self.first_out + len(_OUT_COLUMNS), self.first_out + len(_OUT_COLUMNS) + len(extra))
+            j, f = out[C.PEAK_PHASE], out[C.FITS]
+            hit = self._placed[rows, extra] = (np.array(at, dtype=np.intp), slice(j, j + 1), slice(f, f + 1),
+                                               pd.Index([*self.names, *_OUT_COLUMNS, *extra]))
+        return hit
+
+
+_LAYOUTS: dict[tuple, _Layout | None] = {}
+
+
+def _frame_of_blocks(blocks: list[tuple[object, object]], index: pd.Index, columns: pd.Index) -> pd.DataFrame:
+    """create_dataframe_from_blocks(blocks, index, columns) for blocks that are 2-D numpy arrays (rows, n) or 1-D
+    categorical / string arrays, placements as slices or int arrays. Where pandas' internals are importable the
+    blocks are made directly: create_dataframe_from_blocks infers each block's type and verifies the shapes,
+    ~2 us a block, for blocks made here to fit."""
+    if _Manager is None:
+        return _from_blocks([(v, _as_array(at)) for v, at in blocks], index=index, columns=columns)
+    made = [_block_type(v.dtype)(v, ndim=2, placement=_Placement(at)) for v, at in blocks]
+    mgr = _Manager.from_blocks(made, [columns, index])
+    return pd.DataFrame._from_mgr(mgr, mgr.axes)
+
+
+def _as_array(at) -> np.ndarray:
+    return np.arange(at.start, at.stop) if isinstance(at, slice) else at
 
 
 def _totals(comps: dict, mem: np.ndarray, overheads: Overheads, headroom: float):
@@ -144,12 +232,6 @@ def _totals(comps: dict, mem: np.ndarray, overheads: Overheads, headroom: float)
     if host is not None:
         fits &= np.asarray(host, dtype=bool)
     return peak, over, total, usable, fits
-
-
-@functools.lru_cache(maxsize=64)
-def _column_index(names: tuple[str, ...]) -> pd.Index:
-    """The output's column labels, built once per set of names (pd.Index(list) costs ~20 us). Index is immutable."""
-    return pd.Index(list(names))
 
 
 def _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits) -> pd.DataFrame:

@@ -69,16 +69,21 @@ def column_values(frame: pd.DataFrame, col: str):
         return frame[col].array
 
 
-def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
-    return np.asarray(column_values(frame, col), dtype=np.int64)
+def _column(frame: pd.DataFrame, col: str, given: dict | None):
+    """The column's values: from `given` ({name: values} already read by the caller) or from the frame."""
+    return column_values(frame, col) if given is None else given[col]
+
+
+def _ints(frame: pd.DataFrame, col: str, given: dict | None = None) -> np.ndarray:
+    return np.asarray(_column(frame, col, given), dtype=np.int64)
 
 
 _CATEGORY_NAMES: dict[int, tuple[pd.CategoricalDtype, tuple]] = {}
 
 
-def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
+def _codes(frame: pd.DataFrame, col: str, given: dict | None = None) -> tuple[np.ndarray, tuple]:
     """Integer codes and their values for a (categorical or plain) column."""
-    v = column_values(frame, col)
+    v = _column(frame, col, given)
     if isinstance(v, pd.Categorical):
         dtype = v.dtype  # the names of a categorical dtype, kept per dtype object (the grid's dtypes are reused)
         hit = _CATEGORY_NAMES.get(id(dtype))
@@ -92,12 +97,13 @@ def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
 
 
 def _combine(codes: list[np.ndarray], sizes: tuple[int, ...]) -> np.ndarray:
-    """One code per row for the combination of names, row-major over `sizes` (axes of one name add nothing)."""
+    """One code per row (intp, the take index) for the combination of names, row-major over `sizes` (axes of one
+    name add nothing)."""
     live = [(c, m) for c, m in zip(codes, sizes) if m > 1]
     if not live:
         return np.zeros(len(codes[0]), dtype=np.intp)
-    if len(live) == 1:
-        return live[0][0]
+    if len(live) == 1:  # the codes themselves (int8 for a categorical): converted once, not in every gather
+        return live[0][0].astype(np.intp)
     return np.ravel_multi_index([c for c, _ in live], [m for _, m in live])
 
 
@@ -146,7 +152,13 @@ class _Rows:
     """m Terms per index: out[j, r] = const + s·pos + b·seq + (b·s)·tok + (b·s²)·s2 of Term j at idx[r]. The same
     integer polynomial as Term.eval, so exact (int64 arithmetic is a ring: any order of the same sums and products
     gives the same bits). Per coefficient one (rows, N) table over the rows where it is not zero everywhere (a
-    slice: `order` puts the rows with the same coefficients together), so constants cost one gather."""
+    slice: `order` puts the rows with the same coefficients together), so constants cost one gather.
+
+    The evaluation is a fixed program worked out here: a coefficient's gather goes straight into the output rows
+    that no earlier coefficient wrote (then scaled in place), and is added to the rows that one did; rows no
+    coefficient touches are zeroed. Gathers use mode="wrap", which for the indices this module forms (within
+    [-1, N)) selects what the default mode does, without the default's copy through a buffer when writing into
+    `out`."""
 
     def __init__(self, arr: np.ndarray, order: list[int] | None = None):  # arr (N, m, 5)
         self.order = list(range(arr.shape[1])) if order is None else order
@@ -159,21 +171,42 @@ class _Rows:
                 sl = slice(int(rows[0]), int(rows[-1]) + 1)
                 self.parts.append((f, sl, np.ascontiguousarray(arr[:, sl, f].T)))
         self.used = {f for f, _, _ in self.parts}
-
-    def eval(self, idx: np.ndarray, x: dict[int, np.ndarray]) -> np.ndarray:
-        """(m, rows), in the order given."""
-        out = None
+        written = np.zeros(self.m, dtype=bool)
+        self.steps = []  # (feature, row slice, table, whether those rows are still unwritten)
         for f, sl, t in self.parts:
-            g = t.take(idx, axis=1)
-            if f:
-                g *= x[f]
-            if out is None and sl.start == 0 and sl.stop == self.m:
-                out = g
-                continue
-            if out is None:
-                out = np.zeros((self.m, len(idx)), dtype=np.int64)
-            out[sl] += g
-        return np.zeros((self.m, len(idx)), dtype=np.int64) if out is None else out
+            for a, z, fresh in _runs(~written[sl]):
+                self.steps.append((f, slice(sl.start + a, sl.start + z), np.ascontiguousarray(t[a:z]), fresh))
+            written[sl] = True
+        self.zero = [slice(a, z) for a, z, unwritten in _runs(~written) if unwritten]
+
+    def eval(self, idx: np.ndarray, x: dict[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """(m, rows), in the order given; written into `out` (an (m, rows) int64 array) where one is passed."""
+        if out is None:
+            out = np.empty((self.m, len(idx)), dtype=np.int64)
+        for f, sl, t, fresh in self.steps:
+            if fresh:
+                g = t.take(idx, axis=1, out=out[sl], mode="wrap")
+                if f:
+                    g *= x[f]
+            else:
+                g = t.take(idx, axis=1, mode="wrap")
+                if f:
+                    g *= x[f]
+                out[sl] += g
+        for sl in self.zero:
+            out[sl] = 0
+        return out
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int, bool]]:
+    """(start, stop, value) of each run of equal values."""
+    runs: list[tuple[int, int, bool]] = []
+    for i, v in enumerate(flags.tolist()):
+        if runs and runs[-1][2] == v:
+            runs[-1] = (runs[-1][0], i + 1, v)
+        else:
+            runs.append((i, i + 1, v))
+    return runs
 
 
 def _features(b: np.ndarray, s: np.ndarray, used: set[int]) -> dict[int, np.ndarray]:
@@ -215,28 +248,105 @@ class _Plan:
         self.dtype = pd.CategoricalDtype(uniq)
         self.host: np.ndarray | None = None  # parallel plans: host bytes per rank, per combination
         self.seq_divisor: np.ndarray | None = None  # parallel plans: s_l = s / divisor, per layout
+        # pick(out=...) writes the components in comp_names order, then zero rows for the components no phase
+        # holds, then the peak: these names, row by row
+        self.row_names = (*self.comp_names, *(c for c in C.COMPONENTS if c not in names_out), C.PEAK_ALLOCATED)
+        self._encode(totals)
+
+    def _encode(self, totals: np.ndarray) -> None:
+        """The winner without an argmax over phases (np.argmax along the phase axis costs ~15 us on 1,000 rows,
+        more than the maximum itself), and without the phases that cannot win.
+
+        Each phase total is evaluated as 2^q · total + r, r the phase's rank (P' − 1 for the first of the P'
+        phases kept, 0 for the last), from coefficients scaled the same way (the polynomial is linear in them, so
+        this is exact). The row maximum of these carries the peak in its high bits (an arithmetic shift right by
+        q gives it back exactly) and the winner in its low q bits, the earliest phase on ties as np.argmax
+        chooses. A phase is left out where another wins over it on every row with batch >= 1 and seq_len >= 1,
+        where every Term feature (s, b, b·s, b·s²) is >= 1 (see _beats): the winner is never among those.
+        Both hold while every |total| < 2^(62 − q) and no batch or sequence length is below 1: pick checks that
+        from the largest coefficients and the rows' largest batch and sequence (_encodable), and takes the
+        argmax over every phase otherwise."""
+        self.enc = None
+        if self.single:
+            return
+        n_ph = len(self.names)
+        self.cmax = [int(np.abs(totals[..., f]).max()) for f in range(5)]  # per coefficient, over every phase
+        keep = [j for j in range(n_ph) if not any(_beats(totals, a, j) for a in range(n_ph) if a != j)]
+        q = (len(keep) - 1).bit_length()
+        self.enc_limit = 1 << (62 - q)
+        if max(self.cmax) >= self.enc_limit:
+            return
+        rank = {j: len(keep) - 1 - r for r, j in enumerate(keep)}
+        rows = sorted(keep, key=lambda j: tuple(bool(totals[:, j, f].any()) for f in (1, 2, 3, 4)))  # as comps
+        enc = totals[:, rows] * (1 << q)
+        enc[..., 0] += np.array([rank[j] for j in rows], dtype=np.int64)
+        self.enc, self.shift, self.low_mask = _Rows(enc), q, (1 << q) - 1
+        by_low = [keep[len(keep) - 1 - r] for r in range(len(keep))]  # the phase whose rank is r
+        self.low_offset = np.array(by_low, dtype=np.int64) * self.nk  # its rows in the components' table
+        self.label_low = self.label[by_low]
+
+    def _encodable(self, b: np.ndarray, s: np.ndarray) -> bool:
+        """Whether these rows allow the encoding (see _encode): every batch and sequence length >= 1 and every
+        |total| <= c0 + (c_pos + c_seq)·M + c_tok·M² + c_s2·M³ < 2^(62 − q), M >= every batch and sequence
+        length. M − 1 is the bitwise OR of every (batch − 1) and (seq_len − 1), which is >= each of them when
+        none is negative, and negative otherwise."""
+        if self.enc is None:
+            return False
+        u = np.subtract(b, 1)
+        np.bitwise_or(u, np.subtract(s, 1), out=u)
+        m = int(np.bitwise_or.reduce(u)) + 1
+        if m < 1:
+            return False
+        c = self.cmax
+        return c[0] + (c[1] + c[2]) * m + c[3] * m * m + c[4] * m * m * m < self.enc_limit
 
     def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(phases, rows) totals."""
         return self.totals.eval(k, _features(b, s, self.totals.used))
 
-    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> dict[str, object]:
+    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> dict[str, object]:
+        """Components of the winning phase, peak_allocated_bytes and peak_phase. With `out`, an int64 array of
+        (len(C.COMPONENTS) + 1, rows), they are written into it in the order of `row_names` (the dict's arrays are
+        its rows)."""
         x = _features(b, s, self.used)
-        totals = self.totals.eval(k, x)
+        m = len(self.comp_names)
         if self.single:
+            totals = self.totals.eval(k, x, None if out is None else out[-1:])
             win = np.zeros(len(k), dtype=np.int8)
             peak = totals[0]
             idx = k
+            label = self.label[win]
+        elif self._encodable(b, s):
+            top = np.maximum.reduce(self.enc.eval(k, x), axis=0)
+            peak = np.right_shift(top, self.shift, out=None if out is None else out[-1])
+            low = np.bitwise_and(top, self.low_mask, out=top)  # the winner's rank
+            label = self.label_low[low]
+            idx = self.low_offset[low]  # winner · nk
+            idx += k
         else:
+            totals = self.totals.eval(k, x)
             win = np.argmax(totals, axis=0)  # first phase on ties
-            peak = totals.max(axis=0)  # the winner's total
+            peak = totals.max(axis=0, out=None if out is None else out[-1])  # the winner's total
             idx = win * self.nk + k
-        values = self.comps.eval(idx, x)
+            label = self.label[win]
+        values = self.comps.eval(idx, x, None if out is None else out[:m])
         by_name = dict(zip(self.comp_names, values))
-        out: dict[str, object] = {c: by_name[c] for c in self.out_order}
-        out[C.PEAK_ALLOCATED] = peak
-        out[C.PEAK_PHASE] = pd.Categorical.from_codes(self.label[win], dtype=self.dtype, validate=False)
-        return out
+        if out is not None:
+            out[m:-1] = 0
+        res: dict[str, object] = {c: by_name[c] for c in self.out_order}
+        res[C.PEAK_ALLOCATED] = peak
+        res[C.PEAK_PHASE] = pd.Categorical.from_codes(label, dtype=self.dtype, validate=False)
+        return res
+
+
+def _beats(totals: np.ndarray, a: int, j: int) -> bool:
+    """Whether phase a wins over phase j on every row whose Term features are all >= 1 (totals: (combination,
+    phase, 5)): no coefficient of j above a's, and either a comes first (a tie goes to it) or, for every
+    combination, some coefficient of j is below a's (j's total is then smaller by at least that feature)."""
+    ta, tj = totals[:, a], totals[:, j]
+    if (tj > ta).any():
+        return False
+    return a < j or bool((tj < ta).any(axis=1).all())
 
 
 def _lift(arr: np.ndarray, dims: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
@@ -504,18 +614,27 @@ class _InferTables:
 # ---------------------------------------------------------------- entry points
 
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
-                        prefill_logits: str = "last") -> dict[str, object]:
+                        prefill_logits: str = "last", _columns: dict | None = None,
+                        _out: np.ndarray | None = None) -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
     CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
-    prefill that computes the logits of every prompt position."""
-    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
+    prefill that computes the logits of every prompt position.
+    For runner.estimate_frame: `_columns`, the frame's columns already read ({name: values}); `_out`, an int64
+    array of (len(C.COMPONENTS) + 1, rows) that plan-based estimates write their components and peak into, the
+    order of its rows then returned under ROWS (the other estimates leave it unused and return no ROWS)."""
+    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits, columns=_columns)
     if plan is None:
         return _pick(*_infer_any(arch, frame, k, b, s), len(frame))
-    out = plan.pick(k, b, s)
+    out = plan.pick(k, b, s, _out)
+    if _out is not None:
+        out[ROWS] = plan.row_names
     if plan.host is not None:
         out[C.HOST], out[C.HOST_FITS] = _host(plan, k, frame)
     return out
+
+
+ROWS = "_rows"  # estimate_components(_out=...): the names of _out's rows, in order
 
 
 def _host(plan: _Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -572,28 +691,28 @@ def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, devic
 
 
 def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True,
-             prefill_logits: str = "last"):
+             prefill_logits: str = "last", columns: dict | None = None):
     """(plan, combination code, batch, seq_len); plan None for transformer inference (then the code is that of
-    (precision, attention))."""
+    (precision, attention)). `columns`: the frame's columns already read, {name: values}."""
     if device not in act.DEVICES:
         raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
     if prefill_logits not in act.PREFILL_LOGITS:
         raise UsageError(f"unknown prefill_logits {prefill_logits!r}; use {' or '.join(act.PREFILL_LOGITS)}")
-    b = _ints(frame, C.BATCH) if read_batch else None
-    s = _ints(frame, C.SEQ_LEN)
-    p_code, p_names = _codes(frame, C.PRECISION)
+    b = _ints(frame, C.BATCH, columns) if read_batch else None
+    s = _ints(frame, C.SEQ_LEN, columns)
+    p_code, p_names = _codes(frame, C.PRECISION, columns)
     if mode == "train":
         _precisions(p_names, mode)  # checked before any other column is read
-        o_code, o_names = _codes(frame, C.OPTIMIZER)
-        i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL)
+        o_code, o_names = _codes(frame, C.OPTIMIZER, columns)
+        i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL, columns)
         codes = [p_code, o_code, i_code]
         names: tuple = (p_names, o_names, i_names)
         if arch.kind == "transformer":
-            a_code, a_names = _codes(frame, C.ATTENTION)
-            c_code, c_names = _codes(frame, C.CHECKPOINTING)
+            a_code, a_names = _codes(frame, C.ATTENTION, columns)
+            c_code, c_names = _codes(frame, C.CHECKPOINTING, columns)
             codes += [a_code, c_code]
             names += (a_names, c_names)
-        if par_layout.has_parallel_columns(frame):
+        if _has_parallel(frame, columns):
             l_code, layouts = par_layout.frame_layouts(frame, _codes)
             par_layout.check(arch, layouts, mode)
             if arch.finetune is not None and arch.finetune.adapters:
@@ -614,13 +733,13 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
         plan = _cached(arch, ("train", device, *names), lambda: _train_plan(arch, device, *names))
         return plan, _combine(codes, plan.sizes), b, s
     if mode == "infer":
-        if par_layout.has_parallel_columns(frame):  # tensor and pipeline parallel inference: a rank's model
+        if _has_parallel(frame, columns):  # tensor and pipeline parallel inference: a rank's model
             l_code, layouts = par_layout.frame_layouts(frame, _codes)
             if any(lay != par_layout.Layout() for lay in layouts):
                 par_layout.check(arch, layouts, mode)
                 if arch.kind == "transformer":
                     _precisions(p_names, mode)
-                    a_code, a_names = _codes(frame, C.ATTENTION)
+                    a_code, a_names = _codes(frame, C.ATTENTION, columns)
                     keys = []
                     for lay in layouts:
                         ra = par_states.infer_rank_arch(arch, lay.tp, lay.pp)
@@ -632,12 +751,19 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
             plan = _cached(arch, ("infer", p_names), lambda: _infer_plan(arch, p_names))
             return plan, p_code.astype(np.int64), b, s
         _precisions(p_names, mode)
-        a_code, a_names = _codes(frame, C.ATTENTION)
+        a_code, a_names = _codes(frame, C.ATTENTION, columns)
         tables = _cached(arch, ("infer-tables", p_names, a_names, prefill_logits),
                          lambda: _InferTables(arch, p_names, a_names, prefill_logits))
         return None, (tables, p_code.astype(np.int64), a_code), b, s
     _precisions(p_names, mode)
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
+
+
+_PARALLEL = frozenset(C.PARALLEL_AXES)
+
+
+def _has_parallel(frame: pd.DataFrame, columns: dict | None) -> bool:
+    return par_layout.has_parallel_columns(frame) if columns is None else not _PARALLEL.isdisjoint(columns)
 
 
 _INFER_DTYPES: dict[tuple, pd.CategoricalDtype] = {}
