@@ -246,6 +246,7 @@ class _Plan:
         uniq = list(dict.fromkeys(names))
         self.label = np.array([uniq.index(p) for p in names], dtype=np.int8)
         self.dtype = pd.CategoricalDtype(uniq)
+        self.empty = pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), dtype=self.dtype)  # see _categorical
         self.host: np.ndarray | None = None  # parallel plans: host bytes per rank, per combination
         self.seq_divisor: np.ndarray | None = None  # parallel plans: s_l = s / divisor, per layout
         # pick(out=...) writes the components in comp_names order, then zero rows for the components no phase
@@ -285,18 +286,24 @@ class _Plan:
         self.low_offset = np.array(by_low, dtype=np.int64) * self.nk  # its rows in the components' table
         self.label_low = self.label[by_low]
 
-    def _encodable(self, b: np.ndarray, s: np.ndarray) -> bool:
+    def _encodable(self, b: np.ndarray, s: np.ndarray, extent: tuple[int, int] | None = None) -> bool:
         """Whether these rows allow the encoding (see _encode): every batch and sequence length >= 1 and every
         |total| <= c0 + (c_pos + c_seq)·M + c_tok·M² + c_s2·M³ < 2^(62 − q), M >= every batch and sequence
-        length. M − 1 is the bitwise OR of every (batch − 1) and (seq_len − 1), which is >= each of them when
-        none is negative, and negative otherwise."""
+        length. `extent`: (lowest, highest) of them where the caller has taken it; else M − 1 is the bitwise OR
+        of every (batch − 1) and (seq_len − 1), which is >= each of them when none is negative, and negative
+        otherwise."""
         if self.enc is None:
             return False
-        u = np.subtract(b, 1)
-        np.bitwise_or(u, np.subtract(s, 1), out=u)
-        m = int(np.bitwise_or.reduce(u)) + 1
-        if m < 1:
-            return False
+        if extent is not None:
+            if extent[0] < 1:
+                return False
+            m = extent[1]
+        else:
+            u = np.subtract(b, 1)
+            np.bitwise_or(u, np.subtract(s, 1), out=u)
+            m = int(np.bitwise_or.reduce(u)) + 1
+            if m < 1:
+                return False
         c = self.cmax
         return c[0] + (c[1] + c[2]) * m + c[3] * m * m + c[4] * m * m * m < self.enc_limit
 
@@ -304,10 +311,11 @@ class _Plan:
         """(phases, rows) totals."""
         return self.totals.eval(k, _features(b, s, self.totals.used))
 
-    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> dict[str, object]:
+    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray, out: np.ndarray | None = None,
+             extent: tuple[int, int] | None = None) -> dict[str, object]:
         """Components of the winning phase, peak_allocated_bytes and peak_phase. With `out`, an int64 array of
         (len(C.COMPONENTS) + 1, rows), they are written into it in the order of `row_names` (the dict's arrays are
-        its rows)."""
+        its rows). `extent`: (lowest, highest) of every batch and sequence length in b and s, if known."""
         x = _features(b, s, self.used)
         m = len(self.comp_names)
         if self.single:
@@ -316,7 +324,7 @@ class _Plan:
             peak = totals[0]
             idx = k
             label = self.label[win]
-        elif self._encodable(b, s):
+        elif self._encodable(b, s, extent):
             top = np.maximum.reduce(self.enc.eval(k, x), axis=0)
             peak = np.right_shift(top, self.shift, out=None if out is None else out[-1])
             low = np.bitwise_and(top, self.low_mask, out=top)  # the winner's rank
@@ -335,8 +343,18 @@ class _Plan:
             out[m:-1] = 0
         res: dict[str, object] = {c: by_name[c] for c in self.out_order}
         res[C.PEAK_ALLOCATED] = peak
-        res[C.PEAK_PHASE] = pd.Categorical.from_codes(label, dtype=self.dtype, validate=False)
+        res[C.PEAK_PHASE] = _categorical(label, self.empty)
         return res
+
+
+def _categorical(codes: np.ndarray, empty: pd.Categorical) -> pd.Categorical:
+    """pd.Categorical.from_codes(codes, dtype=empty.dtype, validate=False) for codes of the dtype's own code type
+    (int8 for the phase labels): made by the empty categorical's _from_backing_data where pandas has it, a few us
+    less."""
+    make = getattr(empty, "_from_backing_data", None)
+    if make is None or codes.dtype != empty.codes.dtype:
+        return pd.Categorical.from_codes(codes, dtype=empty.dtype, validate=False)
+    return make(codes)
 
 
 def _beats(totals: np.ndarray, a: int, j: int) -> bool:
@@ -615,18 +633,19 @@ class _InferTables:
 
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                         prefill_logits: str = "last", _columns: dict | None = None,
-                        _out: np.ndarray | None = None) -> dict[str, object]:
+                        _out: np.ndarray | None = None, _extent: tuple[int, int] | None = None) -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
     CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
     prefill that computes the logits of every prompt position.
     For runner.estimate_frame: `_columns`, the frame's columns already read ({name: values}); `_out`, an int64
     array of (len(C.COMPONENTS) + 1, rows) that plan-based estimates write their components and peak into, the
-    order of its rows then returned under ROWS (the other estimates leave it unused and return no ROWS)."""
+    order of its rows then returned under ROWS (the other estimates leave it unused and return no ROWS);
+    `_extent`, (lowest, highest) of every batch and seq_len value, where the caller has taken them."""
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits, columns=_columns)
     if plan is None:
         return _pick(*_infer_any(arch, frame, k, b, s), len(frame))
-    out = plan.pick(k, b, s, _out)
+    out = plan.pick(k, b, s, _out, _extent)
     if _out is not None:
         out[ROWS] = plan.row_names
     if plan.host is not None:
@@ -766,7 +785,7 @@ def _has_parallel(frame: pd.DataFrame, columns: dict | None) -> bool:
     return par_layout.has_parallel_columns(frame) if columns is None else not _PARALLEL.isdisjoint(columns)
 
 
-_INFER_DTYPES: dict[tuple, pd.CategoricalDtype] = {}
+_INFER_DTYPES: dict[tuple, pd.Categorical] = {}  # per phase names: an empty categorical of them
 
 
 def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.ndarray]],
@@ -790,11 +809,12 @@ def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.nd
             out[comp] = np.stack(rows).ravel()[row_of[win] * n + np.arange(n)]
     out[C.PEAK_ALLOCATED] = stacked.max(axis=0)  # the winner's total
     uniq_names = tuple(dict.fromkeys(phase_names))
-    dtype = _INFER_DTYPES.get(uniq_names)
-    if dtype is None:
-        dtype = _INFER_DTYPES[uniq_names] = pd.CategoricalDtype(list(uniq_names))
+    empty = _INFER_DTYPES.get(uniq_names)
+    if empty is None:
+        empty = _INFER_DTYPES[uniq_names] = pd.Categorical.from_codes(np.zeros(0, dtype=np.int8),
+                                                                      dtype=pd.CategoricalDtype(list(uniq_names)))
     label_codes = np.array([uniq_names.index(p) for p in phase_names], dtype=np.int8)[win]
-    out[C.PEAK_PHASE] = pd.Categorical.from_codes(label_codes, dtype=dtype, validate=False)
+    out[C.PEAK_PHASE] = _categorical(label_codes, empty)
     return out
 
 

@@ -125,7 +125,8 @@ def test_encoded_winner_is_the_argmax_over_every_phase(name, plan, k, data):
     s = np.array(data.draw(st.lists(size, min_size=r, max_size=r)), dtype=np.int64)
     fast = plan.pick(k, b, s)
     out = np.empty((len(C.COMPONENTS) + 1, r), dtype=np.int64)
-    into = plan.pick(k, b, s, out)
+    extent = (int(min(b.min(), s.min())), int(max(b.max(), s.max())))  # as estimate_frame passes it
+    into = plan.pick(k, b, s, out, extent)
     plain_plan = object.__new__(_Plan)
     plain_plan.__dict__.update(plan.__dict__, enc=None)  # the same plan, argmax over every phase
     plain = plain_plan.pick(k, b, s)
