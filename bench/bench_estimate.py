@@ -10,8 +10,10 @@ the same model (prefill and decode). Timed, best of --repeats calls each after a
     frame/dict   runner._estimate_frame_plain: the same output built with pd.DataFrame(dict), estimate_frame's
                  fallback; checked identical (values, dtypes, columns, index and CSV bytes) before timing
 
-Target (issue 6): runner.estimate_frame on the 1,000 rows under 250 us, so that it is >= 1000x faster per
-configuration than llm-analysis (2.4-5.2e-4 s per configuration measured). Prints PASS/FAIL; exits 1 on FAIL.
+Target (issue 6): runner.estimate_frame on the 1,000 rows in at most 243 us, i.e. >= 1000x faster per
+configuration than llm-analysis 0.2.2 (2.43-2.47e-4 s per configuration measured by bench_llm_analysis.py on the
+development machine, 2026-11-22; that script measures both sides live and judges the ratio itself). Prints
+PASS/FAIL; exits 1 on FAIL (also when the block-built frame differs from the pd.DataFrame(dict) one).
 
     .venv/bin/python bench/bench_estimate.py [--repeats 300]
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TARGET_S = 250e-6
+TARGET_S = 243e-6  # 1,000 rows x 2.43e-4 s (llm-analysis per configuration) / 1000
 
 
 def cases():
@@ -79,9 +81,9 @@ def main() -> int:
         ok_all = ok_all and same
         if target is None:
             target = t_frame
-    ok = target < TARGET_S and ok_all
-    print(f"  runner.estimate_frame on the 1,000 training rows: {target * 1e6:.0f} us; target < "
-          f"{TARGET_S * 1e6:.0f} us: {'PASS' if ok else 'FAIL'}")
+    ok = target <= TARGET_S and ok_all
+    print(f"  runner.estimate_frame on the 1,000 training rows: {target * 1e6:.0f} us; target <= "
+          f"{TARGET_S * 1e6:.0f} us (1000x llm-analysis): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
