@@ -160,7 +160,8 @@ class _Rows:
 
     The evaluation is a fixed program worked out here: a coefficient's gather goes straight into the output rows
     that no earlier coefficient wrote (then scaled in place), and is added to the rows that one did; rows no
-    coefficient touches are zeroed. Gathers use mode="wrap", which for the indices this module forms (within
+    coefficient touches are zeroed; coefficients that are the same at every index are broadcast, not gathered.
+    Gathers use mode="wrap", which for the indices this module forms (within
     [-1, N)) selects what the default mode does, without the default's copy through a buffer when writing into
     `out`."""
 
@@ -176,10 +177,14 @@ class _Rows:
                 self.parts.append((f, sl, np.ascontiguousarray(arr[:, sl, f].T)))
         self.used = {f for f, _, _ in self.parts}
         written = np.zeros(self.m, dtype=bool)
-        self.steps = []  # (feature, row slice, table, whether those rows are still unwritten)
+        # (feature, row slice, table, whether those rows are still unwritten, the table's one column where every
+        # index has the same coefficients: no gather then)
+        self.steps = []
         for f, sl, t in self.parts:
             for a, z, fresh in _runs(~written[sl]):
-                self.steps.append((f, slice(sl.start + a, sl.start + z), np.ascontiguousarray(t[a:z]), fresh))
+                part = np.ascontiguousarray(t[a:z])
+                same = part[:, :1] if (part == part[:, :1]).all() else None
+                self.steps.append((f, slice(sl.start + a, sl.start + z), part, fresh, same))
             written[sl] = True
         self.zero = [slice(a, z) for a, z, unwritten in _runs(~written) if unwritten]
 
@@ -187,8 +192,18 @@ class _Rows:
         """(m, rows), in the order given; written into `out` (an (m, rows) int64 array) where one is passed."""
         if out is None:
             out = np.empty((self.m, len(idx)), dtype=np.int64)
-        for f, sl, t, fresh in self.steps:
-            if fresh:
+        for f, sl, t, fresh, same in self.steps:
+            if same is not None:  # one column, broadcast over the rows
+                if not f:
+                    if fresh:
+                        out[sl] = same
+                    else:
+                        out[sl] += same
+                elif fresh:
+                    np.multiply(same, x[f], out=out[sl])
+                else:
+                    out[sl] += same * x[f]
+            elif fresh:
                 g = t.take(idx, axis=1, out=out[sl], mode="wrap")
                 if f:
                     g *= x[f]

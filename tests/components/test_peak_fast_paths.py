@@ -87,6 +87,8 @@ def test_rows_program_is_the_polynomial_in_exact_integers(data, n, m):
     coef = st.integers(-(1 << 20), 1 << 20) | st.just(0)
     arr = np.array(data.draw(st.lists(st.lists(st.lists(coef, min_size=5, max_size=5), min_size=m, max_size=m),
                                       min_size=n, max_size=n)), dtype=np.int64)
+    same = np.array(data.draw(st.lists(st.booleans(), min_size=5 * m, max_size=5 * m))).reshape(m, 5)
+    arr[:, same] = arr[:1, same]  # some coefficients the same at every index: broadcast, not gathered
     order = data.draw(st.permutations(range(m)))
     rows = _Rows(arr, list(order))
     r = data.draw(st.integers(0, 12))
