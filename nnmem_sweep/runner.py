@@ -76,7 +76,7 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits).
     Any further array estimate_components returns becomes an int64 column after `fits`; a boolean array under
     "host_fits" is ANDed into `fits` instead."""
-    names = _names(frame.columns)
+    names = tuple(frame.columns.tolist())
     read = _read_columns(frame, len(names)) if _from_blocks is not None else None
     if read is None:
         return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
@@ -149,20 +149,6 @@ _COMPUTED = frozenset(_OUT_COLUMNS) - {C.GPU_MEMORY}  # gpu_memory_bytes is an i
 _HELD = (*C.COMPONENTS, C.PEAK_ALLOCATED)  # the rows estimate_components may write, in the order it did not say
 _INT64 = np.dtype(np.int64)
 _UNSEEN = object()
-
-
-def _names(columns: pd.Index) -> tuple:
-    """The column labels as a tuple, kept per Index object (immutable; the grid's chunks and slices share theirs):
-    Index.tolist() of a str Index costs a few us a call."""
-    hit = _NAMES.get(id(columns))
-    if hit is None or hit[0] is not columns:
-        if len(_NAMES) >= 64:
-            _NAMES.clear()
-        hit = _NAMES[id(columns)] = (columns, tuple(columns.tolist()))
-    return hit[1]
-
-
-_NAMES: dict[int, tuple[pd.Index, tuple]] = {}
 
 
 def _read_columns(frame: pd.DataFrame, n_columns: int) -> tuple[list, tuple] | None:
