@@ -161,14 +161,14 @@ def _read_columns(frame: pd.DataFrame, n_columns: int) -> tuple[list, tuple] | N
         blocks = frame._mgr.blocks
         for blk in blocks:
             v = blk.values
-            at = blk.mgr_locs.indexer
-            at = range(at.start, at.stop, at.step) if isinstance(at, slice) else at.tolist()
+            at = blk.mgr_locs.indexer  # a slice or an int array
             if v.ndim == 1:  # an extension array: one column
-                values[at[0]] = v
-                kinds[at[0]] = _kind(v)
+                j = at.start if type(at) is slice else int(at[0])
+                values[j] = v
+                kinds[j] = "c" if type(v) is pd.Categorical else _kind(v)
                 continue
-            kind = _kind(v) if isinstance(v, np.ndarray) else None  # rows of a 2-D numpy array, or datetimes
-            for r, j in enumerate(at):
+            kind = _kind(v) if type(v) is np.ndarray else None  # rows of a 2-D numpy array, or datetimes
+            for r, j in enumerate(range(at.start, at.stop, at.step) if type(at) is slice else at.tolist()):
                 values[j] = v[r]
                 kinds[j] = kind
     except AttributeError:
