@@ -161,9 +161,8 @@ class _Rows:
     The evaluation is a fixed program worked out here: a coefficient's gather goes straight into the output rows
     that no earlier coefficient wrote (then scaled in place), and is added to the rows that one did; rows no
     coefficient touches are zeroed; coefficients that are the same at every index are broadcast, not gathered.
-    Gathers use mode="wrap", which for the indices this module forms (within
-    [-1, N)) selects what the default mode does, without the default's copy through a buffer when writing into
-    `out`."""
+    Gathers use mode="wrap", which for the indices this module forms (within [-1, N)) selects what the default
+    mode does, without the default's copy through a buffer when writing into `out`."""
 
     def __init__(self, arr: np.ndarray, order: list[int] | None = None):  # arr (N, m, 5)
         self.order = list(range(arr.shape[1])) if order is None else order
