@@ -498,6 +498,13 @@ def _report(data: dict, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[
         if value is not None and grid.get(axis) and ck.clean(path) and value not in grid[axis]:
             shown = ", ".join(map(str, grid[axis]))
             ck.add(path, f"{value!r} is not in grid.{axis} ({shown})")
+    # parallel axes are rows of the tables only where the scenario has a parallel: block (else they do not exist)
+    rows = report.get("table_rows")
+    if isinstance(rows, list) and ck.clean("report.table_rows") and not isinstance(data.get("parallel"), dict):
+        for i, axis in enumerate(rows):
+            if axis in C.PARALLEL_AXES:
+                ck.add(f"report.table_rows[{i}]", f"{axis} is a parallel axis, but this scenario has no parallel: "
+                                                  f"block; add one (parallel: {{{axis}: [...]}}) or use a grid axis")
     if "templates" in report and ck.clean("report.templates"):
         folder = (ck.base_dir / report["templates"]).resolve()
         if not folder.is_dir():

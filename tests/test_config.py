@@ -332,8 +332,9 @@ def test_schema_vocabularies_match_names_py() -> None:
     assert _enum("attention") == list(names.ATTENTION)
     assert config.SCHEMA["properties"]["mode"]["enum"] == list(names.MODES)
     assert set(config.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES)
+    # table rows: the grid's non-batch axes, and the parallel axes (config refuses those without a parallel: block)
     assert config.SCHEMA["properties"]["report"]["properties"]["table_rows"]["items"]["enum"] == list(
-        C.NON_BATCH_AXES)
+        C.NON_BATCH_AXES + C.PARALLEL_AXES)
 
 
 def test_schema_documents_the_defaults_it_applies() -> None:

@@ -18,19 +18,41 @@ from .format import AXIS_LABELS, COMPONENT_LABELS, DASH, article, axis_value, gi
 from .provenance import Provenance
 
 TABLE_COLUMNS = 10  # axis + GPU columns an A4/Letter portrait table holds legibly; more GPUs split the table
-HEATMAP_MAX_ROWS = 40
+HEATMAP_MAX_ROWS = 60
 BREAKDOWN_MAX_BARS = 16
 LINE_MAX_SERIES = 6
+# the order a layout is written in: the model split first (TP with SP, PP with its micro-batches), then the data split
+_LAYOUT_ORDER = (C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL, C.MICRO_BATCHES, C.PIPELINE_SCHEDULE,
+                 C.VIRTUAL_STAGES, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.DATA_PARALLEL, C.ZERO_STAGE, C.OFFLOAD,
+                 C.GRADIENT_ACCUMULATION, C.FP32_GRAD_ACCUMULATION)
 
 
 # ---------------------------------------------------------------------------------------------------- selection
+def axis_values(sc: Scenario) -> dict[str, tuple]:
+    """Every non-batch axis and its values, in the contract's order: the grid's, then, when the scenario has a
+    `parallel:` block, the parallel axes (columns.PARALLEL_DEFAULTS for those it does not name), as grid.axes_of
+    expands them."""
+    axes = {a: tuple(sc.grid.get(a, ())) for a in C.NON_BATCH_AXES}
+    for a in C.PARALLEL_AXES if sc.parallel else ():
+        axes[a] = tuple(sc.parallel.get(a) or (C.PARALLEL_DEFAULTS[a],))
+    return axes
+
+
 def _varying(sc: Scenario) -> list[str]:
-    """Non-batch axes with more than one value, in the contract's order."""
-    return [a for a in C.NON_BATCH_AXES if len(sc.grid.get(a, ())) > 1]
+    """Non-batch axes with more than one value (parallel ones included), in the contract's order."""
+    return [a for a, values in axis_values(sc).items() if len(values) > 1]
+
+
+def _layout_axes(sc: Scenario) -> list[str]:
+    """The parallel axes that vary, in the order a layout is written (_LAYOUT_ORDER: TP, PP, ..., DP, ZeRO): each
+    combination of them is a layout the tables give a row."""
+    varying = set(_varying(sc))
+    return [a for a in _LAYOUT_ORDER if a in varying]
 
 
 def reference_point(sc: Scenario) -> dict[str, Any]:
-    """The point the summary speaks about: `report.reference_batch/_seq_len`, then the target, then each axis's first.
+    """The point the summary speaks about: `report.reference_batch/_seq_len`, then the target, then each axis's first
+    (the parallel axes too: the first layout the scenario lists).
 
     A reference batch need not be a grid value (the summary reports the max batch, not this one); other axes must be.
     """
@@ -39,12 +61,11 @@ def reference_point(sc: Scenario) -> dict[str, Any]:
         if sc.report.get(f"reference_{axis}") is not None:
             chosen[axis] = sc.report[f"reference_{axis}"]
     point = {}
-    for axis in C.GRID_AXES:
-        values = tuple(sc.grid.get(axis, ()))
+    for axis, values in ({C.BATCH: tuple(sc.grid.get(C.BATCH, ()))} | axis_values(sc)).items():
         if axis in chosen and (chosen[axis] in values or axis == C.BATCH):
             point[axis] = chosen[axis]
         elif values:
-            point[axis] = values[0]
+            point[axis] = values[0]  # a parallel scenario: its first layout
     return point
 
 
@@ -104,7 +125,53 @@ def describe_point(sc: Scenario, point: dict[str, Any], with_batch: bool = False
     for axis in (C.ATTENTION, C.OPTIMIZER_IMPL):
         if axis in varying and axis in point:
             parts.append(f"{point[axis]} {AXIS_LABELS[axis]}")
+    parts.append(layout_text(sc, point))
     return ", ".join(p for p in parts if p)
+
+
+def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = None) -> str:
+    """A parallel layout as the cluster section writes it: 'TP 8 + SP · PP 4 · 16 micro-batches · DP 8 · ZeRO 1 ·
+    fp32 grads' ('' for a scenario without a `parallel:` block). TP, PP, DP and ZeRO always (inference: TP, PP and
+    DP only), the other axes where they vary or differ from their default; `only`: just these axes."""
+    if not sc.parallel:
+        return ""
+    varying = set(_varying(sc))
+    core = (C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.DATA_PARALLEL) + ((C.ZERO_STAGE,) if sc.mode == "train" else ())
+
+    def v(axis: str) -> Any:
+        return point[axis]
+
+    # an axis the point leaves out (a chart whose bars vary it) is not written
+    if only is not None:
+        axes = [a for a in _LAYOUT_ORDER if a in only and a in point]
+    else:
+        axes = [a for a in _LAYOUT_ORDER if a in point and (a in core or (
+            sc.mode == "train" and (a in varying or v(a) != C.PARALLEL_DEFAULTS[a])))]
+    parts: list[str] = []
+    for axis in axes:
+        value = v(axis)
+        if axis == C.SEQUENCE_PARALLEL:
+            if parts and parts[-1].startswith("TP "):  # Megatron's pairing: "TP 8 + SP"
+                parts[-1] += " + SP" if value else ""
+            else:
+                parts.append("SP" if value else "no SP")
+        elif axis == C.FP32_GRAD_ACCUMULATION:
+            parts.append("fp32 grads" if value else "16-bit grads")
+        elif axis == C.MICRO_BATCHES:
+            parts.append(f"{thousands(value)} micro-batches")
+        elif axis in (C.PIPELINE_SCHEDULE, C.OFFLOAD):
+            parts.append(f"{AXIS_LABELS[axis]} {value}")
+        else:
+            parts.append(f"{AXIS_LABELS[axis]} {axis_value(axis, value)}")
+    return " · ".join(parts)
+
+
+def _fixed_layout(sc: Scenario) -> str:
+    """The parallel settings every layout shares that differ from the default ('SP on, 16 micro-batches, fp32
+    grads on'): what a table of layouts does not show in its columns."""
+    varying = set(_varying(sc))
+    return ", ".join(f"{AXIS_LABELS[a]} {axis_value(a, vs[0])}" for a, vs in axis_values(sc).items()
+                     if a in C.PARALLEL_AXES and a not in varying and vs[0] != C.PARALLEL_DEFAULTS[a])
 
 
 def _recipe(sc: Scenario, row: dict[str, Any]) -> str:
@@ -112,7 +179,7 @@ def _recipe(sc: Scenario, row: dict[str, Any]) -> str:
     words, extras = [], []
     for axis in _varying(sc):
         v = row[axis]
-        if axis == C.SEQ_LEN:
+        if axis == C.SEQ_LEN or axis in C.PARALLEL_AXES:
             continue
         if axis in (C.PRECISION, C.OPTIMIZER):
             words.append(str(v))
@@ -121,6 +188,8 @@ def _recipe(sc: Scenario, row: dict[str, Any]) -> str:
                 extras.append(f"{v} checkpointing")
         else:
             extras.append(f"{AXIS_LABELS[axis]} {axis_value(axis, v)}")
+    if _layout_axes(sc):
+        extras.append(layout_text(sc, row))
     return ", ".join(([" ".join(words)] if words else []) + extras)
 
 
@@ -154,6 +223,41 @@ def _target(sc: Scenario, max_batch: pd.DataFrame, point: dict[str, Any]) -> dic
     return {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
 
 
+def _best_layout(sc: Scenario, max_batch: pd.DataFrame, at: dict[str, Any], gpu: Any, ref_mb: int,
+                 usable: int) -> dict[str, Any] | None:
+    """When the scenario lists several layouts: the one with the most room on `gpu` at the reference recipe (the
+    largest max batch; among equals the fewest GPUs, then no pipeline, the smallest TP, the lowest ZeRO stage), as a
+    summary sentence, if it fits more than the
+    reference layout's `ref_mb`; or, when no layout fits, the one that comes closest."""
+    layouts = _layout_axes(sc)
+    if not layouts:
+        return None
+    n = math.prod(len(axis_values(sc)[a]) for a in layouts)
+    pool = _select(max_batch, {k: v for k, v in at.items() if k not in C.PARALLEL_AXES})
+    pool = pool[pool[C.GPU] == gpu.id]
+    if pool.empty:
+        return None
+    # among equal max batches the fewest GPUs (DP x TP x PP x CP), then the cluster search's rule (cluster.py):
+    # no pipeline, the smallest TP, the lowest ZeRO stage; then the order the scenario lists them in
+    col = (lambda a: pool[a].to_numpy(dtype=np.int64))
+    gpus = col(C.DATA_PARALLEL) * col(C.TENSOR_PARALLEL) * col(C.PIPELINE_PARALLEL) * col(C.CONTEXT_PARALLEL)
+    order = np.lexsort((col(C.ZERO_STAGE), col(C.TENSOR_PARALLEL), col(C.PIPELINE_PARALLEL), gpus,
+                        -col(C.MAX_BATCH)))
+    r = pool.iloc[order[0]]
+    mb = int(r[C.MAX_BATCH])
+    layout = f"{layout_text(sc, r.to_dict())} ({int(gpus[order[0]]):,} GPUs)"
+    if mb > ref_mb:
+        text = (f"Of the {n:,} layouts, the most room on {article(gpu.name)} {gpu.name}: batch {mb:,} with {layout}, "
+                f"{gib_number(r[C.TOTAL_AT_MAX_BATCH])} of {gib(usable)} usable.")
+    elif mb == 0:
+        text = (f"None of the {n:,} layouts fits {article(gpu.name)} {gpu.name} at batch 1; the closest, {layout}, "
+                f"needs {gib(r[C.TOTAL_AT_BATCH_1])}.")
+    else:
+        return None
+    return {"text": text, "fits": mb > 0, "gpu": gpu.name, "max_batch": str(mb),
+            "total": gib(r[C.TOTAL_AT_MAX_BATCH] if mb > 0 else r[C.TOTAL_AT_BATCH_1])}
+
+
 def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dict[str, Any]:
     point = reference_point(sc)
     non_batch = {k: v for k, v in point.items() if k != C.BATCH}
@@ -175,6 +279,9 @@ def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dic
                     f"(needs {gib(r[C.TOTAL_AT_BATCH_1])}, {gib(usable[g.id])} usable).")
         sentences.append({"text": text, "fits": mb > 0, "gpu": g.name, "max_batch": str(mb),
                           "total": gib(r[C.TOTAL_AT_MAX_BATCH] if mb > 0 else r[C.TOTAL_AT_BATCH_1])})
+        best = _best_layout(sc, max_batch, non_batch, g, mb, usable[g.id])
+        if best:
+            sentences.append(best)
     target = _target(sc, max_batch, point) if sc.target else None
     headroom = f"Usable memory is the GPU's reported capacity less {percent(sc.headroom)} headroom."
     return {"sentences": sentences, "target": target, "reference": prefix, "headroom_note": headroom}
@@ -182,10 +289,17 @@ def summary(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame) -> dic
 
 # ---------------------------------------------------------------------------------------------------- tables
 def table_rows_axes(sc: Scenario) -> list[str]:
+    """The axes that form the rows of the max-batch tables: `report.table_rows`, else every varying axis (else seq
+    len). Layouts are rows: when `table_rows` names no parallel axis, the varying ones follow the named axes (a table
+    per layout would be dozens of tables of a few rows); once it names one, the others split tables like grid axes."""
     chosen = sc.report.get("table_rows")
+    axes = axis_values(sc)
     if chosen:
-        return [a for a in chosen if a in C.NON_BATCH_AXES and a != C.GPU]
-    varying = _varying(sc)
+        rows = [a for a in chosen if a in axes and a != C.GPU]
+        if not any(a in C.PARALLEL_AXES for a in rows):
+            rows += _layout_axes(sc)
+        return rows
+    varying = [a for a in _varying(sc) if a not in C.PARALLEL_AXES] + _layout_axes(sc)
     return varying or [C.SEQ_LEN]
 
 
@@ -223,12 +337,16 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
         lookup[tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec[:-1])] = int(rec[-1])
 
     point = point if point is not None else reference_point(sc)
+    axes = axis_values(sc)
     heat_key = tuple(point.get(a) for a in split_axes)
+    # a table of layouts: the heatmap shows the layouts at the reference point's values of the other row axes
+    heat_fixed = [i for i, a in enumerate(row_axes) if a not in C.PARALLEL_AXES] \
+        if any(a in C.PARALLEL_AXES for a in row_axes) else []
     tables, heat_rows, heat_cells, total_rows = [], [], [], 0
-    for split_values in product(*(sc.grid[a] for a in split_axes)):
+    for split_values in product(*(axes[a] for a in split_axes)):
         caption_bits = [f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, split_values)]
         rows = []
-        for values in product(*(sc.grid.get(a, (None,)) for a in row_axes)):
+        for values in product(*(axes.get(a) or (None,) for a in row_axes)):
             cells = []
             for g in gpus:
                 mb = lookup.get(tuple(values) + tuple(split_values) + (g.id,))
@@ -240,10 +358,12 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                    "cells": [{"text": DASH if not c else f"{c:,}", "level": level(c or 0, top),
                               "edge": j == first_fit} for j, c in enumerate(cells)]}
             rows.append(row)
-            if tuple(split_values) == heat_key:
+            if tuple(split_values) == heat_key and all(values[i] == point.get(row_axes[i]) for i in heat_fixed):
                 total_rows += 1
                 if len(heat_rows) < HEATMAP_MAX_ROWS:
-                    heat_rows.append(" · ".join(row["axes"]))
+                    heat_rows.append(" · ".join(
+                        (f"{AXIS_LABELS[a]} {text}" if a in C.PARALLEL_AXES else text)
+                        for i, (a, text) in enumerate(zip(row_axes, row["axes"])) if i not in heat_fixed))
                     heat_cells.append([c["level"] for c in row["cells"]])
         per_table = max(3, TABLE_COLUMNS - len(row_axes))
         for start in range(0, len(gpus), per_table):
@@ -261,8 +381,24 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
     heat = {"rows": heat_rows, "cols": [g.name for g in gpus], "cells": heat_cells,
             "legend": level_legend(max_batch[C.MAX_BATCH].to_numpy(), top),
             "truncated": total_rows > len(heat_rows),
-            "about": ", ".join(f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, heat_key))}
+            "about": ", ".join(f"{AXIS_LABELS[a]} {axis_value(a, point.get(a))}"
+                               for a in split_axes + [row_axes[i] for i in heat_fixed])}
     return tables, heat
+
+
+def layout_note(sc: Scenario) -> str:
+    """What a table of parallel layouts shows ('' without a `parallel:` block)."""
+    if not sc.parallel:
+        return ""
+    layouts = _layout_axes(sc)
+    fixed = _fixed_layout(sc)
+    if layouts:
+        text = (f"Each row is one parallel layout ({', '.join(AXIS_LABELS[a] for a in layouts)} in its columns"
+                f"{'; ' + fixed + ' in every one' if fixed else ''}).")
+    else:
+        text = f"Every cell has the one layout the scenario lists: {layout_text(sc, reference_point(sc))}."
+    return (text + " Batch is the micro-batch of one data-parallel rank; memory is that of the most loaded GPU "
+                   "(see Assumptions).")
 
 
 # ---------------------------------------------------------------------------------------------------- charts
@@ -275,6 +411,11 @@ def _bar_points(sc: Scenario, point: dict[str, Any]) -> tuple[list[tuple[dict[st
                                            else str(v) for k, v in p.items())) for p in chosen], \
             {k for p in chosen for k in p}
     varying = _varying(sc)
+    layouts = _layout_axes(sc)
+    if layouts and not any(a in varying for a in (C.PRECISION, C.OPTIMIZER)):
+        # the reference layout, then each parallel axis changed on its own: what each knob does to each component
+        bars = [point] + [{**point, a: v} for a in layouts for v in axis_values(sc)[a] if v != point.get(a)]
+        return [(p, layout_text(sc, p, only=layouts)) for p in bars[:BREAKDOWN_MAX_BARS]], set(layouts)
     bar_axes = [a for a in (C.PRECISION, C.OPTIMIZER) if a in varying] or \
         [a for a in (C.CHECKPOINTING, C.ATTENTION, C.OPTIMIZER_IMPL, C.DECODE_TOKENS) if a in varying][:1]
     if bar_axes:
@@ -374,6 +515,103 @@ def _with_coverage(entries: list[dict[str, Any]], measured: set[str] | None) -> 
             for e in entries]
 
 
+def _stated(name: str) -> str:
+    """An assumption registered as data beside the code it qualifies (a citations.formula named '*.assumptions.*',
+    e.g. parallel/states.py's communication buffers): its statement, where it comes from, its note and sources."""
+    from ..citations import FORMULAS
+
+    f = FORMULAS.get(name)
+    if f is None:
+        return ""
+    text = f.expression + (f" ({f.where})." if f.where else ".")
+    if f.note:
+        text += f" {f.note}" + ("" if f.note.endswith(".") else ".")
+    if f.sources:
+        text += " Sources: " + "; ".join(f"{src.title}, {src.ref}" for src in f.sources) + "."
+    return text
+
+
+def _parallel_assumptions(sc: Scenario) -> list[str]:
+    from ..parallel import states  # noqa: F401  (registers the stated assumptions)
+    from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
+    from ..units import parse_size
+
+    axes = axis_values(sc)
+    items = ["Every figure is per GPU, on the most loaded rank (the first or the last pipeline stage, whichever holds "
+             "more); batch is the micro-batch of one data-parallel rank. Only memory is modelled: a layout that fits "
+             "may still be slow (communication, pipeline bubbles)."]
+    if sc.mode == "train":
+        items += [
+            "Parameters per rank (Megatron-LM): attention and MLP matrices and the vocabulary-parallel embedding and "
+            "head are split over TP, norms and row-parallel biases are replicated; a pipeline stage holds ⌈L/PP⌉ "
+            "layers, the first stage the embedding, the last the final norm and the head.",
+            "ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer state, "
+            "stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank; ZeRO-3 adds two gathered "
+            "copies of the largest unit (a transformer block, the embedding or the head: the one in use and the "
+            "prefetched one).",
+            "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
+            "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
+            "min(PP, micro-batches) micro-batches in flight."]
+        if any(axes[C.FP32_GRAD_ACCUMULATION]):
+            items.append("fp32 grads: Megatron-style fp32 main gradients replace the 16-bit ones (4 bytes per "
+                         "parameter, 18 per parameter with bf16-master and Adam).")
+        if any(v != "none" for v in axes[C.OFFLOAD]):
+            per_node = sc.node.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE)
+            host = sc.node.get(C.HOST_MEMORY, parse_size(DEFAULT_HOST_MEMORY))
+            items.append(f"Offload (ZeRO-Offload): the rank's fp32 master weights, optimizer state and fp32 gradient "
+                         f"partition (with optimizer+params the 16-bit weights too) live in host memory and the CPU "
+                         f"runs the step in place; host memory per node is the rank's times {per_node} GPUs per node, "
+                         f"against {gib(host)} of RAM, and a layout over it does not fit. The CPU step's speed is "
+                         f"not modelled.")
+    else:
+        items.append("Inference over TP and PP: each rank runs a smaller model (heads/TP, KV heads/TP, the MLP and "
+                     "vocabulary split over TP, ⌈L/PP⌉ layers), so its weights, KV cache and prefill transients are "
+                     "those of that model; DP replicas hold the same bytes.")
+    stated = _stated("parallel.assumptions.communication_buffers")
+    if stated:
+        items.append(f"Communication buffers, {stated}")
+    return items
+
+
+def _finetune_assumptions(sc: Scenario) -> list[str]:
+    ft = getattr(sc.model, "finetune", None)
+    if ft is None or not ft.adapters:
+        return []
+    from ..components import finetune as F
+
+    name = "QLoRA" if ft.method == "qlora" else "LoRA"
+    targets = ", ".join(t.name for t in F.targets_of(sc.model, ft))
+    dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
+             if ft.adapter_dtype == "fp32" else "the model's dtype (autocast_adapter_dtype=False)")
+    items = [
+        f"{name} (Hu et al. 2021): the base weights are frozen, so they have no gradients, master copy or optimizer "
+        f"state; the optimizer is given the adapters only.",
+        f"Adapters A (rank × in) and B (out × rank), without bias, on {targets} of every layer, in {dtype}.",
+        "Activations of the frozen base are still stored where the backward pass to the adapters needs them: a "
+        "frozen linear saves no input of its own, a frozen RMSNorm keeps its fp32 input, and nothing before the "
+        "first adapter is saved. LoRA figures are checked against peft runs measured with PyTorch's MemTracker."]
+    if ft.method == "qlora":
+        items.append("QLoRA (Dettmers et al. 2023): the block linears are stored in NF4 with double-quantised block "
+                     "scales, the other parameters in fp32 as prepare_model_for_kbit_training leaves them. Modelled "
+                     "from the published format and the libraries' source, not measured: bitsandbytes' 4-bit "
+                     "kernels need a CUDA device.")
+    return items
+
+
+def _cluster_assumptions(sc: Scenario) -> list[str]:
+    search = sc.cluster
+    if search is None:
+        return []
+    return [
+        "Cluster options keep, for each GPU type and GPU count, one layout that fits, by a stated rule: the least "
+        "recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest micro-batch. The rule "
+        "stands in for speed, which is not modelled.",
+        f"The search keeps TP within a node ({search.gpus_per_node} GPUs), turns sequence parallelism on whenever "
+        f"TP > 1 and splits the global batch as micro-batch × DP × accumulation steps (the pipeline's micro-batches "
+        f"when PP > 1); the recipe is the grid's first values.",
+        "Costs are the price of the GPUs (or per hour) as given in the scenario, not the cost per token trained."]
+
+
 def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
     o = sc.overheads
     cov = None
@@ -399,13 +637,21 @@ def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
         "gpus": [{"name": g.name, "memory": gib(g.memory_bytes, 2), "bytes": f"{g.memory_bytes:,}",
                   "source": g.source} for g in _gpu_order(sc)],
         "model": {"name": sc.model.name, "params": f"{sc.model.params:,}", "origin": sc.model.origin or sc.model.preset},
+        # what the parallel model, the fine-tuning model and the cluster search rely on: only for the blocks used
+        "groups": [{"title": title, "items": items} for title, items in (
+            ("Parallelism and sharding", _parallel_assumptions(sc) if sc.parallel else []),
+            ("Fine-tuning", _finetune_assumptions(sc)),
+            ("How many GPUs", _cluster_assumptions(sc))) if items],
     }
 
 
 # ---------------------------------------------------------------------------------------------------- formulas
 def formulas(all_formulas: list) -> list[dict[str, Any]]:
+    """Every formula but the stated assumptions ('*.assumptions.*'), which the Assumptions section lists where they
+    apply."""
     return [{"name": f.name, "expression": f.expression, "where": f.where, "module": f.module, "note": f.note,
-             "sources": [{"key": s.key, "title": s.title, "ref": s.ref} for s in f.sources]} for f in all_formulas]
+             "sources": [{"key": s.key, "title": s.title, "ref": s.ref} for s in f.sources]} for f in all_formulas
+            if ".assumptions." not in f.name]
 
 
 # ---------------------------------------------------------------------------------------------------- validation
@@ -501,6 +747,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "gpu_count": str(len(sc.gpus)),
         "summary": summary(sc, results, max_batch),
         "tables": tables,
+        "layout_note": layout_note(sc),
         "charts": {
             "breakdown": breakdown_svg, "breakdown_about": breakdown_about,
             "lines": lines_svg, "lines_about": lines_about,

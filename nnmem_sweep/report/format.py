@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..units import format_bytes
 
 DASH = "–"  # en dash: "does not fit even at batch 1"
@@ -23,6 +25,20 @@ AXIS_LABELS = {
     "cache_tokens": "prompt tokens",
     "decode_tokens": "decode tokens",
     "gpu": "GPU",
+    # parallel layouts (columns.PARALLEL_AXES): the short names Megatron-LM and DeepSpeed users read
+    "data_parallel": "DP",
+    "zero_stage": "ZeRO",
+    "tensor_parallel": "TP",
+    "sequence_parallel": "SP",
+    "pipeline_parallel": "PP",
+    "micro_batches": "micro-batches",
+    "pipeline_schedule": "schedule",
+    "virtual_stages": "virtual stages",
+    "context_parallel": "CP",
+    "expert_parallel": "EP",
+    "offload": "offload",
+    "gradient_accumulation": "grad accum",
+    "fp32_grad_accumulation": "fp32 grads",
 }
 
 COMPONENT_LABELS = {
@@ -76,6 +92,8 @@ def axis_value(axis: str, value: Any) -> str:
     """A grid value as a reader sees it in a table cell or a sentence."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return DASH
+    if isinstance(value, (bool, np.bool_)):  # sequence_parallel, fp32_grad_accumulation
+        return "on" if value else "off"
     if axis in ("seq_len", "cache_tokens", "decode_tokens", "batch"):
         return thousands(value)
     return str(value)
