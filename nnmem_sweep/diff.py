@@ -1,7 +1,11 @@
 """Which max-batch cells changed between two runs of a scenario (two files, or one file at a git revision).
 
 `diff_max_batch(old, new)` compares the max_batch tables cell by cell: a cell is one combination of the non-batch
-axes and GPU (columns.NON_BATCH_AXES + gpu). The answer is ordered by what a reviewer must see first:
+axes and GPU (columns.NON_BATCH_AXES + gpu), and of the parallel axes (columns.PARALLEL_AXES) when either table
+has them (`key_columns`). A table without them (a scenario before it gained a `parallel:` block) is the one-GPU
+layout, every parallel axis at its default (columns.PARALLEL_DEFAULTS: the estimator gives that layout exactly
+the single-GPU figures), so its cells meet the new table's one-GPU layout and every other layout is "added".
+The answer is ordered by what a reviewer must see first:
 
     fits -> does not fit   (max_batch was >= 1, is now 0)
     decrease               (largest drop first)
@@ -42,22 +46,36 @@ REMOVED = "removed"
 ORDER = (FITS_TO_NOT, DECREASE, NOT_TO_FITS, INCREASE, ADDED, REMOVED)
 
 
-def _table(mb: pd.DataFrame) -> pd.DataFrame:
-    """Key columns as plain strings/ints (categoricals of two runs never share categories) and max_batch."""
-    if not isinstance(mb, pd.DataFrame):  # a RunResult
-        mb = mb.max_batch
-    out = {k: (mb[k].astype(str) if not pd.api.types.is_integer_dtype(mb[k]) else mb[k].astype(np.int64))
-           for k in KEY}
+def _frame(mb) -> pd.DataFrame:
+    return mb if isinstance(mb, pd.DataFrame) else mb.max_batch  # a RunResult
+
+
+def key_columns(*frames: pd.DataFrame) -> list[str]:
+    """A cell's key: the non-batch axes and GPU, then the parallel axes when any of `frames` has one of them."""
+    parallel = any(a in f.columns for f in frames for a in C.PARALLEL_AXES)
+    return [*KEY, *(C.PARALLEL_AXES if parallel else ())]
+
+
+def _table(mb: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """Key columns as plain strings/ints (categoricals of two runs never share categories) and max_batch; a
+    parallel axis the table lacks holds its default (the one-GPU layout)."""
+    n = len(mb)
+    cols = {k: mb[k] if k in mb.columns else pd.Series([C.PARALLEL_DEFAULTS[k]] * n, index=mb.index) for k in key}
+    out = {k: (v.astype(str) if not pd.api.types.is_integer_dtype(v) else v.astype(np.int64))
+           for k, v in cols.items()}
     out[C.MAX_BATCH] = mb[C.MAX_BATCH].astype(np.int64)
     return pd.DataFrame(out)
 
 
 def diff_max_batch(old, new) -> pd.DataFrame:
-    """The changed cells between two max_batch tables (or RunResults): the key columns, old_max_batch,
-    new_max_batch (nullable Int64; <NA> on the missing side), delta (new − old) and change, ordered as in the
-    module docstring. Unchanged cells are left out; an empty frame means nothing changed."""
-    a, b = _table(old), _table(new)
-    m = a.merge(b, on=list(KEY), how="outer", suffixes=("_old", "_new"), indicator=True, sort=False)
+    """The changed cells between two max_batch tables (or RunResults): the key columns (key_columns: with the
+    parallel axes when either side has them), old_max_batch, new_max_batch (nullable Int64; <NA> on the missing
+    side), delta (new − old) and change, ordered as in the module docstring. Unchanged cells are left out; an empty
+    frame means nothing changed."""
+    old, new = _frame(old), _frame(new)
+    key = key_columns(old, new)
+    a, b = _table(old, key), _table(new, key)
+    m = a.merge(b, on=key, how="outer", suffixes=("_old", "_new"), indicator=True, sort=False)
     o = m[f"{C.MAX_BATCH}_old"].astype("Int64")
     n = m[f"{C.MAX_BATCH}_new"].astype("Int64")
     both = (m["_merge"] == "both").to_numpy()
@@ -67,7 +85,7 @@ def diff_max_batch(old, new) -> pd.DataFrame:
         [~both & (m["_merge"] == "right_only").to_numpy(), ~both,
          (ov > 0) & (nv == 0), nv < ov, (ov == 0) & (nv > 0), nv > ov],
         [ADDED, REMOVED, FITS_TO_NOT, DECREASE, NOT_TO_FITS, INCREASE], default="")
-    out = m[list(KEY)].copy()
+    out = m[key].copy()
     out[OLD] = o
     out[NEW] = n
     out[DELTA] = (n - o).astype("Int64")
@@ -92,7 +110,7 @@ def format_diff(d: pd.DataFrame, old_label: str, new_label: str) -> str:
     vary somewhere in the diff are printed, plus gpu."""
     if d.empty:
         return f"max batch: no cell changed between {old_label} and {new_label}"
-    shown = [k for k in KEY if k == C.GPU or d[k].nunique(dropna=False) > 1]
+    shown = [k for k in key_columns(d) if k == C.GPU or d[k].nunique(dropna=False) > 1]
     head = "  ".join(shown)
     lines = [f"max batch: {len(d):,} cell(s) changed, {old_label} -> {new_label}"]
     for kind in ORDER:

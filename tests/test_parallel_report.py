@@ -220,3 +220,38 @@ def test_rendered_report_reads_the_layouts(tmp_path, monkeypatch, layouts):
     assert "<h3>Parallelism and sharding</h3>" in html
     section = re.search(r'<section id="summary">(.*?)</section>', html, re.S).group(1)
     assert section.count("<li") == 4 and "TP 4 + SP · PP 1 · DP 8 · ZeRO 3 (32 GPUs)" in section
+
+
+# ------------------------------------------------------------------------------------------------ diff (issue 4)
+def test_diff_keys_each_layout_on_its_own(layouts):
+    # before the fix the key left the parallel axes out: four layouts per key met four, a 4 x 4 cross product
+    from nnmem_sweep import diff as D
+
+    new = run_scenario(parse_scenario_text(LAYOUTS.replace("headroom: 0.05", "headroom: 0.3")))
+    d = D.diff_max_batch(layouts, new)
+    assert D.key_columns(d)[-len(C.PARALLEL_AXES):] == list(C.PARALLEL_AXES)
+    assert not d.duplicated(D.key_columns(d)).any()
+    for r in d.itertuples(index=False):
+        at = dict(checkpointing=r.checkpointing, tensor_parallel=r.tensor_parallel, zero_stage=r.zero_stage,
+                  gpu=r.gpu)
+        assert (r.old_max_batch, r.new_max_batch) == (csv_max_batch(layouts.max_batch, **at),
+                                                      csv_max_batch(new.max_batch, **at))
+    # H100, full checkpointing, TP 4 ZeRO 3 fits 38 with 5% headroom; with 30% fewer
+    h100 = d[(d.gpu == "h100-sxm") & (d.checkpointing == "full") & (d.tensor_parallel == 4) & (d.zero_stage == 3)]
+    assert len(h100) == 1 and h100.iloc[0]["old_max_batch"] == 38 and h100.iloc[0]["change"] == D.DECREASE
+    text = D.format_diff(d, "a", "b")
+    assert "[checkpointing  gpu  zero_stage  tensor_parallel]" in text
+
+
+def test_a_scenario_gaining_a_parallel_block_meets_it_on_the_one_gpu_layout():
+    from nnmem_sweep import diff as D
+
+    single = LAYOUTS[:LAYOUTS.index("parallel:")] + LAYOUTS[LAYOUTS.index("gpus:"):]
+    layouts = single.replace("gpus:", "parallel:\n  data_parallel: [1, 8]\n  zero_stage: [0, 1]\ngpus:")
+    old, new = run_scenario(parse_scenario_text(single)), run_scenario(parse_scenario_text(layouts))
+    d = D.diff_max_batch(old, new)
+    # the old cells are the one-GPU layout (DP 1, ZeRO 0), which the new run gives the same max batch: unchanged;
+    # the three other layouts x 2 checkpointing x 2 GPUs are added
+    assert len(d) == 12 and set(d[D.CHANGE]) == {D.ADDED}
+    assert not ((d.data_parallel == 1) & (d.zero_stage == 0)).any()
+    assert D.diff_max_batch(new, old)[D.CHANGE].tolist() == [D.REMOVED] * 12
