@@ -12,6 +12,10 @@
 The axes and the GPU columns come from the same functions the in-memory run calls, so a scenario with parallel
 axes streams the same columns and rows as it runs.
 
+The small per-scenario plans an in-memory run writes beside them (runner.write_outputs: the serving plan's
+max_concurrency.csv and max_context.csv, a `cluster:` block's cluster_options.csv) are computed before the big
+files are committed and written after them, the same bytes (StreamResult.plans).
+
 Both files are written to temporary files in the output folder and renamed over the old ones only when everything
 succeeded: an interrupted or failed run leaves the previous results intact. The grid size is checked against
 `max_rows` before anything is allocated, as for an in-memory run.
@@ -36,6 +40,7 @@ from . import serving
 from .errors import UsageError
 from .fit import max_batch
 from .grid import add_gpu_columns, axes_of, grid_size, point_axes, product_frame
+from .paths import atomic_write_text
 from .runner import estimate_frame
 from .scenario import Scenario
 
@@ -50,6 +55,7 @@ class StreamResult:
     cells: int  # rows in max_batch.csv
     fits: int  # rows of results.csv that fit
     elapsed_s: float
+    plans: tuple[Path, ...] = ()  # max_concurrency.csv, max_context.csv, cluster_options.csv where the scenario has them
 
 
 def _axis_columns(axes: dict[str, tuple]) -> dict[str, pd.Series]:
@@ -153,9 +159,27 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
             points = add_gpu_columns(slice_product(points_axes, lo, hi), sc)
             _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits), mb,
                     header=lo == 0)
+        plans = _plans(sc)  # before the commit: a failure here leaves the previous files too
         res.commit()
         mb.commit()
+    written = tuple(atomic_write_text(out_dir / name, _csv(frame)) for name, frame in plans)
     elapsed = time.perf_counter() - start
     if progress:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s, streamed" + " " * 10, file=sys.stderr)
-    return StreamResult(res.path, mb.path, n, cells, fits, elapsed)
+    return StreamResult(res.path, mb.path, n, cells, fits, elapsed, written)
+
+
+def _plans(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
+    """The per-scenario CSVs runner.run_scenario computes beside the grid, by file name (none for most)."""
+    out = []
+    if serving.applies(sc):
+        out += [("max_concurrency.csv", serving.max_concurrency(sc)), ("max_context.csv", serving.max_context(sc))]
+    if sc.cluster is not None:
+        from .cluster import cluster_options
+
+        out.append(("cluster_options.csv", cluster_options(sc, sc.cluster)))
+    return out
+
+
+def _csv(frame: pd.DataFrame) -> str:
+    return frame.to_csv(index=False, lineterminator="\n")

@@ -36,11 +36,13 @@ def sc():
 
 
 def stream_and_run(sc, tmp_path, chunk_rows: int) -> stream.StreamResult:
-    """Run in memory into tmp_path/mem, stream into tmp_path/st; both CSVs must be the same bytes."""
-    write_outputs(run_scenario(sc), tmp_path / "mem")
+    """Run in memory into tmp_path/mem, stream into tmp_path/st; every CSV must be the same bytes."""
+    written = write_outputs(run_scenario(sc), tmp_path / "mem")
     r = stream.run_streamed(sc, tmp_path / "st", chunk_rows=chunk_rows)
-    for name in ("results.csv", "max_batch.csv"):
-        assert (tmp_path / "st" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes(), name
+    assert sorted(os.listdir(tmp_path / "st")) == sorted(p.name for p in written)
+    for p in written:
+        assert (tmp_path / "st" / p.name).read_bytes() == p.read_bytes(), p.name
+    assert [p.name for p in r.plans] == [p.name for p in written[2:]]
     return r
 
 
@@ -169,7 +171,7 @@ gpus: [a100-40gb, h100-sxm]
 """
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 13, 96, 192, 10_000])
+@pytest.mark.parametrize("chunk_rows", [7, 13, 96, 192, 10_000])
 def test_a_parallel_scenario_streams_the_same_bytes_as_it_runs(tmp_path, chunk_rows):
     # before the fix, --stream built the grid from the grid: axes alone and wrote single-GPU results
     sc = parse_scenario_text(PARALLEL)
@@ -182,6 +184,10 @@ def test_a_parallel_scenario_streams_the_same_bytes_as_it_runs(tmp_path, chunk_r
     assert res["host_bytes"].gt(0).any() and set(res["tensor_parallel"]) == {1, 4}
 
 
-def test_shipped_cluster_config_streams_like_it_runs(tmp_path):
-    sc = load_scenario("configs/llama-70b-cluster.yaml")
-    stream_and_run(sc, tmp_path, 100)
+@pytest.mark.parametrize("config,plans", [
+    ("configs/llama-70b-cluster.yaml", ["cluster_options.csv"]),  # cluster: block (before: results only)
+    ("configs/llama-serving.yaml", ["max_concurrency.csv", "max_context.csv"]),  # serving plan
+])
+def test_shipped_configs_stream_every_file_they_run(tmp_path, config, plans):
+    r = stream_and_run(load_scenario(config), tmp_path, 100)
+    assert [p.name for p in r.plans] == plans
