@@ -255,3 +255,14 @@ def test_a_scenario_gaining_a_parallel_block_meets_it_on_the_one_gpu_layout():
     assert len(d) == 12 and set(d[D.CHANGE]) == {D.ADDED}
     assert not ((d.data_parallel == 1) & (d.zero_stage == 0)).any()
     assert D.diff_max_batch(new, old)[D.CHANGE].tolist() == [D.REMOVED] * 12
+
+
+def test_target_speaks_of_layouts(layouts):
+    # batch 4 at the reference layout (selective, TP 1, ZeRO 1) fits no GPU; with full checkpointing TP 4 ZeRO 3
+    # both do (18 and 38; the most room)
+    sc = parse_scenario_text(LAYOUTS + "target: {batch: 4, seq_len: 4096}\n")
+    t = context.summary(sc, layouts.results, layouts.max_batch)["target"]
+    assert t["text"].endswith("ZeRO 1) is met by none of the GPUs with this recipe and layout.")
+    assert t["others"] == ("With another recipe or layout from the grid (the one with the most room): A100-SXM4-40GB "
+                           "(full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 3); H100 SXM5 80GB (H100 80GB HBM3) "
+                           "(full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 3).")

@@ -209,7 +209,7 @@ def _target(sc: Scenario, max_batch: pd.DataFrame, point: dict[str, Any]) -> dic
     if meeting:
         text = f"Target ({what}) is met by: {', '.join(meeting)} (smallest first)."
     else:
-        text = f"Target ({what}) is met by none of the GPUs with this recipe."
+        text = f"Target ({what}) is met by none of the GPUs with this recipe{' and layout' if sc.parallel else ''}."
     # any recipe in the grid at the target's sequence length: for each GPU the one with the most room (largest max
     # batch; a stable sort keeps the grid's order among equals)
     fixed = {k: v for k, v in sc.target.items() if k in C.NON_BATCH_AXES}
@@ -219,7 +219,8 @@ def _target(sc: Scenario, max_batch: pd.DataFrame, point: dict[str, Any]) -> dic
               if g.name not in meeting and (ok[C.GPU] == g.id).any()]
     other_text = ""
     if others and any(a not in fixed for a in _varying(sc)):
-        other_text = f"With another recipe from the grid (the one with the most room): {'; '.join(others)}."
+        other = "another recipe or layout" if _layout_axes(sc) else "another recipe"
+        other_text = f"With {other} from the grid (the one with the most room): {'; '.join(others)}."
     return {"text": text, "met": bool(meeting), "gpus": meeting, "others": other_text}
 
 
