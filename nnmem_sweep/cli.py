@@ -55,6 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 progress=not args.quiet)
         print(streamed.results_path)
         print(streamed.max_batch_path)
+        for path in streamed.plans:  # cluster_options.csv, the serving plan's CSVs
+            print(path)
         return 0
     result = run_scenario(sc, max_rows=args.max_rows, progress=not args.quiet)
     for written in write_outputs(result, out):

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from .. import columns as C
-from ..diff import CHANGE, FITS_TO_NOT, KEY, NEW, OLD, ORDER, Changes
+from ..diff import CHANGE, FITS_TO_NOT, NEW, OLD, ORDER, Changes, key_columns
 from ..fit import MAX_BATCH_CAP
 from ..scenario import Scenario
 from .format import AXIS_LABELS, DASH, axis_value
@@ -37,7 +37,7 @@ def section(changes: Changes | None, prov: Provenance, sc: Scenario) -> dict[str
     d = changes.cells
     old = changes.old
     names = {g.id: g.name for g in (*old.scenario.gpus, *sc.gpus)}  # today's name where both have the GPU
-    shown = [k for k in KEY if k == C.GPU or d[k].nunique(dropna=False) > 1]
+    shown = [k for k in key_columns(d) if k == C.GPU or d[k].nunique(dropna=False) > 1]  # parallel axes too
     listed = d.head(MAX_ROWS)
     groups = []
     for kind in ORDER:
