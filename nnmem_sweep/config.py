@@ -540,11 +540,23 @@ def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
 
 
 def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[str, tuple]:
-    """The `parallel:` axes (every one, defaults filled in) and their rules, each combination checked at load time
+    """The parallel axes (every one, defaults filled in), swept in the `parallel:` block or among the `grid:` axes
+    (issue 4 names them grid axes; not both for one axis), and their rules, each combination checked at load time
     (parallel/layout.py): the problem is reported at the value that breaks it."""
-    given = data.get("parallel")
-    if not isinstance(given, dict) or not ck.clean("parallel"):
+    block = data.get("parallel")
+    if "parallel" in data and (not isinstance(block, dict) or not ck.clean("parallel")):
         return {}
+    block = block or {}
+    in_grid = {a: v for a, v in (data.get("grid") or {}).items()
+               if a in C.PARALLEL_AXES} if isinstance(data.get("grid"), dict) else {}
+    for a in in_grid:
+        if a in block:
+            ck.add(f"grid.{a}", f"{a} is swept both here and in parallel:; keep one", key=True)
+    given = {**block, **in_grid}
+    if not given:
+        return {}
+    prefix = {a: "grid" if a in in_grid else "parallel" for a in given}
+    home = "parallel" if block else f"grid.{next(iter(in_grid))}"
     from itertools import product
 
     from .parallel import layout as L
@@ -558,9 +570,9 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
     raw = {a: _as_list(given[a]) if a in given else [C.PARALLEL_DEFAULTS[a]] for a in C.PARALLEL_AXES}
 
     def where(axis: str, value) -> str:
-        path = f"parallel.{axis}"
         if axis not in given:
-            return "parallel"
+            return home
+        path = f"{prefix[axis]}.{axis}"
         if isinstance(given[axis], list):
             return f"{path}[{raw[axis].index(value)}]"
         return path
@@ -569,7 +581,7 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
     seqs = [(i, s) for i, s in enumerate(_as_list((data.get("grid") or {}).get(C.SEQ_LEN, [])))
             if isinstance(s, int)] if ck.clean(f"grid.{C.SEQ_LEN}") else []
     seq_listed = isinstance((data.get("grid") or {}).get(C.SEQ_LEN), list)
-    if not all(ck.clean(f"parallel.{a}") for a in given):
+    if not all(ck.clean(f"{prefix[a]}.{a}") for a in given):
         return out
     for combo in product(*(out[a] for a in C.PARALLEL_AXES)):
         values = dict(zip(C.PARALLEL_AXES, combo))

@@ -331,7 +331,10 @@ def test_schema_vocabularies_match_names_py() -> None:
     assert _enum("checkpointing") == list(names.CHECKPOINTING)
     assert _enum("attention") == list(names.ATTENTION)
     assert config.SCHEMA["properties"]["mode"]["enum"] == list(names.MODES)
-    assert set(config.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES)
+    # the grid's axes, and the parallel axes (issue 4 names them grid axes; the parallel: block takes them too)
+    assert set(config.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES + C.PARALLEL_AXES)
+    assert all(config.SCHEMA["properties"]["grid"]["properties"][a]["else"]
+               == config.SCHEMA["properties"]["parallel"]["properties"][a]["else"] for a in C.PARALLEL_AXES)
     # table rows: the grid's non-batch axes, and the parallel axes (config refuses those without a parallel: block)
     assert config.SCHEMA["properties"]["report"]["properties"]["table_rows"]["items"]["enum"] == list(
         C.NON_BATCH_AXES + C.PARALLEL_AXES)
