@@ -1,0 +1,203 @@
+"""The plans of frames with parallel layouts (issue 4), for components/peak.py.
+
+peak.py builds a plan per (architecture, names) and evaluates it with numpy gathers; a frame with parallel columns
+(layout.py) adds one plan axis, its unique layouts. What lives where:
+
+    components/peak.py  the plan machinery (_Plan, _TermTable, _cached ...), the single-GPU plans, inference phases,
+                        the entry points (estimate_components, phase_totals ..., host_check) and their dispatch
+                        (peak._prepare, peak._infer_any), which hand frames with layouts to the functions below
+    parallel/plan.py    the training plan over layouts (_parallel_train_plan, from states.py's per-rank states and
+                        activations.py's per-stage activations), its preparation (_prepare_train: layouts checked,
+                        seq_len split under sequence/context parallelism), and inference with layouts (_infer_key,
+                        _infer_layouts: each layout on its rank's model)
+
+This module imports peak's machinery; peak imports this module inside the functions that use it (at call time,
+after both have loaded), so neither import is circular.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import columns as C
+from ..catalog.optimizers import get_optimizer
+from ..components import activations as act
+from ..components.peak import (_cached, _codes, _combine, _consts, _infer_phases, _InferTables, _layer_net_train,
+                               _lift, _Plan, _precisions, _vec)
+from ..components.terms import Term
+from ..errors import UsageError
+from ..models.arch import Architecture
+from . import activations as par_act
+from . import layout as par_layout
+from . import states as par_states
+
+
+# ---------------------------------------------------------------- parallel layouts (issue 4)
+# One more plan axis, the unique parallel layouts of the frame (parallel/layout.py). Each (pipeline stage, moment)
+# is a phase of its own, so the winner is the most loaded rank's peak: without pipeline parallelism the second
+# stage's phases are all zero and never win. Evaluated at the rank's sequence length s_l (parallel/activations.py).
+
+def _rank_state_tables(arch, precs, o_names, i_names, layouts):
+    """Per stage, {field: (nP, nO, nI, nL) consts} of parallel/states.RankStates (zero for the absent stage)."""
+    opts = [get_optimizer(o) for o in o_names]
+    nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
+    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host")
+    vals = {(st, f): [] for st in (0, 1) for f in fields}
+    for p in precs:
+        for o in opts:
+            for i in i_names:
+                for lay in layouts:
+                    pair = par_states.rank_states(arch, p, o, i, lay)
+                    for st in (0, 1):
+                        for f in fields:
+                            vals[st, f].append(getattr(pair[st], f) if (st == 0 or lay.pp > 1) else 0)
+    return [{f: _consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
+
+
+def _grads_flag(layouts, stage: int, in_flight: list[int]) -> np.ndarray:
+    return np.array([1 if par_act.grads_live_in_forward(lay, nf) else 0 for lay, nf in zip(layouts, in_flight)],
+                    dtype=np.int64)
+
+
+def _host_table(st, sizes, dims) -> np.ndarray:
+    host = np.maximum(st[0]["host"], st[1]["host"])  # the most loaded rank's
+    return np.ascontiguousarray(_lift(host, dims, sizes)[..., 0]).reshape(-1)
+
+
+def _parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
+                         a_names: tuple, c_names: tuple, layouts: tuple) -> _Plan:
+    precs = _precisions(p_names, "train")
+    nP, nO, nI, nL = len(precs), len(o_names), len(i_names), len(layouts)
+    st = _rank_state_tables(arch, precs, o_names, i_names, layouts)
+    if arch.kind != "transformer":  # data parallel, ZeRO, offload: the states shrink, the activations do not
+        sizes = (nP, nO, nI, nL)
+        dims = (0, 1, 2, 3)
+        s0 = {k: _lift(v, dims, sizes) for k, v in st[0].items()}
+        states = {C.WEIGHTS: s0["weights"], C.MASTER_WEIGHTS: s0["master"], C.OPTIMIZER_STATE: s0["optimizer"]}
+        if arch.kind == "params":
+            A = _lift(_vec([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
+            phases = [("backward", dict(states, **{C.GRADIENTS: s0["gradients"], C.ACTIVATIONS: A}))]
+        else:
+            phases = _layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
+                                      grads_share=s0["gradients"])
+        plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
+        plan.host = _host_table(st, sizes, dims)
+        plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
+        return plan
+
+    nA, nC = len(a_names), len(c_names)
+    sizes = (nP, nO, nI, nA, nC, nL)
+    sdims = (0, 1, 2, 5)
+    acts = [[par_act.stage_activations(arch, p, a, c, lay, device) for lay in layouts]
+            for p in precs for a in a_names for c in c_names]
+    phases = []
+    for stage in (0, 1):
+        def get(fn) -> np.ndarray:  # per (precision, attention, checkpointing, layout)
+            ts = []
+            for per in acts:
+                for lay, r in zip(layouts, per):
+                    ta = r[stage]
+                    ts.append(fn(ta) if ta is not None else Term())
+            return _lift(_vec(ts, (nP, nA, nC, nL)), (0, 3, 4, 5), sizes)
+
+        s_ = {k: _lift(v, sdims, sizes) for k, v in st[stage].items()}
+        in_flight = [acts[0][j][2 + stage] for j in range(nL)]
+        live = _lift(_consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
+        states = {C.WEIGHTS: s_["weights"], C.MASTER_WEIGHTS: s_["master"], C.OPTIMIZER_STATE: s_["optimizer"]}
+        g = s_["gradients"]
+        g_fwd = g * live[..., :1]  # gradients of earlier micro-batches while the next one runs forward
+        saved = get(lambda t: t.saved)
+        inputs = get(lambda t: t.inputs)
+        fwd = get(lambda t: t.forward_temp)
+        n_bwd = max(len(r[stage].backward_start_temp) for per in acts for r in per if r[stage] is not None)
+        n_end = max(len(r[stage].backward_end_temp) for per in acts for r in per if r[stage] is not None)
+        bwd_start = [get(lambda t, j=j: t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term())
+                     for j in range(n_bwd)]
+        bwd_end = [get(lambda t, j=j: t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term())
+                   for j in range(n_end)]
+        phases += [
+            ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
+            *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
+              for t in bwd_start],
+            *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+            ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["step_temp"]})),
+        ]
+        if not any(lay.pp > 1 for lay in layouts):
+            break  # no second stage anywhere in the frame
+    plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
+    plan.host = _host_table(st, sizes, sdims)
+    plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
+    return plan
+
+
+def _prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, codes: list,
+                   names: tuple, b, s):
+    """components/peak._prepare for a training frame with parallel columns: (plan, combination code, batch,
+    the rank's seq_len); the plan has one more axis, the frame's unique layouts."""
+    l_code, layouts = par_layout.frame_layouts(frame, _codes)
+    par_layout.check(arch, layouts, mode)
+    if arch.finetune is not None and arch.finetune.adapters:
+        raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU only, not with "
+                         "parallel: axes")
+    if arch.kind != "transformer":
+        names = names[:3]
+        codes = codes[:3]
+    plan = _cached(arch, ("train-parallel", device, *names, layouts),
+                   lambda: _parallel_train_plan(arch, device, *names, *(((),) * (5 - len(names))), layouts))
+    div = plan.seq_divisor[l_code]
+    if (div > 1).any():
+        if (s % div).any():
+            r = int(np.flatnonzero(s % div)[0])
+            raise UsageError(par_layout.seq_problem(layouts[l_code[r]], int(s[r])))
+        s = s // div  # the rank's own tokens of each sequence
+    return plan, _combine(codes + [l_code], plan.sizes), b, s
+
+
+def _infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, columns: dict | None, p_code: np.ndarray,
+               p_names: tuple, prefill_logits: str):
+    """components/peak._prepare for an inference frame with parallel columns: the key _infer_layouts reads,
+    per layout the inference tables of its rank's model; None where every layout is one GPU or the model is
+    not a transformer (peak then estimates the frame as it would without the columns)."""
+    l_code, layouts = par_layout.frame_layouts(frame, _codes)
+    if any(lay != par_layout.Layout() for lay in layouts):
+        par_layout.check(arch, layouts, mode)
+        if arch.kind == "transformer":
+            _precisions(p_names, mode)
+            a_code, a_names = _codes(frame, C.ATTENTION, columns)
+            keys = []
+            for lay in layouts:
+                ra = par_states.infer_rank_arch(arch, lay.tp, lay.pp)
+                tables = _cached(ra, ("infer-tables", p_names, a_names, prefill_logits),
+                                 lambda ra=ra: _InferTables(ra, p_names, a_names, prefill_logits))
+                keys.append((tables, p_code.astype(np.int64), a_code))
+            return ("parallel", arch, layouts, l_code, keys)
+    return None
+
+
+def _infer_layouts(arch, frame, key, b, s):
+    """components/peak._infer_phases per parallel layout on its rank's model (parallel/states.py
+    infer_rank_arch), the rows of each layout gathered back in place."""
+    _, full, layouts, l_code, keys = key
+    n = len(l_code)
+    totals_out: list[np.ndarray] = []
+    comps_out: list[dict[str, np.ndarray]] = []
+    names: list[str] = []
+    for j, (lay, k) in enumerate(zip(layouts, keys)):
+        rows = np.flatnonzero(l_code == j)
+        if not len(rows):
+            continue
+        sub = frame.iloc[rows]
+        rank_arch = par_states.infer_rank_arch(full, lay.tp, lay.pp)
+        tb, p_code, a_code = k
+        totals, comps, names = _infer_phases(rank_arch, sub, (tb, p_code[rows], a_code[rows]), b[rows], s[rows])
+        # pipeline stages hold the embedding or the head, not both (a tied embedding: both stages a copy)
+        delta = tb.head_bytes[p_code[rows]] if lay.pp > 1 and not full.tied_embeddings else 0
+        if not totals_out:
+            totals_out = [np.zeros(n, dtype=np.int64) for _ in totals]
+            comps_out = [{c: np.zeros(n, dtype=np.int64) for c in pc} for pc in comps]
+        for t_out, t in zip(totals_out, totals):
+            t_out[rows] = np.where(t >= 0, t - delta, t)
+        for pc_out, pc in zip(comps_out, comps):
+            for c, v in pc.items():
+                pc_out[c][rows] = (v - delta) if c == C.WEIGHTS else v
+    return totals_out, comps_out, names
