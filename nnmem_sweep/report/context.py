@@ -137,19 +137,15 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
         return ""
     varying = set(_varying(sc))
     core = (C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.DATA_PARALLEL) + ((C.ZERO_STAGE,) if sc.mode == "train" else ())
-
-    def v(axis: str) -> Any:
-        return point[axis]
-
     # an axis the point leaves out (a chart whose bars vary it) is not written
     if only is not None:
         axes = [a for a in _LAYOUT_ORDER if a in only and a in point]
     else:
         axes = [a for a in _LAYOUT_ORDER if a in point and (a in core or (
-            sc.mode == "train" and (a in varying or v(a) != C.PARALLEL_DEFAULTS[a])))]
+            sc.mode == "train" and (a in varying or point[a] != C.PARALLEL_DEFAULTS[a])))]
     parts: list[str] = []
     for axis in axes:
-        value = v(axis)
+        value = point[axis]
         if axis == C.SEQUENCE_PARALLEL:
             if parts and parts[-1].startswith("TP "):  # Megatron's pairing: "TP 8 + SP"
                 parts[-1] += " + SP" if value else ""
@@ -315,8 +311,8 @@ def level(value: int, top: int) -> int:
 
 def level_legend(values: np.ndarray, top: int) -> list[str]:
     """What each shade means in this report: the range of max batch values that got it ('' where none did)."""
-    levels = np.array([level(int(v), top) for v in np.unique(values)])
     uniq = np.unique(values)
+    levels = np.array([level(int(v), top) for v in uniq])
     out = ["does not fit"]
     for lv in range(1, 6):
         got = uniq[levels == lv]
@@ -348,10 +344,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
         caption_bits = [f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, split_values)]
         rows = []
         for values in product(*(axes.get(a) or (None,) for a in row_axes)):
-            cells = []
-            for g in gpus:
-                mb = lookup.get(tuple(values) + tuple(split_values) + (g.id,))
-                cells.append(None if mb is None else mb)
+            cells = [lookup.get(tuple(values) + tuple(split_values) + (g.id,)) for g in gpus]
             if all(c is None for c in cells):
                 continue
             first_fit = next((j for j, c in enumerate(cells) if c and c > 0), None)

@@ -9,6 +9,7 @@ import pandas as pd
 from .. import columns as C
 from ..scenario import Scenario
 from . import charts
+from .context import level
 from .format import DASH, gib, percent, thousands
 
 MAX_ROWS = 24  # rows of a serving table (tensor_parallel x precision x kv_dtype); the CSV has them all
@@ -18,12 +19,6 @@ GPU_COLUMNS = 7  # GPU columns per table beside the three axis columns
 def _gpus(sc: Scenario, frame: pd.DataFrame) -> list:
     present = set(frame[C.GPU].astype(str))
     return sorted((g for g in sc.gpus if g.id in present), key=lambda g: (g.memory_bytes, g.name))
-
-
-def _level(value: int, top: int) -> int:
-    from .context import level
-
-    return level(value, top)
 
 
 def _grid_tables(sc: Scenario, frame: pd.DataFrame, row_keys: list[str], value: str, caption: str,
@@ -40,7 +35,7 @@ def _grid_tables(sc: Scenario, frame: pd.DataFrame, row_keys: list[str], value: 
     for key in keys[:MAX_ROWS]:
         cells = [lookup.get(key + (g.id,)) for g in gpus]
         rows.append({"axes": [thousands(int(k)) if k.isdigit() else k for k in key],
-                     "cells": [{"text": DASH if not c else fmt(c), "level": _level(c or 0, top)} for c in cells]})
+                     "cells": [{"text": DASH if not c else fmt(c), "level": level(c or 0, top)} for c in cells]})
     tables = []
     for start in range(0, len(gpus), GPU_COLUMNS):
         chunk = gpus[start:start + GPU_COLUMNS]
