@@ -33,6 +33,7 @@ import pandas as pd
 from . import columns as C
 from .errors import UsageError
 from .fit import MAX_BATCH_CAP
+from .grid import MAX_ROWS
 from .scenario import Scenario
 
 KEY = C.NON_BATCH_AXES + (C.GPU,)
@@ -241,14 +242,14 @@ class Changes:
     cells: pd.DataFrame  # diff_max_batch(CONFIG at the revision, CONFIG now); empty when nothing changed
 
 
-def changes_since(old: AtRevision, new_max_batch: pd.DataFrame, max_rows: int = 20_000_000) -> Changes:
+def changes_since(old: AtRevision, new_max_batch: pd.DataFrame, max_rows: int = MAX_ROWS) -> Changes:
     """Run CONFIG as it was at the revision and compare its max-batch table with `new_max_batch` (the run now)."""
     from .runner import run_scenario
 
     return Changes(old, diff_max_batch(run_scenario(old.scenario, max_rows=max_rows), new_max_batch))
 
 
-def diff_scenarios(old: Scenario, new: Scenario, max_rows: int = 20_000_000) -> pd.DataFrame:
+def diff_scenarios(old: Scenario, new: Scenario, max_rows: int = MAX_ROWS) -> pd.DataFrame:
     from .runner import run_scenario
 
     return diff_max_batch(run_scenario(old, max_rows=max_rows), run_scenario(new, max_rows=max_rows))

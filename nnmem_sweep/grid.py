@@ -20,6 +20,7 @@ INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
             C.DATA_PARALLEL, C.ZERO_STAGE, C.PIPELINE_PARALLEL, C.MICRO_BATCHES, C.VIRTUAL_STAGES,
             C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.GRADIENT_ACCUMULATION)  # parallel layouts (parallel/)
 BOOL_AXES = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION)
+MAX_ROWS = 20_000_000  # default row limit of a run (--max-rows): a few GB of frames at most
 CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION,
                     C.PIPELINE_SCHEDULE, C.OFFLOAD)
 
@@ -67,6 +68,16 @@ def grid_size(sc: Scenario) -> int:
     return prod(len(v) for v in axes_of(sc).values()) * len(sc.gpus)
 
 
+def checked_size(sc: Scenario, max_rows: int = MAX_ROWS) -> int:
+    """grid_size, refused with a UsageError naming the size and the --max-rows override when over `max_rows`
+    (checked before anything is allocated, by the in-memory and the streamed run alike)."""
+    size = grid_size(sc)
+    if size > max_rows:
+        raise UsageError(f"scenario {sc.name!r} expands to {size:,} rows, over the limit of {max_rows:,}; "
+                         f"narrow the grid or raise the limit with --max-rows {size}")
+    return size
+
+
 def product_frame(axes: dict[str, tuple], gpus: tuple[str, ...] | None = None) -> pd.DataFrame:
     """The cartesian product of `axes` (in order; the last varies fastest), then GPU (fastest of all)."""
     lengths = [len(v) for v in axes.values()]
@@ -92,12 +103,9 @@ def product_frame(axes: dict[str, tuple], gpus: tuple[str, ...] | None = None) -
     return pd.DataFrame(data, copy=False)
 
 
-def expand_grid(sc: Scenario, max_rows: int = 20_000_000) -> pd.DataFrame:
+def expand_grid(sc: Scenario, max_rows: int = MAX_ROWS) -> pd.DataFrame:
     """One row per grid point and GPU, with the grid axes (and the parallel axes, when the scenario has them), `gpu`
     and `gpu_memory_bytes` (and then `gpus_per_node`, `host_memory_bytes`)."""
-    size = grid_size(sc)
-    if size > max_rows:
-        raise UsageError(f"scenario {sc.name!r} expands to {size:,} rows, over the limit of {max_rows:,}; "
-                         f"narrow the grid or raise the limit with --max-rows {size}")
+    checked_size(sc, max_rows)
     frame = product_frame(axes_of(sc), tuple(g.id for g in sc.gpus))
     return add_gpu_columns(frame, sc)

@@ -39,7 +39,7 @@ from . import columns as C
 from . import serving
 from .errors import UsageError
 from .fit import max_batch
-from .grid import add_gpu_columns, axes_of, grid_size, point_axes, product_frame
+from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .paths import atomic_write_text
 from .runner import estimate_frame
 from .scenario import Scenario
@@ -121,15 +121,12 @@ def _append(frame: pd.DataFrame, f: _AtomicFile, header: bool) -> None:
     frame.to_csv(f.file, index=False, header=header, lineterminator="\n")
 
 
-def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS, max_rows: int = 20_000_000,
+def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS, max_rows: int = MAX_ROWS,
                  progress: bool = False) -> StreamResult:
     """Expand, estimate and write the scenario's grid `chunk_rows` rows at a time (see the module docstring)."""
     if not isinstance(chunk_rows, (int, np.integer)) or chunk_rows < 1:
         raise UsageError(f"--chunk-rows must be a positive integer, got {chunk_rows!r}")
-    n = grid_size(sc)
-    if n > max_rows:
-        raise UsageError(f"scenario {sc.name!r} expands to {n:,} rows, over the limit of {max_rows:,}; "
-                         f"narrow the grid or raise the limit with --max-rows {n}")
+    n = checked_size(sc, max_rows)
     start = time.perf_counter()
     out_dir = Path(out_dir)
     gpus = tuple(g.id for g in sc.gpus)
