@@ -3,12 +3,11 @@ whatever is written there, loading ends in a Scenario or a ScenarioError whose e
 Scenario that loads also runs (the grid, max batch and cluster search) without a traceback (issue 6)."""
 from __future__ import annotations
 
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nnmem_sweep.config import parse_scenario_text
-from nnmem_sweep.errors import NnmemError, ScenarioError
+from _helpers import load_edited
+from nnmem_sweep.errors import NnmemError
 from nnmem_sweep.runner import run_scenario
 
 BASE = """
@@ -40,20 +39,8 @@ _paths = st.sampled_from([
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.lists(st.tuples(_paths, _values), min_size=1, max_size=4))
 def test_random_blocks_load_or_fail_cleanly_and_what_loads_runs(edits) -> None:
-    doc = yaml.safe_load(BASE)
-    for path, value in edits:
-        *parents, leaf = path.split(".")
-        node = doc
-        for key in parents:
-            if not isinstance(node.get(key), dict):
-                node[key] = {}
-            node = node[key]
-        node[leaf] = value
-    text = yaml.safe_dump(doc, allow_unicode=True)
-    try:
-        sc = parse_scenario_text(text, file="fuzz.yaml")
-    except ScenarioError as e:
-        assert e.problems and all(str(p).startswith("fuzz.yaml") for p in e.problems)
+    sc = load_edited(BASE, edits)
+    if sc is None:
         return
     try:
         run_scenario(sc, max_rows=200_000)
