@@ -34,6 +34,8 @@ HF_MODELING = source("hf-transformers5-modeling", "Hugging Face transformers 5 m
 TORCH_CKPT = source("torch-checkpoint", "PyTorch torch.utils.checkpoint (activation checkpointing keeps the "
                     "block inputs and recomputes the block during backward)",
                     "https://pytorch.org/docs/stable/checkpoint.html")
+TORCH_AUTOGRAD = source("torch-autograd-saved", "PyTorch autograd derivatives.yaml: the tensors each op saves for "
+                        "backward", "https://github.com/pytorch/pytorch/blob/main/tools/autograd/derivatives.yaml")
 
 MASK = 1  # CUDA dropout (native_dropout) saves a bool mask: 1 byte per element
 DEVICES = ("cuda", "cpu")
@@ -378,9 +380,7 @@ class LayerNetTrain:
          "Σ over tensors some layer's backward needs (conv/linear/BN/GeLU inputs, ReLU/tanh/sigmoid outputs, "
          "max-pool inputs + int64 indices, dropout masks) · e; backward at layer j: tensors needed by layers ≤ j, "
          "gradients of layers ≥ j, and the gradients of layer j's output and input",
-         source("torch-autograd-saved", "PyTorch autograd derivatives.yaml: the tensors each op saves for backward",
-                "https://github.com/pytorch/pytorch/blob/main/tools/autograd/derivatives.yaml"),
-         where="convolution_backward, native_batch_norm_backward, threshold_backward, "
+         TORCH_AUTOGRAD, where="convolution_backward, native_batch_norm_backward, threshold_backward, "
          "max_pool2d_with_indices_backward",
          note="A tensor two layers save (a ReLU output feeding a conv) counts once; flatten is a view")
 def layer_net_train(arch: Architecture, p: Precision, device: str = "cuda") -> LayerNetTrain:

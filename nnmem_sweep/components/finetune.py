@@ -42,8 +42,6 @@ HU_2021 = source("hu2021", "Hu et al. 2021, LoRA: Low-Rank Adaptation of Large L
 PEFT = source("peft-0.21", "Hugging Face peft 0.21 (tuners/lora/layer.py LoraLayer.update_layer and Linear.forward; "
               "tuners_utils.py cast_adapter_dtype; utils/other.py prepare_model_for_kbit_training)",
               "https://github.com/huggingface/peft/tree/main/src/peft")
-TORCH_AUTOGRAD = source("torch-autograd-saved", "PyTorch autograd derivatives.yaml: the tensors each op saves for "
-                        "backward", "https://github.com/pytorch/pytorch/blob/main/tools/autograd/derivatives.yaml")
 
 METHODS = ("full", "lora", "qlora")
 ADAPTER_DTYPES = ("fp32", "model")  # peft autocast_adapter_dtype=True (16-bit adapters upcast to fp32) | False
@@ -387,7 +385,7 @@ def finetune_states(arch: Architecture, ft: Finetune, precs: tuple[Precision, ..
 # ---------------------------------------------------------------- activations of a frozen base
 
 @formula("frozen_norm_saved_bytes", "RMSNorm: 4·h + 4 (fp32 input, rsqrt);  LayerNorm: r·h + 8 (as trained)",
-         TORCH_AUTOGRAD, act.HF_MODELING,
+         act.TORCH_AUTOGRAD, act.HF_MODELING,
          where="LlamaRMSNorm: weight · normalised saves the normalised tensor only for the weight's gradient; "
          "native_layer_norm saves input, mean and rstd for the input's gradient")
 def frozen_norm_saved(arch: Architecture, p: Precision) -> Term:
@@ -405,7 +403,7 @@ def _eager_out(arch: Architecture, attention: str, device: str) -> bool:
 
 @formula("frozen_attention_saved_bytes",
          "attention_saved − e·h (q/k/v input: frozen linears save no input) − [eager] e·hq (o_proj input)",
-         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="mm saves mat1 only for mat2's gradient (derivatives.yaml)")
+         act.TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="mm saves mat1 only for mat2's gradient (derivatives.yaml)")
 def frozen_attention_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False,
                            device: str = "cuda") -> Term:
     full = act.attention_saved(arch, p, attention, drop_scores, device)
@@ -416,7 +414,7 @@ def frozen_attention_saved(arch: Architecture, p: Precision, attention: str, dro
 
 
 @formula("frozen_mlp_saved_bytes", "mlp_saved − linear inputs − e·I (the output projection's input)",
-         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="frozen up/gate/down save no input; SiLU and the product "
+         act.TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="frozen up/gate/down save no input; SiLU and the product "
          "still save theirs (gate, SiLU output, up) for the input's gradient",
          note="MoE (experts frozen and not adapted): as trained less the router input, an upper bound")
 def frozen_mlp_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
@@ -442,7 +440,7 @@ def _source_bytes(arch: Architecture, p: Precision, source_name: str, attention:
 
 @formula("lora_adapter_saved_bytes",
          "per target: [dropout] c·in + mask·in | [cast] c·in | [shared input] x·in once per input;  + c·r (A's output)",
-         HU_2021, PEFT, TORCH_AUTOGRAD,
+         HU_2021, PEFT, act.TORCH_AUTOGRAD,
          where="Linear.forward: x = _cast_input_dtype(x, lora_A.weight.dtype); result + lora_B(lora_A(dropout(x))) "
          "· scaling; A saves its input, B saves A's output",
          note="c = bytes of the adapter's compute dtype: the adapter's own, or the autocast dtype, which copies "
@@ -470,7 +468,7 @@ def adapter_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str
 
 
 @formula("frozen_layer_saved_bytes", "2 · frozen norm + frozen attention + frozen MLP + adapters", HU_2021,
-         TORCH_AUTOGRAD, where="layers after the first; the first saves nothing before its first adapter")
+         act.TORCH_AUTOGRAD, where="layers after the first; the first saves nothing before its first adapter")
 def frozen_layer_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str, drop_scores: bool = False,
                        device: str = "cuda", first: bool = False) -> Term:
     norm = frozen_norm_saved(arch, p)
@@ -492,14 +490,15 @@ def frozen_layer_saved(arch: Architecture, p: Precision, ft: Finetune, attention
 
 
 @formula("frozen_head_saved_bytes", "final norm (frozen) only: lm_head is frozen, its input is not saved",
-         TORCH_AUTOGRAD, act.KORTHIKANTI_2022, where="§4.3 output-layer input 2sbh: only for the weight's gradient")
+         act.TORCH_AUTOGRAD, act.KORTHIKANTI_2022,
+         where="§4.3 output-layer input 2sbh: only for the weight's gradient")
 def frozen_head_saved(arch: Architecture, p: Precision) -> Term:
     return frozen_norm_saved(arch, p)
 
 
 @formula("frozen_autocast_copies_bytes",
          "2 · (matmul weights − the first layer's linears before its first adapter) + 2 · Ψ_A",
-         act.TORCH_CKPT, wts.TORCH_AMP, TORCH_AUTOGRAD,
+         act.TORCH_CKPT, wts.TORCH_AMP, act.TORCH_AUTOGRAD,
          where="autocast caches casts of leaf tensors that require grad only (the adapters); a frozen weight's "
                "16-bit copy is made per call and kept by the matmul when its input requires grad")
 def frozen_autocast_copies(arch: Architecture, p: Precision, ft: Finetune, checkpointing: str) -> int:
@@ -532,7 +531,7 @@ def forward_hidden_states(arch: Architecture, p: Precision) -> Term:
 @formula("forward_cache_kv_bytes",
          "per layer 2·hkv·c where the cached K, V are not what attention saved: autocast (c = 4, the cache keeps "
          "the fp32 K, V, SDPA saves 16-bit casts), eager GQA (c = e, repeat_kv copies are saved instead), and a "
-         "first layer whose attention needs no grad (c = e)", act.HF_MODELING, TORCH_AUTOGRAD,
+         "first layer whose attention needs no grad (c = e)", act.HF_MODELING, act.TORCH_AUTOGRAD,
          where="a training forward still fills a DynamicCache (config.use_cache defaults to True; checkpointing "
          "turns it off); it lives in the outputs until they are dropped after the loss",
          note="Measured: llama-3.2-1b o_proj/down_proj (first-layer K, V) and qwen2.5-0.5b bf16-mixed (fp32 cache).")
