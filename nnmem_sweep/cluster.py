@@ -21,7 +21,6 @@ price of the GPUs (or per hour), not per token trained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import prod
 from typing import Any
 
 import numpy as np

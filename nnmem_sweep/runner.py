@@ -33,7 +33,7 @@ from .bounds import MAXIMA, check_columns, check_frame, check_maxima
 from . import columns as C
 from . import cluster, serving
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import ROWS, column_values, estimate_components
+from .components.peak import ROWS, estimate_components
 from .errors import UsageError
 from .fit import max_batch
 from .grid import add_gpu_columns, expand_grid, point_axes, product_frame
