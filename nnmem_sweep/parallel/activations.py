@@ -36,13 +36,10 @@ from ..components.weights import param_summary
 from ..models.arch import Architecture
 from .layout import Layout
 from . import states as _states
+from .states import _ceil
 
 NARAYANAN_2021 = source("narayanan2021", "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on "
                         "GPU Clusters Using Megatron-LM", "arXiv:2104.04473")
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @formula("parallel.layer_replicated_bytes",
