@@ -14,7 +14,8 @@ import pandas as pd
 from .. import columns as C
 from ..scenario import Scenario
 from . import charts
-from .format import AXIS_LABELS, COMPONENT_LABELS, DASH, article, axis_value, gib, gib_number, percent, thousands
+from .format import (AXIS_LABELS, COMPONENT_LABELS, DASH, article, axis_value, gib, gib_number, percent,
+                     signed_percent, thousands)
 from .provenance import Provenance
 
 TABLE_COLUMNS = 10  # axis + GPU columns an A4/Letter portrait table holds legibly; more GPUs split the table
@@ -662,7 +663,7 @@ def _cell(col: str, v: Any) -> str:
     if col.endswith("_bytes"):
         return DASH if v < 0 else gib_number(v, 2)
     if col == "error" or col.endswith("_error"):
-        return f"{v * 100:+.1f}%"
+        return signed_percent(v)
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     return str(v)
