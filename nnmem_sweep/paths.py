@@ -22,6 +22,13 @@ def safe_stem(name: str) -> str:
     return stem or "scenario"
 
 
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename the finished temporary file `tmp` over `path`, with the mode an ordinary open() would have given it
+    (mkstemp creates 0600; 0666 less the umask)."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write to a temporary file in the same folder, then rename over `path`."""
     path = Path(path)
@@ -30,9 +37,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less the umask).
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)

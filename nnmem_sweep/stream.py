@@ -40,7 +40,7 @@ from . import serving
 from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
-from .paths import atomic_write_text
+from .paths import atomic_write_text, publish
 from .runner import estimate_frame
 from .scenario import Scenario
 
@@ -99,10 +99,7 @@ class _AtomicFile:
 
     def commit(self) -> None:
         self.file.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; a finished output gets the usual mode
-        os.replace(self.tmp, self.path)
+        publish(self.tmp, self.path)
         self.committed = True
 
     def __enter__(self) -> "_AtomicFile":
