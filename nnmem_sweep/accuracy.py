@@ -203,21 +203,6 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
-def explain(row: pd.Series | dict[str, Any]) -> str:
-    """One line on where an estimate departs from a measurement: phase, the transient part, the phase peaks."""
-    r = dict(row)
-    parts = [f"estimate {r[ESTIMATED]:,} B vs measured {r[MEASURED]:,} B ({r[ERROR]:+.1%}); measured peak in "
-             f"{r['measured_phase']}, estimated in {r['estimated_phase']}"]
-    parts.append(f"at the peak, activations+temporaries measured {r['transient_measured_bytes']:,} B vs "
-                 f"estimated {r['transient_estimated_bytes']:,} B "
-                 f"(Δ {r['transient_estimated_bytes'] - r['transient_measured_bytes']:+,})")
-    for ph in PHASES[r[C.MODE]]:
-        mp, ep = r.get(f"{ph}_measured_bytes", -1), r.get(f"{ph}_estimated_bytes", -1)
-        if mp is not None and mp >= 0 and ep is not None and ep >= 0:
-            parts.append(f"{ph} {ep - mp:+,} B ({(ep - mp) / mp:+.1%})")
-    return "; ".join(parts)
-
-
 def summary(df: pd.DataFrame) -> dict[str, float]:
     """Median and max |error| of peak_allocated_bytes over the cases the estimator could take."""
     e = df[ERROR].abs().dropna()
