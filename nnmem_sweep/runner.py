@@ -20,7 +20,6 @@ overhead = context + workspace + ⌈reserve_fraction · peak⌉.
 """
 from __future__ import annotations
 
-import io
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from .components.overhead import overhead_bytes, usable_bytes
 from .components.peak import ROWS, estimate_components
 from .errors import UsageError
 from .fit import max_batch
-from .grid import add_gpu_columns, expand_grid, point_axes, product_frame
+from .grid import MAX_ROWS, add_gpu_columns, expand_grid, point_axes, product_frame
 from .models.arch import Architecture
 from .paths import atomic_write_text
 from .scenario import GPUSpec, Overheads, Scenario
@@ -297,7 +296,7 @@ def _progress(enabled: bool, start: float, done: int, total: int) -> None:
               file=sys.stderr, flush=True)
 
 
-def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = False) -> RunResult:
+def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False) -> RunResult:
     start = time.perf_counter()
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
@@ -313,33 +312,38 @@ def run_scenario(sc: Scenario, max_rows: int = 20_000_000, progress: bool = Fals
 
     points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
     mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits)
-    plan = plan_context = None
-    if serving.applies(sc):
-        plan, plan_context = serving.max_concurrency(sc), serving.max_context(sc)
-    options = cluster.cluster_options(sc, sc.cluster) if sc.cluster is not None else None
+    tables = dict(plan_tables(sc))
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
-    return RunResult(sc, results, mb, elapsed, plan, plan_context, options)
+    return RunResult(sc, results, mb, elapsed, *(tables.get(name) for name in PLAN_FILES))
 
 
-def _csv(frame: pd.DataFrame) -> str:
-    buf = io.StringIO()
-    frame.to_csv(buf, index=False, lineterminator="\n")
-    return buf.getvalue()
+# The per-scenario tables computed beside the grid, in RunResult's field order: serving, serving_context, cluster
+PLAN_FILES = ("max_concurrency.csv", "max_context.csv", "cluster_options.csv")
+
+
+def plan_tables(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
+    """(file name, table) of the serving plan (infer scenarios of transformers) and the cluster search (a
+    `cluster:` block); none for most scenarios. run_scenario and run --stream both write these."""
+    out = []
+    if serving.applies(sc):
+        out += [(PLAN_FILES[0], serving.max_concurrency(sc)), (PLAN_FILES[1], serving.max_context(sc))]
+    if sc.cluster is not None:
+        out.append((PLAN_FILES[2], cluster.cluster_options(sc, sc.cluster)))
+    return out
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """A table as the CSV every output file uses: no index, '\\n' line ends."""
+    return frame.to_csv(index=False, lineterminator="\n")
 
 
 def write_outputs(result: RunResult, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
-    written = [atomic_write_text(out_dir / "results.csv", _csv(result.results)),
-               atomic_write_text(out_dir / "max_batch.csv", _csv(result.max_batch))]
-    if result.serving is not None:
-        written.append(atomic_write_text(out_dir / "max_concurrency.csv", _csv(result.serving)))
-    if result.serving_context is not None:
-        written.append(atomic_write_text(out_dir / "max_context.csv", _csv(result.serving_context)))
-    if result.cluster is not None:
-        written.append(atomic_write_text(out_dir / "cluster_options.csv", _csv(result.cluster)))
-    return written
+    tables = [("results.csv", result.results), ("max_batch.csv", result.max_batch),
+              *zip(PLAN_FILES, (result.serving, result.serving_context, result.cluster))]
+    return [atomic_write_text(out_dir / name, csv_text(frame)) for name, frame in tables if frame is not None]
 
 
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`

@@ -41,7 +41,7 @@ from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .paths import atomic_write_text, publish
-from .runner import estimate_frame
+from .runner import csv_text, estimate_frame, plan_tables
 from .scenario import Scenario
 
 CHUNK_ROWS = 500_000  # grid rows estimated and written at once: a few hundred MB of frames at most
@@ -153,27 +153,11 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
             points = add_gpu_columns(slice_product(points_axes, lo, hi), sc)
             _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits), mb,
                     header=lo == 0)
-        plans = _plans(sc)  # before the commit: a failure here leaves the previous files too
+        plans = plan_tables(sc)  # before the commit: a failure here leaves the previous files too
         res.commit()
         mb.commit()
-    written = tuple(atomic_write_text(out_dir / name, _csv(frame)) for name, frame in plans)
+    written = tuple(atomic_write_text(out_dir / name, csv_text(frame)) for name, frame in plans)
     elapsed = time.perf_counter() - start
     if progress:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s, streamed" + " " * 10, file=sys.stderr)
     return StreamResult(res.path, mb.path, n, cells, fits, elapsed, written)
-
-
-def _plans(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
-    """The per-scenario CSVs runner.run_scenario computes beside the grid, by file name (none for most)."""
-    out = []
-    if serving.applies(sc):
-        out += [("max_concurrency.csv", serving.max_concurrency(sc)), ("max_context.csv", serving.max_context(sc))]
-    if sc.cluster is not None:
-        from .cluster import cluster_options
-
-        out.append(("cluster_options.csv", cluster_options(sc, sc.cluster)))
-    return out
-
-
-def _csv(frame: pd.DataFrame) -> str:
-    return frame.to_csv(index=False, lineterminator="\n")
