@@ -201,3 +201,15 @@ def test_a_search_too_large_is_refused_before_it_is_built(monkeypatch):
     monkeypatch.setattr(K, "MAX_CANDIDATES", 480)
     monkeypatch.undo()
     assert len(K.candidates(sc.cluster, sc, sc.gpus[0])) == 480
+
+
+def test_the_report_has_a_cost_column_only_when_some_gpu_has_a_price(tmp_path):
+    from nnmem_sweep.report import render_report
+
+    for gpus, priced in ((TWO_TYPES, True), ("[{name: small, memory: 40 GB}, {name: big, memory: 80 GB}]", False)):
+        result = run_scenario(scenario(gpus))
+        (tmp_path / "c.yaml").write_text(result.scenario.source_text)
+        render_report(result, tmp_path, tmp_path / "c.yaml", pdf=False, validation=None)
+        html = (tmp_path / "report.html").read_text()
+        section = html[html.index('<section id="cluster">'):]
+        assert ('<th class="num">cost</th>' in section) is priced

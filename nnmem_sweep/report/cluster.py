@@ -55,6 +55,7 @@ def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None
                    f"{', '.join(map(str, search.zero_stage))}; recomputation {', '.join(search.checkpointing)}; "
                    f"at most {thousands(search.max_gpus)} GPUs"),
         "rows": rows,
+        "priced": bool(options[[K.COST, K.COST_PER_HOUR]].notna().any(axis=None)),
         "per_gpu": str(K.OPTIONS_PER_GPU),
         "none_fit": ", ".join(missing),
     }
