@@ -25,11 +25,15 @@ from .scenario import Overheads
 MAX_BATCH_CAP = 2**31 - 1
 
 
+def _with_overhead(peak: np.ndarray, ov: Overheads) -> np.ndarray:
+    """total_bytes for a peak: P + ceil(f·P) + fixed, nondecreasing in P."""
+    return peak + overhead_bytes(peak, ov)
+
+
 def _totals_at(totals_of, b: np.ndarray, ov: Overheads) -> tuple[list[np.ndarray], np.ndarray]:
     """Phase totals and the total with overheads at batch b (totals_of: peak.phase_totals_in_batch)."""
     phases = totals_of(b)
-    peak = np.max(np.stack(phases), axis=0)
-    return phases, peak + overhead_bytes(peak, ov)
+    return phases, _with_overhead(np.max(np.stack(phases), axis=0), ov)
 
 
 def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float,
@@ -47,18 +51,14 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     ph1, total1 = _totals_at(totals_of, one, overheads)
     ph2, _ = _totals_at(totals_of, 2 * one, overheads)
 
-    # P*: the largest peak whose total fits. g(P) = P + ceil(f·P) + fixed is nondecreasing.
+    # P*: the largest peak whose total fits (_with_overhead is nondecreasing).
     fixed = int(overheads.cuda_context_bytes) + int(overheads.cublas_workspace_bytes)
     f = float(overheads.allocator_reserve_fraction)
-
-    def g(p: np.ndarray) -> np.ndarray:
-        return p + overhead_bytes(p, overheads)
-
     pstar = np.floor((usable - fixed) / (1.0 + f)).astype(np.int64)
     pstar = np.maximum(pstar, -1)
     for _ in range(3):  # float rounding: settle on the exact boundary
-        pstar = np.where(g(pstar) > usable, pstar - 1, pstar)
-        pstar = np.where(g(pstar + 1) <= usable, pstar + 1, pstar)
+        pstar = np.where(_with_overhead(pstar, overheads) > usable, pstar - 1, pstar)
+        pstar = np.where(_with_overhead(pstar + 1, overheads) <= usable, pstar + 1, pstar)
 
     bmax = np.full(n, MAX_BATCH_CAP, dtype=np.int64)
     for t1, t2 in zip(ph1, ph2):
