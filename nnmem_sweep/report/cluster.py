@@ -10,7 +10,7 @@ import pandas as pd
 from .. import cluster as K
 from .. import columns as C
 from ..scenario import Scenario
-from .format import DASH, gib, percent, thousands
+from .format import DASH, gib, thousands
 
 
 def _money(v: Any, per_hour: bool) -> str:
@@ -37,7 +37,7 @@ def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None
             "batching": f"{r[C.BATCH]} × {thousands(r[K.ACCUMULATION])}",
             "checkpointing": str(r[C.CHECKPOINTING]),
             "memory": gib(r[C.TOTAL]),
-            "used": percent(r[C.TOTAL] / r[C.USABLE]) if r[C.USABLE] else DASH,
+            "used": f"{r[C.TOTAL] / r[C.USABLE]:.1%}" if r[C.USABLE] else DASH,  # one decimal: a column
             "cost": _money(cost, pd.notna(r[K.COST_PER_HOUR])),
             "recommended": bool(r[K.RECOMMENDED]),
         })
