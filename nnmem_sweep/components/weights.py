@@ -123,15 +123,23 @@ def transformer_tensors(arch: Architecture) -> tuple[Tensor, ...]:
 
 @lru_cache(maxsize=64)
 def param_summary(arch: Architecture) -> ParamSummary:
+    if arch.kind == "derived":  # the built model's own parameter tensors (derive/card.py)
+        ts = tuple(Tensor(t.name, t.shape, t.count, t.block_linear, t.matmul) for t in arch.derived.card.tensors)
+        return _summary(ts, tied_head=0)
     if arch.kind != "transformer":
         # params models / layer nets: one flat count; the largest tensor is unknown, so take the largest layer
         total = arch.params
         largest = arch.largest_layer_params or max((r.params for r in arch.layer_table), default=total)
         return ParamSummary(total, max(len(arch.layer_table), 1), largest, 0, 0)
     ts = transformer_tensors(arch)
-    total = sum(x.numel * x.count for x in ts)
     tied_head = arch.tied_embeddings and arch.head in ("causal_lm", "masked_lm")
-    matmul = sum(x.numel * x.count for x in ts if x.matmul) + (arch.vocab * arch.hidden if tied_head else 0)
+    return _summary(ts, arch.vocab * arch.hidden if tied_head else 0)
+
+
+def _summary(ts: tuple[Tensor, ...], tied_head: int) -> ParamSummary:
+    """The totals of a tensor table; tied_head: elements of a tied LM head (the embedding used twice by matmuls)."""
+    total = sum(x.numel * x.count for x in ts)
+    matmul = sum(x.numel * x.count for x in ts if x.matmul) + tied_head
     return ParamSummary(
         total=total,
         n_tensors=sum(x.count for x in ts),
@@ -172,7 +180,7 @@ _QUANT = {"int8": int8_bytes, "int4": int4_bytes, "nf4": nf4_bytes}
          ZERO_2019, where="§3 (2Ψ for 16-bit weights)")
 def weights_bytes(arch: Architecture, prec: Precision) -> int:
     s = param_summary(arch)
-    if not prec.quant or arch.kind != "transformer":
+    if not prec.quant or arch.kind not in ("transformer", "derived"):
         return s.total * prec.weight_bytes
     q = _QUANT[prec.quant]
     quantised = sum(q(prod(x.shape[:-1]), x.shape[-1]) * x.count for x in s.tensors if x.block_linear)

@@ -3,6 +3,8 @@
 kind = "transformer": a decoder/encoder stack described by HF-config quantities (presets, hf_config, explicit fields).
 kind = "params":      a plain parameter count plus activation elements (the simple calculators' model).
 kind = "layers":      a CNN/MLP layer list, counted layer by layer (see `layer_table`).
+kind = "derived":     any model PyTorch can build; its memory comes from traces of its own code (models/derived.py,
+                      derive/): `derived` holds the source and the model card; the size fields are the config's.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class LayerRecord:
 @dataclass(frozen=True)
 class Architecture:
     name: str  # display name, e.g. "Llama 3.1 8B"
-    kind: str  # "transformer" | "params" | "layers"
+    kind: str  # "transformer" | "params" | "layers" | "derived"
     family: str = ""  # gpt2 | bert | llama | mistral | qwen2 | mixtral | params | layers
     preset: str = ""  # preset id when named by preset, e.g. "llama-3.1-8b"
 
@@ -71,3 +73,5 @@ class Architecture:
     # how the model is trained (scenario `finetune:`): a components.finetune.Finetune; None = every parameter trained.
     # Part of the architecture so that every estimator path (grid, max batch, stream, accuracy) sees the same model.
     finetune: Any = None
+    # kind "derived": a models.derived.DerivedModel (the model source and its card); None otherwise
+    derived: Any = None

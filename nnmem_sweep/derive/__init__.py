@@ -1,0 +1,56 @@
+"""Plans derived from the model's own code (issue 12): for any model transformers can build from a config, or
+any importable torch.nn.Module factory, the estimator's moments come from traces of the real code at small probe
+shapes (derivation.py), not from a hand-written model of the family.
+
+    card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
+    plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments per region
+
+Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
+"""
+from __future__ import annotations
+
+from .card import ModelCard
+from .derivation import DerivedPlan
+from .source import TRACE_RECIPE, DerivationError, ModelSource
+
+__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "card", "plan", "MISSING_EXTRA"]
+
+MISSING_EXTRA = ("deriving a model from its own code needs torch and transformers: "
+                 "pip install -e '.[measure]' (or `make install-measure`)")
+
+
+def _need_torch() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        raise DerivationError(MISSING_EXTRA)
+
+
+def card(source: ModelSource) -> ModelCard:
+    from . import cache
+    from .card import model_card
+
+    def make() -> dict:
+        _need_torch()
+        return model_card(source).to_json()
+
+    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make))
+
+
+def plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
+         device: str = "cuda", progress: bool = False) -> DerivedPlan:
+    from . import cache
+    from .derivation import derive, from_json, to_json
+
+    recipe = TRACE_RECIPE[precision]
+    if mode != "train":
+        checkpointing = "none"
+    if not source.sequence:  # image models: no attention kernel choice, no sequence axis
+        attention = "none" if source.kind == "module" else attention
+    what = (mode, recipe, attention, checkpointing, device)
+
+    def make() -> dict:
+        _need_torch()
+        return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
+
+    return from_json(cache.lookup(source.digest(), what, make))

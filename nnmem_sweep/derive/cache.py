@@ -1,0 +1,92 @@
+"""Derived plans and model cards on disk: derived once, read instantly afterwards.
+
+Lookup, in order:
+  1. the user's cache ($NNMEM_SWEEP_CACHE, else $XDG_CACHE_HOME/nnmem_sweep, else ~/.cache/nnmem_sweep), keyed by
+     the sha256 of the model source, what is derived (card, or mode + recipe + attention + checkpointing + device),
+     the installed torch / transformers / torchvision versions and this module's FORMAT;
+  2. plans shipped with nnmem_sweep (models/derived/), derived for the shipped presets by `make derive`: used
+     whatever is installed (torch is not needed to read them); each names the versions it was derived with;
+  3. derive it now (needs torch and transformers: the `measure` extra) and store it in the user's cache.
+NNMEM_SWEEP_REDERIVE=1 skips 1 and 2.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+FORMAT = 1
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "derived"
+
+
+def versions() -> dict[str, str | None]:
+    out = {}
+    for pkg in ("torch", "transformers", "torchvision"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def cache_dir() -> Path:
+    if os.environ.get("NNMEM_SWEEP_CACHE"):
+        return Path(os.environ["NNMEM_SWEEP_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nnmem_sweep"
+
+
+def _name(what: tuple) -> str:
+    return "-".join(str(x) for x in what)
+
+
+def key(source_digest: str, what: tuple, vers: dict[str, str | None]) -> str:
+    text = json.dumps({"format": FORMAT, "source": source_digest, "what": list(what), "versions": vers},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The stored document for (source, what), or make() it and store it. Documents are JSON dicts; each gets a
+    "derived_with" entry (the versions, the format)."""
+    vers = versions()
+    fresh = os.environ.get("NNMEM_SWEEP_REDERIVE") == "1"
+    path = cache_dir() / f"{key(source_digest, what, vers)}.json"
+    if not fresh:
+        for candidate in (path, SHIPPED / source_digest[:16] / f"{_name(what)}.json"):
+            doc = _read(candidate)
+            if doc is not None and doc.get("derived_with", {}).get("format") == FORMAT:
+                return doc
+    doc = make()
+    doc["derived_with"] = {"format": FORMAT, **vers}
+    _write(path, doc)
+    return doc
+
+
+def ship(source_digest: str, what: tuple, doc: dict[str, Any], root: Path = SHIPPED) -> Path:
+    """Write a document where lookup() finds shipped plans (used by `make derive`)."""
+    path = root / source_digest[:16] / f"{_name(what)}.json"
+    _write(path, doc)
+    return path
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """Atomically (a half-written cache file would be read as a plan): a temporary file, then a rename. A cache
+    that cannot be written is not an error: the plan is used anyway, and derived again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass

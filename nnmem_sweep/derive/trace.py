@@ -1,0 +1,160 @@
+"""Record a step's storage allocations and frees, in order, under FakeTensorMode.
+
+Every aten op's output storages are seen by a TorchDispatchMode; a storage met for the first time is an
+allocation (its bytes, the op that made it) and a weakref callback on it records its free. What is recorded is
+exactly what PyTorch's MemTracker counts on the CPU device (torch/distributed/_tools/mem_tracker.py: the bytes of
+each live untyped storage, views counted once), so the largest running total over the events equals MemTracker's
+peak; the order of events is the order PyTorch allocates and frees, which a caching-allocator replay needs.
+
+Storages that exist before recording starts (parameters, buffers, inputs) are registered with `external()` and
+count from the start. Frees arrive through Python reference counting; tensors held only by reference cycles are
+freed at the phase marks (step.collector_paused, Recorder.mark), so the order does not depend on when the cyclic
+collector happens to run.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+@dataclass
+class Trace:
+    """The events of one recording.
+
+    events: (n, 2) int64, [storage id, +bytes] for an allocation, [storage id, -bytes] for its free.
+    ops: the aten op name per event ("" for frees and external storages).
+    marks: {name: event index} phase boundaries ("forward", "backward", ...): the index of the first event of the
+    phase (== len(events) if it had none).
+    external: ids of the storages registered before recording (parameters, buffers, inputs).
+    """
+
+    events: np.ndarray
+    ops: list[str]
+    marks: dict[str, int]
+    external: dict[int, str] = field(default_factory=dict)
+
+    def live(self) -> np.ndarray:
+        """Live bytes after each event."""
+        return np.cumsum(self.events[:, 1])
+
+    def signature(self) -> tuple:
+        """What must be equal for two recordings to be the same program: the op of every event, and for a free
+        which allocation it frees (its ordinal among the allocations), and the marks."""
+        ordinal: dict[int, int] = {}
+        which = []
+        allocs = 0
+        for sid, n in self.events.tolist():
+            if n > 0:
+                ordinal[sid] = allocs
+                allocs += 1
+                which.append(-1)
+            else:
+                which.append(ordinal[sid])
+        return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
+
+
+class Recorder(TorchDispatchMode):
+    """Use inside FakeTensorMode (entered after it, so it sees the fake ops):
+
+        with fake_mode:
+            model, inputs = build()
+            rec = Recorder()
+            rec.external(model.parameters(), "param")
+            with rec:
+                rec.mark("forward"); loss = model(**inputs).loss
+                rec.mark("backward"); loss.backward()
+            trace = rec.trace()
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids: dict[int, int] = {}  # id(storage object) -> our storage id, while it lives
+        self._size: dict[int, int] = {}  # our id -> bytes
+        self._refs: dict[int, weakref.ref] = {}
+        self._events: list[tuple[int, int]] = []
+        self._ops: list[str] = []
+        self._marks: dict[str, int] = {}
+        self._external: dict[int, str] = {}
+        self._next = 0
+        self._op = ""
+
+    # ---- storages
+    def _see(self, t: torch.Tensor, op: str) -> int | None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested ... : nothing to count
+            return None
+        key = id(st)
+        sid = self._ids.get(key)
+        if sid is not None and self._refs[sid]() is st:
+            n = int(st.nbytes())
+            if n != self._size[sid]:  # resized in place: a free of the old bytes and an allocation of the new
+                self._record(sid, -self._size[sid], "")
+                self._size[sid] = n
+                self._record(sid, n, op)
+            return sid
+        sid = self._next
+        self._next += 1
+        n = int(st.nbytes())
+        self._ids[key] = sid
+        self._size[sid] = n
+        self._refs[sid] = weakref.ref(st, lambda _r, sid=sid, key=key: self._freed(sid, key))
+        self._record(sid, n, op)
+        return sid
+
+    def _record(self, sid: int, signed_bytes: int, op: str) -> None:
+        if signed_bytes:  # an empty storage is neither an allocation nor a free (MemTracker skips them too)
+            self._events.append((sid, signed_bytes))
+            self._ops.append(op)
+
+    def _freed(self, sid: int, key: int) -> None:
+        if self._ids.get(key) == sid:
+            del self._ids[key]
+        self._refs.pop(sid, None)
+        self._record(sid, -self._size.pop(sid), "")
+
+    def external(self, tensors, kind: str) -> None:
+        """Register storages that exist before the recording (parameters, buffers, inputs) under `kind`."""
+        for t in _tensors(list(tensors)):
+            sid = self._see(t, "")
+            if sid is not None:
+                self._external.setdefault(sid, kind)
+
+    def storage_id(self, t: torch.Tensor) -> int | None:
+        """Our id of a live tensor's storage (None if never seen)."""
+        sid = self._ids.get(id(t.untyped_storage()))
+        return sid
+
+    def mark(self, name: str) -> None:
+        # the youngest generation holds every object made since the last mark while step.collector_paused() keeps
+        # the automatic collector off: collecting it frees this phase's cyclic garbage, ~1000x faster than a full
+        # collection of a process that holds torch and transformers
+        gc.collect(0)
+        self._marks[name] = len(self._events)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        for t in _tensors(out):
+            self._see(t, name)
+        return out
+
+    def trace(self) -> Trace:
+        ev = np.array(self._events, dtype=np.int64).reshape(-1, 2)
+        return Trace(ev, list(self._ops), dict(self._marks), dict(self._external))

@@ -1,0 +1,57 @@
+"""Models whose estimate is derived from their own code (issue 12): an Architecture of kind "derived".
+
+Any Hugging Face config whose model_type has no hand-written reader (models/hf.py), any preset of such a family,
+and any importable torch.nn.Module factory (`model: {module: "torchvision.models:resnet50", kwargs: {...},
+input_shape: [3, 224, 224]}`) become one. Its size fields come from the model card (derive/card.py: the built
+model's parameters and the config's standard fields); its memory comes from traced plans (derive/), evaluated by
+components/derived.py. Reading the card builds the model once under FakeTensorMode (seconds), or reads it from
+the derived-plan cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .arch import Architecture
+
+
+@dataclass(frozen=True)
+class DerivedModel:
+    """What Architecture.derived holds: the source and its card (hashable: both are frozen)."""
+
+    source: Any  # derive.ModelSource
+    card: Any  # derive.ModelCard
+
+
+def architecture_from_source(source, name: str = "", preset: str = "", origin: str = "") -> Architecture:
+    """The Architecture of a derived model. Raises derive.DerivationError (one line) when the model cannot be
+    built or the card cannot be read (e.g. torch missing and nothing cached)."""
+    from .. import derive
+
+    card = derive.card(source)
+    f = dict(card.fields)
+    display = name or (source.spec.get("_name") if source.kind == "hf" else "") or card.class_name
+    return Architecture(
+        name=display, kind="derived", family=card.model_type, preset=preset,
+        hidden=f.get("hidden", 0), layers=f.get("layers", 0), heads=f.get("heads", 0),
+        kv_heads=f.get("kv_heads", 0), head_dim=f.get("head_dim", 0), intermediate=f.get("intermediate", 0),
+        vocab=f.get("vocab", 0), max_position=f.get("max_position", 0), num_experts=f.get("num_experts", 0),
+        experts_per_token=f.get("experts_per_token", 0), sliding_window=f.get("sliding_window") or None,
+        params=card.params, largest_layer_params=card.largest_block_params,
+        input_shape=tuple(source.spec.get("input_shape", ())) if source.kind == "module" else (),
+        origin=origin or source.origin, derived=DerivedModel(source, card),
+    )
+
+
+def hf_source(cfg: dict[str, Any], origin: str) -> Any:
+    """A ModelSource for a config.json dict (our `_nnmem` key removed)."""
+    from ..derive import ModelSource
+
+    d = {k: v for k, v in cfg.items() if k != "_nnmem"}
+    return ModelSource.of("hf", d, origin)
+
+
+def module_source(spec: dict[str, Any], origin: str) -> Any:
+    from ..derive import ModelSource
+
+    return ModelSource.of("module", spec, origin)
