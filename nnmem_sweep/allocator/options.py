@@ -1,8 +1,8 @@
 """The allocator options a replay honours, under their PYTORCH_CUDA_ALLOC_CONF names.
 
-Defaults and checks follow c10/core/AllocatorConfig.cpp (AcceleratorAllocatorConfig::parse*): max_split_size_mb
-must be > 20 (the source refuses ≤ 20 MiB in most versions, < 20 in some; we take the stricter), divisions are
-powers of two (0 or 1 = off). `garbage_collection_threshold` is not modelled: it acts only when a per-process
+Defaults and checks follow c10/core/AllocatorConfig.cpp (AcceleratorAllocatorConfig::parse*): max_split_size_mb and
+max_non_split_rounding_mb must be ≥ 20 (older releases refused 20 itself; the libc10.so of 2.13.0 and 2.14.1 both
+print "must be >= "), divisions are powers of two (0 or 1 = off). `garbage_collection_threshold` is not modelled: it acts only when a per-process
 memory fraction is set (DeviceCachingAllocator::malloc), which a capacity plan does not do.
 """
 from __future__ import annotations
@@ -30,14 +30,15 @@ class AllocatorOptions:
     large_segment_size_mb: int = kLargeBuffer // MiB
 
     def __post_init__(self) -> None:
-        if self.max_split_size_mb is not None and (isinstance(self.max_split_size_mb, bool)
-                                                   or self.max_split_size_mb <= kLargeBuffer // MiB):
-            raise ValueError(f"max_split_size_mb {self.max_split_size_mb!r}: must be an integer > 20 "
-                             "(AcceleratorAllocatorConfig::parseMaxSplitSize)")
-        for name in ("max_non_split_rounding_mb", "large_segment_size_mb"):
+        minimum = {"max_split_size_mb": kLargeBuffer // MiB, "max_non_split_rounding_mb": kLargeBuffer // MiB,
+                   "large_segment_size_mb": 1}
+        for name, least in minimum.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r}: must be a positive integer")
+            if value is None and name == "max_split_size_mb":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} {value!r}: must be an integer >= {least} "
+                                 "(AcceleratorAllocatorConfig::parse*)")
         self.divisions_table()  # validates roundup_power2_divisions
 
     @property

@@ -87,8 +87,8 @@ def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: i
 
     "Tried to allocate" prints the segment size get_allocation_size gives (as the source does). "free" is the
     capacity less what is reserved; the NVML clause assumes this is the only process on the GPU and that the
-    memory outside the allocator belongs to it. The closing advice and documentation link, whose wording differs
-    between releases, are left out.
+    memory outside the allocator belongs to it. The closing advice is the text in torch 2.14.1's libc10_cuda.so
+    (the 2.13.0 CPU wheel has no CUDA library to read it from).
     """
     total = device_total_bytes if device_total_bytes is not None else model.capacity
     free = max(model.capacity - model.reserved, 0)
@@ -97,4 +97,9 @@ def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: i
             f"{format_size(total)} of which {format_size(free)} is free. Including non-PyTorch memory, this process "
             f"has {format_size(total - free)} memory in use. Of the allocated memory {format_size(model.allocated)} "
             f"is allocated by PyTorch, and {format_size(model.reserved - model.allocated)} is reserved by PyTorch "
-            "but unallocated.")
+            "but unallocated." + OOM_ADVICE)
+
+
+OOM_ADVICE = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+              " to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/"
+              "stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")

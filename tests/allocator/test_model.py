@@ -103,7 +103,10 @@ def test_a_split_segment_in_use_is_not_freed_and_the_request_fails():
     assert r.oom_message == (
         "CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0 has a total capacity of 40.00 MiB of which "
         "20.00 MiB is free. Including non-PyTorch memory, this process has 20.00 MiB memory in use. Of the allocated "
-        "memory 4.00 MiB is allocated by PyTorch, and 16.00 MiB is reserved by PyTorch but unallocated.")
+        "memory 4.00 MiB is allocated by PyTorch, and 16.00 MiB is reserved by PyTorch but unallocated."
+        " If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        " to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/"
+        "notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
 
 
 def test_oom_message_names_the_device_total():

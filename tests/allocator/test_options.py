@@ -20,13 +20,18 @@ def test_divisions_list_syntax():
     assert o.divisions_table() == (1, 1, 1, 1, 0, 0, 4, 8, 2) + (16,) * 7
 
 
+def test_max_split_size_20_is_accepted():
+    assert AllocatorOptions.from_alloc_conf("max_split_size_mb:20").max_split_bytes == 20 * MiB
+
+
 def test_from_alloc_conf():
     o = AllocatorOptions.from_alloc_conf("expandable_segments:True, max_split_size_mb:128,roundup_power2_divisions:4")
     assert o == AllocatorOptions(expandable_segments=True, max_split_size_mb=128, roundup_power2_divisions=4)
 
 
 @pytest.mark.parametrize("conf, message", [
-    ("max_split_size_mb:20", "max_split_size_mb 20: must be an integer > 20"),
+    ("max_split_size_mb:19", "max_split_size_mb 19: must be an integer >= 20"),
+    ("max_non_split_rounding_mb:4", "max_non_split_rounding_mb 4: must be an integer >= 20"),
     ("roundup_power2_divisions:3", "roundup_power2_divisions 3: must be a power of 2 or 0"),
     ("roundup_power2_divisions:[96:4]", "the size must be a power of 2"),
     ("expandable_segments:yes", "expected True or False"),
