@@ -136,8 +136,17 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from .catalog.gpus import list_gpus
     from .units import format_bytes
 
+    from .catalog.gpus import catalog_entry
+
+    print(f"{'id':<16} {'PyTorch can use':>15}  {'device total':>12}  name")
     for g in list_gpus():
-        print(f"{g.id:<16} {format_bytes(g.memory_bytes, 'GiB', 2):>12}  {g.name}  [{g.source}]")
+        e = catalog_entry(g.id)
+        device = format_bytes(g.device_total_bytes, "GiB", 2) if g.device_total_bytes else "unknown"
+        mark = "" if g.capacity_basis == "torch_total" else " (estimated)"
+        print(f"{g.id:<16} {format_bytes(g.memory_bytes, 'GiB', 2):>15}  {device:>12}  {g.name}{mark}")
+        print(f"    capacity: {g.source}")
+        print(f"    device total: {e.device_total_quote or 'unknown'}"
+              + (f" ({e.device_total_url})" if e.device_total_url else ""))
     return 0
 
 
