@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from .flops import (active_params, forward_flops_per_token, hardware_flops_per_token, head_params, matmul_params,
                     model_flops_per_token, recompute_ratio)
+from .inference import (decode_step_time_s, decode_tokens_per_s, decode_tokens_per_s_per_sequence,
+                        moe_weight_bytes_read, prefill_time_s, prefill_tokens_per_s, time_to_first_token_s)
 from .training import (cost_per_billion_tokens_usd, gpu_hours_per_billion_tokens, gpus_for_deadline,
                        hfu_from_mfu, mfu_from_throughput, time_per_billion_tokens_s, time_to_train_s,
                        training_tokens_per_s, training_tokens_per_s_per_gpu)
 
 __all__ = [
-    "active_params", "cost_per_billion_tokens_usd", "forward_flops_per_token", "gpu_hours_per_billion_tokens",
-    "gpus_for_deadline", "hardware_flops_per_token", "head_params", "hfu_from_mfu", "matmul_params",
-    "mfu_from_throughput", "model_flops_per_token", "recompute_ratio", "time_per_billion_tokens_s", "time_to_train_s",
-    "training_tokens_per_s", "training_tokens_per_s_per_gpu",
+    "active_params", "cost_per_billion_tokens_usd", "decode_step_time_s", "decode_tokens_per_s", "decode_tokens_per_s_per_sequence", "forward_flops_per_token", "gpu_hours_per_billion_tokens", "gpus_for_deadline", "hardware_flops_per_token",
+    "head_params", "hfu_from_mfu", "matmul_params", "mfu_from_throughput",
+    "model_flops_per_token", "moe_weight_bytes_read", "prefill_time_s", "prefill_tokens_per_s", "recompute_ratio",
+    "time_per_billion_tokens_s", "time_to_first_token_s", "time_to_train_s", "training_tokens_per_s", "training_tokens_per_s_per_gpu",
 ]
