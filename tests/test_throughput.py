@@ -21,7 +21,7 @@ from nnmem_sweep.citations import FORMULAS
 from nnmem_sweep.models import load_preset
 from nnmem_sweep.models.arch import Architecture
 from nnmem_sweep.throughput import (active_params, cost_per_billion_tokens_usd, decode_bandwidth_efficiency,
-                                    decode_step_time_s, decode_tokens_per_s, decode_tokens_per_s_per_sequence,
+                                    decode_read_params, decode_step_time_s, flops_inputs, decode_tokens_per_s, decode_tokens_per_s_per_sequence,
                                     defaults_table, forward_flops_per_token, gpu_hours_per_billion_tokens,
                                     gpus_for_deadline, hardware_flops_per_token, head_params, hfu_from_mfu,
                                     inference_compute_efficiency, matmul_params, mfu_from_throughput,
@@ -97,6 +97,25 @@ def test_mixtral_active_parameters_mistral_ai_12_9b_of_46_7b():
     # 32 layers × 6 unused experts × 3·4096·14336
     assert arch.params - active_params(arch) == 32 * 6 * 3 * 4096 * 14336
     assert matmul_params(arch) == active_params(arch) - 32000 * 4096
+
+
+def test_architecture_helpers_agree_with_the_counts():
+    mixtral = load_preset("mixtral-8x7b")
+    shared, experts = decode_read_params(mixtral)
+    assert experts == 32 * 8 * 3 * 4096 * 14336
+    assert shared + experts == mixtral.params - 32000 * 4096  # all but the input embedding table
+    # one token reads exactly the matmul parameters it uses: the shared part and k of E experts
+    assert moe_weight_bytes_read(shared, experts, 8, 2, 1) == matmul_params(mixtral)
+    llama = load_preset("llama-3.1-8b")
+    assert decode_read_params(llama) == (matmul_params(llama), 0)
+    assert model_flops_per_token(**flops_inputs(llama), seq=8192) == _model_fpt(llama, 8192)
+    assert hardware_flops_per_token(**flops_inputs(llama), seq=8192, recompute="full", head=head_params(llama)) == \
+        8 * (7_504_924_672 - 128_256 * 4096) + 6 * 128_256 * 4096 + 16 * 32 * 4096 * 8192
+    mistral = load_preset("mistral-7b")  # sliding window 4096 caps T
+    assert model_flops_per_token(**flops_inputs(mistral), seq=8192) == model_flops_per_token(**flops_inputs(mistral),
+                                                                                             seq=4096)
+    counted = Architecture(name="derived", kind="params", params=7_000_000_000)
+    assert model_flops_per_token(**flops_inputs(counted), seq=8192) == 6 * 7_000_000_000  # 6N only
 
 
 def test_layer_nets_have_no_tokens():

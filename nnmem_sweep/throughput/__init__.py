@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from .defaults import (Assumption, decode_bandwidth_efficiency, defaults_table, inference_compute_efficiency,
                        training_mfu)
-from .flops import (active_params, forward_flops_per_token, hardware_flops_per_token, head_params, matmul_params,
-                    model_flops_per_token, recompute_ratio)
+from .flops import (active_params, attention_width, decode_read_params, flops_inputs, forward_flops_per_token,
+                    hardware_flops_per_token, head_params, matmul_params, model_flops_per_token, recompute_ratio)
 from .inference import (decode_step_time_s, decode_tokens_per_s, decode_tokens_per_s_per_sequence,
                         moe_weight_bytes_read, prefill_time_s, prefill_tokens_per_s, time_to_first_token_s)
 from .training import (cost_per_billion_tokens_usd, gpu_hours_per_billion_tokens, gpus_for_deadline,
@@ -31,11 +31,11 @@ from .training import (cost_per_billion_tokens_usd, gpu_hours_per_billion_tokens
                        training_tokens_per_s, training_tokens_per_s_per_gpu)
 
 __all__ = [
-    "Assumption", "active_params", "cost_per_billion_tokens_usd", "decode_bandwidth_efficiency",
-    "decode_step_time_s", "decode_tokens_per_s", "decode_tokens_per_s_per_sequence", "defaults_table",
-    "forward_flops_per_token", "gpu_hours_per_billion_tokens", "gpus_for_deadline", "hardware_flops_per_token",
-    "head_params", "hfu_from_mfu", "inference_compute_efficiency", "matmul_params", "mfu_from_throughput",
-    "model_flops_per_token", "moe_weight_bytes_read", "prefill_time_s", "prefill_tokens_per_s", "recompute_ratio",
-    "time_per_billion_tokens_s", "time_to_first_token_s", "time_to_train_s", "training_mfu",
+    "Assumption", "active_params", "attention_width", "cost_per_billion_tokens_usd", "decode_bandwidth_efficiency",
+    "decode_read_params", "decode_step_time_s", "decode_tokens_per_s", "decode_tokens_per_s_per_sequence",
+    "defaults_table", "flops_inputs", "forward_flops_per_token", "gpu_hours_per_billion_tokens", "gpus_for_deadline",
+    "hardware_flops_per_token", "head_params", "hfu_from_mfu", "inference_compute_efficiency", "matmul_params",
+    "mfu_from_throughput", "model_flops_per_token", "moe_weight_bytes_read", "prefill_time_s", "prefill_tokens_per_s",
+    "recompute_ratio", "time_per_billion_tokens_s", "time_to_first_token_s", "time_to_train_s", "training_mfu",
     "training_tokens_per_s", "training_tokens_per_s_per_gpu",
 ]

@@ -55,12 +55,16 @@ def _check_transformer(arch: Architecture) -> None:
                          "parameter-count model; a layer-list net has no tokens")
 
 
+def _params_per_expert(arch: Architecture) -> int:
+    """One expert's MLP: (3 gated or 2)·h·i (models/count.py: expert banks have no biases)."""
+    return (3 if arch.mlp == "gated" else 2) * arch.hidden * arch.intermediate
+
+
 def _inactive_expert_params(arch: Architecture) -> int:
     """Parameters of the experts a token does not use: L · (E − k) · (2 or 3)·h·i."""
     if not arch.num_experts:
         return 0
-    per_expert = (3 if arch.mlp == "gated" else 2) * arch.hidden * arch.intermediate
-    return arch.layers * (arch.num_experts - arch.experts_per_token) * per_expert
+    return arch.layers * (arch.num_experts - arch.experts_per_token) * _params_per_expert(arch)
 
 
 def _tied_head(arch: Architecture) -> int:
@@ -97,6 +101,30 @@ def head_params(arch: Architecture) -> int:
     if arch.kind == "params":
         return 0
     return params_breakdown(arch)["head"] + _tied_head(arch)
+
+
+def flops_inputs(arch: Architecture) -> dict:
+    """The keyword arguments every FLOP function takes, from an Architecture: n, layers, attn_width, window.
+    `model_flops_per_token(**flops_inputs(arch), seq=T)`;
+    `hardware_flops_per_token(**flops_inputs(arch), seq=T, recompute="full", head=head_params(arch))`."""
+    _check_transformer(arch)
+    if arch.kind == "params":  # no layer figures: 6N only (see the module docstring)
+        return dict(n=arch.params, layers=0, attn_width=0, window=None)
+    return dict(n=matmul_params(arch), layers=arch.layers, attn_width=attention_width(arch),
+                window=arch.sliding_window)
+
+
+def decode_read_params(arch: Architecture) -> tuple[int, int]:
+    """(shared, experts): parameters a decode step reads. shared: every parameter but the input embedding tables
+    (one row each per token), with a tied output head read in full by its matmul; experts: all routed experts of
+    all layers (a step reads the share `inference.moe_weight_bytes_read` gives). Times bytes per parameter of the
+    recipe for W."""
+    _check_transformer(arch)
+    if arch.kind == "params":
+        return arch.params, 0
+    experts = arch.layers * arch.num_experts * _params_per_expert(arch)
+    parts = params_breakdown(arch)
+    return parts["total"] - parts["embeddings"] + _tied_head(arch) - experts, experts
 
 
 def attention_width(arch: Architecture) -> int:
