@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .hf_configs import MIXTRAL_SMALL, hf_dict
+from .inputs import input_kind, make_inputs, module_loss
 from .tracker import Workload, run_workload
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
@@ -200,51 +201,89 @@ def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim
     raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
 
 
-def _lm_inputs(case: dict[str, Any], cfg: dict[str, Any], head: str) -> dict[str, torch.Tensor]:
-    b, s = int(case["batch"]), int(case["seq_len"])
-    vocab = int(cfg["vocab_size"])
-    ids = torch.randint(0, vocab, (b, s), dtype=torch.long)
-    if case["mode"] != "train":
-        return {"input_ids": ids}
-    if head.endswith("ForSequenceClassification"):
-        return {"input_ids": ids, "labels": torch.randint(0, 2, (b,), dtype=torch.long)}
-    # the collator's labels are a copy of the input ids (masked LM: the same shape, -100 where not masked)
-    return {"input_ids": ids, "labels": ids.clone()}
+def build_module_model(case: dict[str, Any]) -> torch.nn.Module:
+    """A `module:` model: `case["module"]` names an importable torch.nn.Module factory as "package.module:attr"
+    (e.g. "torchvision.models:resnet50"), called with `case["kwargs"]`. Random init: a `weights` argument other than
+    None is refused (nothing is ever downloaded)."""
+    import importlib
+
+    spec = str(case["module"])
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"module {spec!r}: give 'package.module:factory', e.g. 'torchvision.models:resnet50'")
+    kwargs = dict(case.get("kwargs") or {})
+    for key in ("weights", "pretrained"):
+        if kwargs.get(key) not in (None, False):
+            raise ValueError(f"module {spec!r}: kwargs.{key} would load published weights; models are measured "
+                             "from random init (leave it out)")
+    factory: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    model = factory(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"module {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) -> torch.nn.Module:
+    """The case's model, built in the current default dtype (call inside `default_dtype(...)` and, when measuring
+    fake, inside the FakeTensorMode): a layer list, a `module:` factory, or the HF class named in `architectures`
+    (LoRA-wrapped when the case has `finetune`)."""
+    if "layers" in case:
+        return build_layer_model(case["layers"], tuple(case["input_shape"]))
+    if "module" in case:
+        if case.get("checkpointing", "none") != "none":
+            raise ValueError(f"module {case['module']!r}: checkpointing needs the model's own support; "
+                             "only 'none' is measured for `module:` models")
+        return build_module_model(case)
+    model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"),
+                           case["mode"] == "train")
+    if "finetune" in case:
+        model = wrap_lora(model, case["finetune"], fake)
+    return model
+
+
+def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None) -> Workload:
+    """The Workload `run_steps` runs for a case: its inputs (inputs.make_inputs), the loss of a plain module, the
+    autocast dtype of its recipe and its decode steps. Call it where the model was built."""
+    return Workload(model=model, inputs=make_inputs(case, cfg, model), mode=case["mode"], optimizer=optimizer,
+                    autocast_dtype=_AUTOCAST_DTYPE.get(case.get("precision", "fp32")),
+                    decode_tokens=int(case.get("decode_tokens", 0) or 0),
+                    loss_fn=module_loss if ("layers" in case or "module" in case) else None,
+                    kind=input_kind(case, model))
+
+
+def case_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """model_config for HF cases; for a layer list or a `module:` factory, no HF config and its origin."""
+    if "layers" in case:
+        return {}, "layers"
+    if "module" in case:
+        return {}, f"module {case['module']}"
+    return model_config(case)
+
+
+def model_dtype(precision: str) -> torch.dtype:
+    """The dtype a recipe builds its model in (fp32 parameters for the mixed recipes)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
+    return _MODEL_DTYPE[precision]
 
 
 def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     """Measure one case; returns run_workload's record plus the config used."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    precision = case.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
-    dtype = _MODEL_DTYPE[precision]
+    dtype = model_dtype(case.get("precision", "fp32"))
     mode_ctx = FakeTensorMode() if fake else contextlib.nullcontext()
     train = case["mode"] == "train"
     torch.manual_seed(0)
-    cfg, origin = ({}, "layers") if "layers" in case else model_config(case)
+    cfg, origin = case_config(case)
     with mode_ctx:
         with default_dtype(dtype):
-            if "layers" in case:
-                shape = tuple(case["input_shape"])
-                model = build_layer_model(case["layers"], shape)
-                b = int(case["batch"])
-                inputs = {"x": torch.randn((b, *shape)), "y": torch.randint(0, int(case["num_classes"]), (b,))}
-            else:
-                model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"), train)
-                if "finetune" in case:
-                    model = wrap_lora(model, case["finetune"], fake)
-                inputs = _lm_inputs(case, cfg, cfg["architectures"][0])
+            model = build_model(case, cfg, fake)
             opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
-        loss_fn = None
-        if "layers" in case:
-            def loss_fn(m, inp):
-                return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
-
-        w = Workload(model=model, inputs=inputs, mode=case["mode"], optimizer=opt,
-                     autocast_dtype=_AUTOCAST_DTYPE.get(precision),
-                     decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
+            w = make_workload(case, cfg, model, opt)
         with contextlib.ExitStack() as stack:
             if fake:
                 stack.enter_context(fake_scalars())
