@@ -6,11 +6,11 @@ no memory; `fake=False` runs real tensors (tests/measure/test_method.py checks t
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .hf_configs import MIXTRAL_SMALL, hf_dict
+from .hf_configs import hf_dict, named_config
 from .inputs import input_kind, make_inputs, module_loss
 from .tracker import Workload, run_workload
 
@@ -80,15 +80,47 @@ def native_dropout():
 
 def model_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The HF config dict a case is built from, and its origin."""
+    named = None if "hf_config" in case else named_config(case["model"])
     if "hf_config" in case:
         cfg, origin = dict(case["hf_config"]), "case hf_config"
-    elif case.get("model") == "mixtral-small":
-        cfg, origin = dict(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
+    elif named is not None:
+        cfg, origin = named
     else:
         cfg, origin = hf_dict(case["model"])
     if "head" in case:  # the class named by `architectures` decides the logits (causal LM, masked LM, seq cls)
         cfg["architectures"] = [case["head"]]
     return cfg, origin
+
+
+def materialise(model: torch.nn.Module) -> torch.nn.Module:
+    """Give a model built on the meta device fresh (uninitialised) parameters and buffers on the cpu device, of the
+    same shapes and dtypes, tied tensors kept tied; under FakeTensorMode they are fake tensors."""
+    new: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if id(p) not in new:
+                new[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+            setattr(mod, name, new[id(p)])
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if id(b) not in new:
+                new[id(b)] = torch.empty(b.shape, dtype=b.dtype)
+            setattr(mod, name, new[id(b)])
+    return model
+
+
+def construct(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """build(), or, where its initialisers read tensor values that fake tensors do not have (torch 2.14's
+    trunc_normal_ loops until no sample is out of range: HF ViT, torchvision's ViT), build() on the meta device,
+    where initialisers are skipped, then `materialise`d. The values are never read by a fake run; shapes, dtypes
+    and ties are what build() gives (tests/measure/test_method.py checks fake against real)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        return build()
+    except DataDependentOutputException:
+        with torch.device("meta"):
+            model = build()
+        return materialise(model)
 
 
 def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, train: bool) -> torch.nn.Module:
@@ -106,8 +138,8 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     config.architectures = [arch]
     cls = getattr(transformers, arch)
     # flash = SDPA (the CPU flash-style kernel runs only where dropout is 0); eager = explicit softmax(QK^T)V.
-    model = cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
-                             dtype=torch.get_default_dtype())
+    model = construct(lambda: cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
+                                               dtype=torch.get_default_dtype()))
     if checkpointing == "full" and train:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -219,7 +251,7 @@ def build_module_model(case: dict[str, Any]) -> torch.nn.Module:
     factory: Any = importlib.import_module(mod_name)
     for part in attr.split("."):
         factory = getattr(factory, part)
-    model = factory(**kwargs)
+    model = construct(lambda: factory(**kwargs))
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"module {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
