@@ -1,7 +1,24 @@
 """Build what a case describes (model, optimizer, inputs) and measure it, with fake or real CPU tensors.
 
 The same function serves both: `fake=True` wraps construction and the run in FakeTensorMode so an 8B model costs
-no memory; `fake=False` runs real tensors (tests/measure/test_method.py checks the two agree byte for byte).
+no memory; `fake=False` runs real tensors (tests/measure/test_method.py and test_families.py check the two agree
+byte for byte).
+
+A case is a dict: `mode` (train | infer), `batch`, `seq_len` (0 for images), `precision`, `optimizer`,
+`optimizer_impl`, `checkpointing`, `attention` (flash = SDPA | eager), `decode_tokens`, optional `dropout_impl`
+("native"), `decoder_seq_len` (encoder-decoders), `finetune` (LoRA); and one model source: `hf_config` (a dict),
+`model` (a preset id or a hf_configs name), `layers` + `input_shape` + `num_classes`, or `module` ("pkg.mod:factory")
++ `kwargs` + `input_shape`. Anything that traces the same workload (the derive package's probes) does what
+measure_case does, step for step:
+
+    cfg, origin = case_config(case)
+    with FakeTensorMode():
+        with default_dtype(model_dtype(case["precision"])):
+            model = build_model(case, cfg)
+            opt = build_optimizer(model, case["optimizer"], case["optimizer_impl"]) if train else None
+            w = make_workload(case, cfg, model, opt)          # inputs.make_inputs + loss + autocast + kind
+        with run_contexts(case, fake=True):
+            totals = tracker.run_steps(w, recorder)          # recorder: .phase(name, step), .step_done()
 """
 from __future__ import annotations
 
@@ -12,7 +29,7 @@ import torch
 
 from .hf_configs import hf_dict, named_config
 from .inputs import input_kind, make_inputs, module_loss
-from .tracker import Workload, run_workload
+from .tracker import Workload, run_workload, unpacked_sequences
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adagrad", "rmsprop")
@@ -302,6 +319,20 @@ def model_dtype(precision: str) -> torch.dtype:
     return _MODEL_DTYPE[precision]
 
 
+@contextlib.contextmanager
+def run_contexts(case: dict[str, Any], fake: bool = True):
+    """What every run of a case's workload happens inside: transformers' packed-sequence check answered as for
+    unpacked inputs (MEASURING.md pitfall 1), F.dropout as CUDA's native_dropout where the case says so, and under
+    fake tensors the made-up Python floats of `.item()` (Adafactor). Enter it around tracker.run_steps."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(unpacked_sequences())
+        if fake:
+            stack.enter_context(fake_scalars())
+        if case.get("dropout_impl") == "native":
+            stack.enter_context(native_dropout())
+        yield
+
+
 def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     """Measure one case; returns run_workload's record plus the config used."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -316,14 +347,11 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
             model = build_model(case, cfg, fake)
             opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
             w = make_workload(case, cfg, model, opt)
-        with contextlib.ExitStack() as stack:
-            if fake:
-                stack.enter_context(fake_scalars())
-            if case.get("dropout_impl") == "native":
-                stack.enter_context(native_dropout())
+        with run_contexts(case, fake):
             record = run_workload(w)
     record["config"] = cfg
     record["config_origin"] = origin
+    record["input_kind"] = w.kind
     record["params"] = int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))
     if "finetune" in case:  # peft's own count (PeftModel.get_nb_trainable_parameters)
         record["trainable_params"] = int(model.get_nb_trainable_parameters()[0])

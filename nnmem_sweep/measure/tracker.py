@@ -272,7 +272,7 @@ def run_workload(w: Workload) -> dict[str, Any]:
     tracker.track_external(*externals)
     totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()),
                               "buffer_bytes": storage_bytes(w.model.buffers())}
-    with tracker, unpacked_sequences():
+    with tracker:  # call inside build.run_contexts(case, fake) (measure_case does)
         totals.update(run_steps(w, tracker))
     phases = tracker.phases
     top = max(phases, key=lambda p: p.peak_bytes)
