@@ -32,6 +32,8 @@ def input_kind(case: dict[str, Any], model: torch.nn.Module) -> str:
     """The input kind of a built model (see the module docstring)."""
     if "layers" in case or "module" in case:
         return "module"
+    if hasattr(model, "get_base_model"):  # a peft wrapper (LoRA): the head is the wrapped model's
+        model = model.get_base_model()
     config = model.config
     head = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):

@@ -164,3 +164,13 @@ def test_module_factory_never_loads_weights():
 def test_module_spec_must_name_a_factory():
     with pytest.raises(ValueError, match=r"give 'package\.module:factory'"):
         measure_case({**_case("resnet"), "module": "torchvision.models.resnet50"})
+
+
+def test_lora_wrapper_is_fed_as_its_base_model():
+    # regression: peft wraps a GPT2LMHeadModel (no task type: the class name does not end in ForCausalLM) in a plain
+    # PeftModel; the input kind must come from the wrapped model, not the wrapper's class name
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 500, "n_embd": 32,
+            "n_head": 4, "n_layer": 2, "n_positions": 64}
+    case = {**_case("qwen3"), "hf_config": gpt2, "finetune": {"method": "lora", "rank": 4, "targets": ["c_attn"]}}
+    r = measure_case(case, fake=True)
+    assert r["input_kind"] == "causal_lm" and r["trainable_params"] == 2 * (4 * 32 + 4 * 96)
