@@ -151,9 +151,12 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     d.pop("dtype", None)
     arch = d.pop("architectures")[0]
     model_type = d.pop("model_type")
+    cls = getattr(transformers, arch, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise ValueError(f"architectures names {arch!r}, which transformers {transformers.__version__} does not "
+                         "provide as a model class (remote code is never run)")
     config = AutoConfig.for_model(model_type, **d)
     config.architectures = [arch]
-    cls = getattr(transformers, arch)
     # flash = SDPA (the CPU flash-style kernel runs only where dropout is 0); eager = explicit softmax(QK^T)V.
     model = construct(lambda: cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
                                                dtype=torch.get_default_dtype()))

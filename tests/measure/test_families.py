@@ -174,3 +174,9 @@ def test_lora_wrapper_is_fed_as_its_base_model():
     case = {**_case("qwen3"), "hf_config": gpt2, "finetune": {"method": "lora", "rank": 4, "targets": ["c_attn"]}}
     r = measure_case(case, fake=True)
     assert r["input_kind"] == "causal_lm" and r["trainable_params"] == 2 * (4 * 32 + 4 * 96)
+
+
+def test_unknown_architecture_is_one_clear_error():
+    cfg = {**TINY["qwen3"], "architectures": ["Qwen9ForCausalLM"]}
+    with pytest.raises(ValueError, match=r"architectures names 'Qwen9ForCausalLM', which transformers .* does not"):
+        measure_case({**_case("qwen3"), "hf_config": cfg})
