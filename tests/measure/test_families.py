@@ -180,3 +180,46 @@ def test_unknown_architecture_is_one_clear_error():
     cfg = {**TINY["qwen3"], "architectures": ["Qwen9ForCausalLM"]}
     with pytest.raises(ValueError, match=r"architectures names 'Qwen9ForCausalLM', which transformers .* does not"):
         measure_case({**_case("qwen3"), "hf_config": cfg})
+
+
+class _Recorder:
+    """A stand-in for the derive package's event recorder: what tracker.run_steps reports to."""
+
+    def __init__(self):
+        self.events = []
+
+    def phase(self, name, step):
+        import contextlib
+
+        self.events.append((name, step))
+        return contextlib.nullcontext()
+
+    def step_done(self):
+        self.events.append("done")
+
+
+@pytest.mark.parametrize("family, mode, events", [
+    ("qwen3", "train", [("forward", 1), ("backward", 1), ("optimizer", 1), "done",
+                        ("forward", 2), ("backward", 2), ("optimizer", 2), "done"]),
+    ("t5", "infer", [("prefill", 1), "done", ("decode", 1), "done", ("decode", 2), "done", ("decode", 3), "done"]),
+    ("vit", "infer", [("forward", 1), "done"]),
+])
+def test_run_steps_drives_any_recorder(family, mode, events):
+    # the derive package traces the very workload measure runs: build_model, make_workload, run_contexts, run_steps
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nnmem_sweep.measure.build import build_optimizer, make_workload, model_dtype, run_contexts
+    from nnmem_sweep.measure.tracker import run_steps
+
+    case = _case(family, mode)
+    cfg, _ = case_config(case)
+    rec = _Recorder()
+    with FakeTensorMode():
+        with default_dtype(model_dtype(case["precision"])):
+            model = build_model(case, cfg)
+            opt = build_optimizer(model, case["optimizer"], case["optimizer_impl"]) if mode == "train" else None
+            w = make_workload(case, cfg, model, opt)
+        with run_contexts(case, fake=True):
+            totals = run_steps(w, rec)
+    assert rec.events == events
+    assert ("grad_bytes" in totals) == (mode == "train") and ("kv_cache_bytes" in totals) == (family == "t5")
