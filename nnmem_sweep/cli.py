@@ -125,10 +125,16 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from .models.presets import list_presets
+    from .models.presets import hand_modelled, load_preset, preset_ids, preset_meta
 
-    for arch in list_presets():
-        print(f"{arch.preset:<20} {arch.params:>18,}  {arch.name}")
+    for pid in preset_ids():
+        meta = preset_meta(pid)
+        if hand_modelled(pid):
+            arch = load_preset(pid)
+            print(f"{pid:<20} {arch.params:>18,}  {arch.name}  [{meta['hf_id']}]")
+        else:  # no Architecture without the derive package: the published count, and how it is planned
+            count = ("~" if meta.get("published_rounding") else "") + f"{meta['published_params']:,}"
+            print(f"{pid:<20} {count:>18}  {meta['name']}  [{meta['hf_id']}]  derived (needs the measure extra)")
     return 0
 
 
