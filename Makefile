@@ -4,8 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 CONFIG  ?= configs/llama.yaml
 OUT     ?=
-# The CPU wheel of torch lies on this machine's disk; a bare `torch` would pull a multi-GB CUDA build.
-TORCH   ?= torch==2.13.0
+# torch and torchvision pinned as a pair (torchvision's wheel is built against one torch release; the 2.13 CPU wheel
+# cannot import PyPI's torchvision). Both lie on this machine's disk; the measured truth is byte-identical under 2.14.1.
+TORCH   ?= torch==2.14.1 torchvision==0.29.1
 STAMP   := $(VENV)/.install-stamp
 MSTAMP  := $(VENV)/.install-stamp-measure
 
@@ -16,9 +17,10 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-# The measurement extra (torch + transformers): torch pinned first so the extra never pulls a CUDA build here.
+# The measurement extra (torch, torchvision, transformers, peft): the pinned pair first, so the extra's open ranges
+# never pick other releases. A venv with an older torch (2.13, no torchvision) is moved to the pair.
 $(MSTAMP): $(STAMP)
-	@$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check '$(TORCH)'
+	@$(BIN)/python -c 'import torch, torchvision' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,measure]'
 	@touch $@
 

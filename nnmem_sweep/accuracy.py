@@ -29,8 +29,23 @@ STATE_KINDS = ("weights", "gradients", "optimizer")
 PHASES = {"train": ("forward", "backward", "optimizer"), "infer": ("prefill", "decode")}
 
 
-def load_cases(truth_dir: str | Path) -> list[dict[str, Any]]:
-    """Every *.json case in `truth_dir` and its subfolders, sorted by case id."""
+def hand_modelled_case(case: dict[str, Any]) -> bool:
+    """True for a case whose model the estimator's own formulas describe: a layer list, or an HF config whose
+    model_type models/hf.py reads. The other families (issue 12: OPT, Qwen3, T5, torchvision `module:` nets ...) are
+    estimated from the model's own code by the derive package."""
+    from .models.hf import supported_model_types
+
+    inputs = case["inputs"]
+    if "layers" in inputs:
+        return True
+    if "module" in inputs:
+        return False
+    return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
+
+
+def load_cases(truth_dir: str | Path, derived: bool = False) -> list[dict[str, Any]]:
+    """Every *.json case in `truth_dir` and its subfolders, sorted by case id; only the hand-modelled ones
+    (`hand_modelled_case`) unless `derived`."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -40,7 +55,7 @@ def load_cases(truth_dir: str | Path) -> list[dict[str, Any]]:
             rec = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if "case_id" in rec and "measured" in rec:
+        if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)):
             cases.append(rec)
     return sorted(cases, key=lambda r: r["case_id"])
 
@@ -236,6 +251,9 @@ def accuracy_cli(truth_dir: str | Path) -> int:
     df = compare(cases)
     print(format_table(df))
     s = summary(df)
+    skipped = len(load_cases(truth_dir, derived=True)) - len(cases)
+    if skipped:
+        print(f"\n{skipped} measured cases of families without a hand model (issue 12) are not compared here")
     print(f"\n{s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
           f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
           "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")

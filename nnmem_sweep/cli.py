@@ -125,10 +125,16 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from .models.presets import list_presets
+    from .models.presets import hand_modelled, load_preset, preset_ids, preset_meta
 
-    for arch in list_presets():
-        print(f"{arch.preset:<20} {arch.params:>18,}  {arch.name}")
+    for pid in preset_ids():
+        meta = preset_meta(pid)
+        if hand_modelled(pid):
+            arch = load_preset(pid)
+            print(f"{pid:<20} {arch.params:>18,}  {arch.name}  [{meta['hf_id']}]")
+        else:  # no Architecture without the derive package: the published count, and how it is planned
+            count = ("~" if meta.get("published_rounding") else "") + f"{meta['published_params']:,}"
+            print(f"{pid:<20} {count:>18}  {meta['name']}  [{meta['hf_id']}]  derived (needs the measure extra)")
     return 0
 
 
@@ -136,8 +142,17 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from .catalog.gpus import list_gpus
     from .units import format_bytes
 
+    from .catalog.gpus import catalog_entry
+
+    print(f"{'id':<16} {'PyTorch can use':>15}  {'device total':>12}  name")
     for g in list_gpus():
-        print(f"{g.id:<16} {format_bytes(g.memory_bytes, 'GiB', 2):>12}  {g.name}  [{g.source}]")
+        e = catalog_entry(g.id)
+        device = format_bytes(g.device_total_bytes, "GiB", 2) if g.device_total_bytes else "unknown"
+        mark = "" if g.capacity_basis == "torch_total" else " (estimated)"
+        print(f"{g.id:<16} {format_bytes(g.memory_bytes, 'GiB', 2):>15}  {device:>12}  {g.name}{mark}")
+        print(f"    capacity: {g.source}")
+        print(f"    device total: {e.device_total_quote or 'unknown'}"
+              + (f" ({e.device_total_url})" if e.device_total_url else ""))
     return 0
 
 

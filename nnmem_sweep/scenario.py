@@ -9,12 +9,28 @@ from .models.arch import Architecture
 
 @dataclass(frozen=True)
 class GPUSpec:
+    """A GPU as the estimate sees it. `memory_bytes` is the capacity a PyTorch process can use:
+    torch.cuda.mem_get_info()'s total, which the out-of-memory message prints as "total capacity" (a user-given
+    `memory:` means the same). The catalog fields after the prices are information: None where no source was read."""
+
     id: str  # catalog id, e.g. "h100-sxm" (or the inline name, slugified)
     name: str  # display name, e.g. "H100 SXM5 80GB"
-    memory_bytes: int  # what the device reports (nvidia-smi total), not the marketing figure
+    memory_bytes: int  # PyTorch-visible capacity (mem_get_info total), not nvidia-smi's total nor the marketing figure
     source: str  # where memory_bytes comes from
     price_usd: float | None = None
     price_usd_per_hour: float | None = None
+    capacity_basis: str = "given"  # "torch_total" (sourced), "estimated" (device total minus a sourced gap), "given"
+    torch_total_bytes: int | None = None  # the lowest PyTorch-visible capacity observed, None = unknown
+    device_total_bytes: int | None = None  # nvidia-smi memory.total / rocm-smi VRAM total, None = unknown
+    architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna2, cdna3, cdna4
+    compute_capability: str | None = None  # "9.0" (NVIDIA) or the gfx target (AMD)
+    memory_bandwidth_bytes_per_s: int | None = None  # decimal, as published
+    peak_dense_flops: tuple[tuple[str, int], ...] = ()  # (dtype, FLOP/s) dense tensor peaks: bf16, fp16, fp8, tf32, fp32
+    spec_source: str = ""  # where the bandwidth and FLOP/s figures come from
+
+    def peak_flops(self, dtype: str) -> int | None:
+        """Dense peak FLOP/s for `dtype` ("bf16", "fp16", "fp8", "tf32", "fp32"); None when unknown."""
+        return dict(self.peak_dense_flops).get(dtype)
 
 
 @dataclass(frozen=True)

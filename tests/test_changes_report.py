@@ -65,19 +65,19 @@ def test_a_bigger_model_lists_the_cells_that_no_longer_fit_first(repo, tmp_path,
     page = (out / "report.html").read_text()
     assert (out / "report.pdf").read_bytes()[:5] == b"%PDF-"
     sec = _section(page)
-    # Before (T4 C = 16,106,127,360, RTX 4090 C = 25,757,220,864; W = 160e6 / 240e6 / 320e6):
-    #   sgd T4 floor(15,946,127,360 / 4e6) = 3,986; 4090 6,399; sgd-momentum 3,966 / 6,379; adamw 3,946 / 6,359.
+    # Before (T4 C = 15,628,312,249, RTX 4090 C = 25,345,675,756, PyTorch-visible; W = 160e6 / 240e6 / 320e6):
+    #   sgd T4 floor(15,468,312,249 / 4e6) = 3,867; 4090 6,296; sgd-momentum 3,847 / 6,276; adamw 3,827 / 6,256.
     # Now W = 14,561,600,000 (sgd), 21,842,400,000 (sgd-momentum), 29,123,200,000 (adamw):
-    #   sgd T4 floor(1,544,527,360 / 4e6) = 386, 4090 floor(11,195,620,864 / 4e6) = 2,798;
-    #   sgd-momentum T4 W > C: does not fit, 4090 floor(3,914,820,864 / 4e6) = 978; adamw W > C on both.
-    # Order: fits -> does not fit, largest drop first (6,359, 3,966, 3,946), then decreases (5,401, 3,601, 3,600).
+    #   sgd T4 floor(1,066,712,249 / 4e6) = 266, 4090 floor(10,784,075,756 / 4e6) = 2,696;
+    #   sgd-momentum T4 W > C: does not fit, 4090 floor(3,503,275,756 / 4e6) = 875; adamw W > C on both.
+    # Order: fits -> does not fit, largest drop first (6,256, 3,847, 3,827), then decreases (5,401, 3,601, 3,600).
     assert _groups(sec) == [
-        ("fits → does not fit (3)", [("adamw", "GeForce RTX 4090", "6,359", "–"),
-                                     ("sgd-momentum", "Tesla T4", "3,966", "–"),
-                                     ("adamw", "Tesla T4", "3,946", "–")]),
-        ("decrease (3)", [("sgd-momentum", "GeForce RTX 4090", "6,379", "978"),
-                          ("sgd", "GeForce RTX 4090", "6,399", "2,798"),
-                          ("sgd", "Tesla T4", "3,986", "386")]),
+        ("fits → does not fit (3)", [("adamw", "GeForce RTX 4090", "6,256", "–"),
+                                     ("sgd-momentum", "Tesla T4", "3,847", "–"),
+                                     ("adamw", "Tesla T4", "3,827", "–")]),
+        ("decrease (3)", [("sgd-momentum", "GeForce RTX 4090", "6,276", "875"),
+                          ("sgd", "Tesla T4", "3,867", "266"),
+                          ("sgd", "GeForce RTX 4090", "6,296", "2,696")]),
     ]
     assert "<th>optimizer</th><th>GPU</th><th>max batch before</th><th>max batch now</th>" in sec
     assert sec.count('<tr class="nofit">') == 3
@@ -150,7 +150,7 @@ def test_long_lists_are_cut_and_say_how_many_more(repo, tmp_path, monkeypatch):
     monkeypatch.setattr(changes, "MAX_ROWS", 2)
     repo.write_text(BIGGER)
     sec = _section(_html(repo, "HEAD", tmp_path / "out"))
-    assert _groups(sec) == [("fits → does not fit (3)", [("adamw", "GeForce RTX 4090", "6,359", "–"),
-                                                         ("sgd-momentum", "Tesla T4", "3,966", "–")])]
+    assert _groups(sec) == [("fits → does not fit (3)", [("adamw", "GeForce RTX 4090", "6,256", "–"),
+                                                         ("sgd-momentum", "Tesla T4", "3,847", "–")])]
     assert "… and 1 more." in sec and "The first 2 are listed;" in sec
     assert "6 cell(s) of the max-batch tables changed: 3 fits → does not fit, 3 decrease." in sec

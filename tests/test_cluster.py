@@ -179,8 +179,8 @@ def test_a_catalog_gpu_named_with_a_price_as_the_issue_writes_it():
     """Issue 4 writes `gpus: [{name: h100-sxm, price_usd: ...}]`: a name that is a catalog id, no memory, is the
     catalog GPU with its price; an unknown name without memory is one located error."""
     sc = scenario("[{name: h100-sxm, price_usd: 30000}, a100-80gb]")
-    assert [(g.id, g.memory_bytes, g.price_usd) for g in sc.gpus] == [("h100-sxm", 85_520_809_984, 30000),
-                                                                       ("a100-80gb", 85_899_345_920, None)]
+    assert [(g.id, g.memory_bytes, g.price_usd) for g in sc.gpus] == [("h100-sxm", 84_918_646_663, 30000),
+                                                                       ("a100-80gb", 84_981_296_661, None)]
     with pytest.raises(ScenarioError) as e:
         scenario("[{name: h100sxm, price_usd: 30000}]")
     (p,) = e.value.problems

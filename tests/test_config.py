@@ -226,7 +226,8 @@ def test_train_defaults() -> None:
     # 512 MiB = 536,870,912 B; cuBLAS default workspace 8,519,680 B (FORMULAS.md, runtime overheads)
     assert (sc.overheads.cuda_context_bytes, sc.overheads.cublas_workspace_bytes) == (536_870_912, 8_519_680)
     assert sc.overheads.allocator_reserve_fraction == 0.05 and sc.headroom == 0.05
-    assert sc.gpus == (get_gpu("h100-sxm"),) and sc.gpus[0].memory_bytes == 81559 * MiB
+    # the PyTorch-visible capacity: torchtitan#1789's '58.28GiB(73.68%)' on an H100 80GB HBM3, low end (catalog)
+    assert sc.gpus == (get_gpu("h100-sxm"),) and sc.gpus[0].memory_bytes == 84_918_646_663
 
 
 def test_infer_defaults() -> None:
@@ -255,7 +256,8 @@ def test_gpu_forms_and_prices() -> None:
   - {name: Workstation 48G, memory: 48 GiB, price_usd: 7000}
   - {name: Raw bytes card, memory: 1000000000}"""))
     a100, h100, ws, raw = sc.gpus
-    assert a100.memory_bytes == 81920 * MiB and a100.price_usd is None
+    # vllm#4408 '79.15 GiB' on an A100 80GB, low end: 79.145 GiB (nvidia-smi's 81920 MiB is the device total)
+    assert a100.memory_bytes == 84_981_296_661 and a100.device_total_bytes == 81920 * MiB and a100.price_usd is None
     assert (h100.price_usd, h100.price_usd_per_hour) == (30000, 2.5)
     assert (ws.id, ws.name, ws.memory_bytes, ws.price_usd) == ("workstation-48g", "Workstation 48G", 48 * GiB, 7000)
     assert raw.memory_bytes == 10**9 and raw.source == "given in the scenario"

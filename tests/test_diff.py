@@ -27,8 +27,8 @@ gpus: [t4, rtx-4090]
 overheads: {cuda_context: 0, cublas_workspace: 0, allocator_reserve: 0}
 headroom: 0
 """
-T4 = 16_106_127_360  # nvidia-smi total of a T4 (catalog)
-RTX4090 = 25_757_220_864
+T4 = 15_628_312_249  # PyTorch-visible capacity of a T4 (catalog: 14.555 GiB, the low end of "14.56 GiB")
+RTX4090 = 25_345_675_756  # the 4090's: 23.605 GiB, the low end of "23.61 GiB"
 
 
 def run(text: str):
@@ -42,21 +42,22 @@ def cell(d: pd.DataFrame, optimizer: str, gpu: str) -> pd.Series:
 
 
 def test_headroom_099_flips_cells_computed_by_hand():
-    # headroom 0: b_max = floor((16,106,127,360 − W) / 4,000,000) on the T4: sgd 3986, sgd-momentum 3966, adamw 3946;
-    # on the 4090 (25,757,220,864): 6399, 6379, 6359.
-    # headroom 0.99: usable = C − ceil(0.99·C): T4 161,061,273 (< every W + 4e6: nothing fits);
-    # 4090 257,572,208: sgd floor(97,572,208 / 4e6) = 24, sgd-momentum floor(17,572,208 / 4e6) = 4, adamw 0.
+    # W = 160e6 (sgd), 240e6 (sgd-momentum), 320e6 (adamw) bytes; 4e6 bytes per sample.
+    # headroom 0: b_max = floor((15,628,312,249 − W) / 4,000,000) on the T4: sgd 3867, sgd-momentum 3847, adamw 3827;
+    # on the 4090 (25,345,675,756): 6296, 6276, 6256.
+    # headroom 0.99: usable = C − ceil(0.99·C): T4 156,283,122 (< every W + 4e6: nothing fits);
+    # 4090 253,456,757: sgd floor(93,456,757 / 4e6) = 23, sgd-momentum floor(13,456,757 / 4e6) = 3, adamw 0.
     old, new = run(BASE), run(BASE.replace("headroom: 0", "headroom: 0.99"))
-    assert int(new.max_batch["usable_bytes"][new.max_batch["gpu"] == "t4"].iloc[0]) == T4 - 15_945_066_087
+    assert int(new.max_batch["usable_bytes"][new.max_batch["gpu"] == "t4"].iloc[0]) == T4 - 15_472_029_127
     d = D.diff_max_batch(old, new)
     assert list(d[D.CHANGE]) == [D.FITS_TO_NOT] * 4 + [D.DECREASE] * 2
-    expect = {("sgd", "t4"): (3986, 0), ("sgd-momentum", "t4"): (3966, 0), ("adamw", "t4"): (3946, 0),
-              ("adamw", "rtx-4090"): (6359, 0), ("sgd", "rtx-4090"): (6399, 24),
-              ("sgd-momentum", "rtx-4090"): (6379, 4)}
+    expect = {("sgd", "t4"): (3867, 0), ("sgd-momentum", "t4"): (3847, 0), ("adamw", "t4"): (3827, 0),
+              ("adamw", "rtx-4090"): (6256, 0), ("sgd", "rtx-4090"): (6296, 23),
+              ("sgd-momentum", "rtx-4090"): (6276, 3)}
     for (opt, gpu), (o, n) in expect.items():
         r = cell(d, opt, gpu)
         assert (r[D.OLD], r[D.NEW], r[D.DELTA]) == (o, n, n - o)
-    # the largest fall first within a group: adamw 4090 (−6359) before sgd T4 (−3986)
+    # the largest fall first within a group: adamw 4090 (−6256) before sgd T4 (−3867)
     assert (d.iloc[0]["optimizer"], d.iloc[0]["gpu"]) == ("adamw", "rtx-4090")
     # reversed: the same cells, as does not fit -> fits then increases
     back = D.diff_max_batch(new, old)
@@ -73,7 +74,7 @@ def test_gpu_change_adds_and_removes_cells_and_unchanged_cells_are_left_out():
     assert (d[d["gpu"] == "t4"][D.CHANGE] == D.REMOVED).all()
     assert list(d[D.CHANGE]) == [D.ADDED] * 3 + [D.REMOVED] * 3
     r = cell(d, "sgd", "t4")
-    assert r[D.OLD] == 3986 and r[D.NEW] is pd.NA
+    assert r[D.OLD] == 3867 and r[D.NEW] is pd.NA
 
 
 def test_same_scenario_diffs_empty_and_says_so():
@@ -89,8 +90,8 @@ def test_cli_diff_two_files(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("max batch: 6 cell(s) changed")
     assert out[1].startswith("fits -> does not fit (4)")
-    assert out[2].strip() == "adamw  rtx-4090: 6359 -> 0"
-    assert "  sgd  rtx-4090: 6399 -> 24" in out
+    assert out[2].strip() == "adamw  rtx-4090: 6256 -> 0"
+    assert "  sgd  rtx-4090: 6296 -> 23" in out
 
 
 def test_cli_diff_needs_two_files_or_against(tmp_path, capsys):
@@ -121,7 +122,7 @@ def test_against_revision_reads_the_committed_file(tmp_path, capsys):
     assert sc.headroom == 0.0
     assert main(["diff", str(sub / "s.yaml"), "--against", "HEAD"]) == 0
     out = capsys.readouterr().out
-    assert "fits -> does not fit (4)" in out and "sgd  rtx-4090: 6399 -> 24" in out
+    assert "fits -> does not fit (4)" in out and "sgd  rtx-4090: 6296 -> 23" in out
 
 
 @git

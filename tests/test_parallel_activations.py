@@ -12,7 +12,7 @@ from nnmem_sweep.catalog.precisions import get_precision
 from nnmem_sweep.components import activations as act
 from nnmem_sweep.components.peak import estimate_components
 from nnmem_sweep.models.arch import Architecture
-from nnmem_sweep.models.presets import load_preset, preset_ids
+from nnmem_sweep.models.presets import hand_modelled_ids, load_preset
 from nnmem_sweep.parallel.activations import first_stage_layer_micro_batches, layer_replicated, rank_term
 from nnmem_sweep.parallel.layout import Layout
 
@@ -140,7 +140,7 @@ def test_sequence_length_must_split_over_the_ranks():
 PARALLEL_DEFAULT_COLUMNS = {a: v for a, v in C.PARALLEL_DEFAULTS.items()}
 
 
-@pytest.mark.parametrize("preset", preset_ids())
+@pytest.mark.parametrize("preset", hand_modelled_ids())
 def test_one_gpu_layout_reproduces_the_single_gpu_estimate(preset):
     arch = load_preset(preset)
     combos = [(p, o, c, a) for p in ("bf16-mixed", "bf16-master", "fp32") for o in ("adamw", "sgd-momentum")

@@ -129,18 +129,18 @@ def test_max_concurrency_hand_computed_llama_8b_bf16_h100():
     plan = serving.max_concurrency(sc)
     assert list(plan.columns) == list(C.MAX_CONCURRENCY_COLUMNS)
     row = plan.iloc[0]
-    # engine  = ⌊0.9 · 85,520,809,984⌋ (H100 SXM, nvidia-smi 81,559 MiB)  = 76,968,728,985
+    # engine  = ⌊0.9 · 84,918,646,663⌋ (H100 SXM, PyTorch-visible 79.087 GiB) = 76,426,781,996
     # weights = 8,030,261,248 params · 2 B                                   = 16,060,522,496
     # profiled activations: prefill of 8,192 tokens, SwiGLU MLP moment, 119,312 B per token
     #   (3 · 2 · 14336 + 4 · 2 · 4096 + 512 RoPE cos/sin + 2 · 8 ids)        =    977,403,904
     # CUDA context 512 MiB + cuBLAS workspace                               = 536,870,912 + 8,519,680
-    # budget = 76,968,728,985 − 16,060,522,496 − 977,403,904 − 545,390,592 = 59,385,411,993
-    assert row[C.KV_BUDGET] == 59_385_411_993
+    # budget = 76,426,781,996 − 16,060,522,496 − 977,403,904 − 545,390,592 = 58,843,465,004
+    assert row[C.KV_BUDGET] == 58_843_465_004
     # context 4000 + 100 = 4100 tokens -> 257 blocks = 4112 tokens · 131,072 B = 538,968,064 B
     assert (row[C.CONTEXT], row[C.KV_BYTES_PER_SEQUENCE]) == (4100, 538_968_064)
-    assert row[C.MAX_CONCURRENT] == 59_385_411_993 // 538_968_064 == 110
-    # whole blocks of 16 · 131,072 B: ⌊59,385,411,993 / 2,097,152⌋ = 28,317 blocks = 453,072 tokens
-    assert row[C.KV_TOKENS_FIT] == 453_072
+    assert row[C.MAX_CONCURRENT] == 58_843_465_004 // 538_968_064 == 109
+    # whole blocks of 16 · 131,072 B: ⌊58,843,465,004 / 2,097,152⌋ = 28,058 blocks = 448,928 tokens
+    assert row[C.KV_TOKENS_FIT] == 448_928
 
 
 def test_tensor_parallel_and_fp8_kv_raise_concurrency():
@@ -148,20 +148,20 @@ def test_tensor_parallel_and_fp8_kv_raise_concurrency():
     plan = serving.max_concurrency(sc).set_index([C.TENSOR_PARALLEL, C.KV_DTYPE])
     base = plan.loc[(1, "auto")]
     assert plan.loc[(1, "fp8"), C.KV_BYTES_PER_SEQUENCE] * 2 == base[C.KV_BYTES_PER_SEQUENCE]
-    assert plan.loc[(1, "fp8"), C.MAX_CONCURRENT] == 59_385_411_993 // (538_968_064 // 2) == 220
+    assert plan.loc[(1, "fp8"), C.MAX_CONCURRENT] == 58_843_465_004 // (538_968_064 // 2) == 218
     # t = 2: half the weights (but the norms) leave 8,029,995,008 B more budget, and each sequence is half as big
-    assert plan.loc[(2, "auto"), C.KV_BUDGET] == 59_385_411_993 + 8_029_995_008
-    assert plan.loc[(2, "auto"), C.MAX_CONCURRENT] == (59_385_411_993 + 8_029_995_008) // (538_968_064 // 2)
+    assert plan.loc[(2, "auto"), C.KV_BUDGET] == 58_843_465_004 + 8_029_995_008
+    assert plan.loc[(2, "auto"), C.MAX_CONCURRENT] == (58_843_465_004 + 8_029_995_008) // (538_968_064 // 2)
 
 
 def test_max_context_inverts_max_concurrency():
     sc = _scenario("serving: {kv_block_size: 16}")
     ctx = serving.max_context(sc)
     assert list(ctx.columns) == list(C.MAX_CONTEXT_COLUMNS)
-    # one sequence: ⌊59,385,411,993 / 2,097,152⌋ blocks · 16 = 453,072 tokens, capped at max_position 131,072
-    # 64 sequences: ⌊927,897,062 / 2,097,152⌋ = 442 blocks = 7,072 tokens
-    assert ctx[C.MAX_CONTEXT].tolist() == [131_072, 453_072 // 8 // 16 * 16, 7_072]
-    assert ctx[C.MAX_CONTEXT].tolist()[1] == 59_385_411_993 // 8 // 2_097_152 * 16
+    # one sequence: ⌊58,843,465,004 / 2,097,152⌋ blocks · 16 = 448,928 tokens, capped at max_position 131,072
+    # 64 sequences: ⌊919,429,140 / 2,097,152⌋ = 438 blocks = 7,008 tokens
+    assert ctx[C.MAX_CONTEXT].tolist() == [131_072, 448_928 // 8 // 16 * 16, 7_008]
+    assert ctx[C.MAX_CONTEXT].tolist()[1] == 58_843_465_004 // 8 // 2_097_152 * 16
 
 
 def test_a_model_that_does_not_fit_gets_no_budget():
@@ -210,7 +210,7 @@ def test_run_writes_max_concurrency_for_infer_only(tmp_path):
     assert [p.name for p in written] == ["results.csv", "max_batch.csv", "max_concurrency.csv", "max_context.csv"]
     back = pd.read_csv(tmp_path / "max_concurrency.csv")
     assert list(back.columns) == list(C.MAX_CONCURRENCY_COLUMNS)
-    assert back[C.MAX_CONCURRENT].tolist() == [110]
+    assert back[C.MAX_CONCURRENT].tolist() == [109]
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))
     assert train.serving is None
     assert [p.name for p in write_outputs(train, tmp_path / "t")] == ["results.csv", "max_batch.csv"]
@@ -231,7 +231,7 @@ def test_report_has_a_serving_section_for_infer_runs_only(tmp_path, monkeypatch)
     section = section[:section.index("</section>")]
     assert "Concurrent sequences of 4,100 tokens" in section
     # the hand-computed H100 cell (test_max_concurrency_hand_computed_llama_8b_bf16_h100) and its KV tokens
-    assert ">110</td>" in section and ">453,072</td>" in section
+    assert ">109</td>" in section and ">448,928</td>" in section
     svg = section[section.index("<svg"):section.index("</svg>") + 6]
     assert ET.fromstring(svg).get("aria-label") == "Concurrent sequences against context"
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))

@@ -1,17 +1,35 @@
 """Build what a case describes (model, optimizer, inputs) and measure it, with fake or real CPU tensors.
 
 The same function serves both: `fake=True` wraps construction and the run in FakeTensorMode so an 8B model costs
-no memory; `fake=False` runs real tensors (tests/measure/test_method.py checks the two agree byte for byte).
+no memory; `fake=False` runs real tensors (tests/measure/test_method.py and test_families.py check the two agree
+byte for byte).
+
+A case is a dict: `mode` (train | infer), `batch`, `seq_len` (0 for images), `precision`, `optimizer`,
+`optimizer_impl`, `checkpointing`, `attention` (flash = SDPA | eager), `decode_tokens`, optional `dropout_impl`
+("native"), `decoder_seq_len` (encoder-decoders), `finetune` (LoRA); and one model source: `hf_config` (a dict),
+`model` (a preset id or a hf_configs name), `layers` + `input_shape` + `num_classes`, or `module` ("pkg.mod:factory")
++ `kwargs` + `input_shape`. Anything that traces the same workload (the derive package's probes) does what
+measure_case does, step for step:
+
+    cfg, origin = case_config(case)
+    with FakeTensorMode():
+        with default_dtype(model_dtype(case["precision"])):
+            model = build_model(case, cfg)
+            opt = build_optimizer(model, case["optimizer"], case["optimizer_impl"]) if train else None
+            w = make_workload(case, cfg, model, opt)          # inputs.make_inputs + loss + autocast + kind
+        with run_contexts(case, fake=True):
+            totals = tracker.run_steps(w, recorder)          # recorder: .phase(name, step), .step_done()
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .hf_configs import MIXTRAL_SMALL, hf_dict
-from .tracker import Workload, run_workload
+from .hf_configs import hf_dict, named_config
+from .inputs import input_kind, make_inputs, module_loss
+from .tracker import Workload, run_workload, unpacked_sequences
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adagrad", "rmsprop")
@@ -79,15 +97,47 @@ def native_dropout():
 
 def model_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The HF config dict a case is built from, and its origin."""
+    named = None if "hf_config" in case else named_config(case["model"])
     if "hf_config" in case:
         cfg, origin = dict(case["hf_config"]), "case hf_config"
-    elif case.get("model") == "mixtral-small":
-        cfg, origin = dict(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
+    elif named is not None:
+        cfg, origin = named
     else:
         cfg, origin = hf_dict(case["model"])
     if "head" in case:  # the class named by `architectures` decides the logits (causal LM, masked LM, seq cls)
         cfg["architectures"] = [case["head"]]
     return cfg, origin
+
+
+def materialise(model: torch.nn.Module) -> torch.nn.Module:
+    """Give a model built on the meta device fresh (uninitialised) parameters and buffers on the cpu device, of the
+    same shapes and dtypes, tied tensors kept tied; under FakeTensorMode they are fake tensors."""
+    new: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if id(p) not in new:
+                new[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+            setattr(mod, name, new[id(p)])
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if id(b) not in new:
+                new[id(b)] = torch.empty(b.shape, dtype=b.dtype)
+            setattr(mod, name, new[id(b)])
+    return model
+
+
+def construct(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """build(), or, where its initialisers read tensor values that fake tensors do not have (torch 2.14's
+    trunc_normal_ loops until no sample is out of range: HF ViT, torchvision's ViT), build() on the meta device,
+    where initialisers are skipped, then `materialise`d. The values are never read by a fake run; shapes, dtypes
+    and ties are what build() gives (tests/measure/test_method.py checks fake against real)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        return build()
+    except DataDependentOutputException:
+        with torch.device("meta"):
+            model = build()
+        return materialise(model)
 
 
 def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, train: bool) -> torch.nn.Module:
@@ -101,12 +151,15 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     d.pop("dtype", None)
     arch = d.pop("architectures")[0]
     model_type = d.pop("model_type")
+    cls = getattr(transformers, arch, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise ValueError(f"architectures names {arch!r}, which transformers {transformers.__version__} does not "
+                         "provide as a model class (remote code is never run)")
     config = AutoConfig.for_model(model_type, **d)
     config.architectures = [arch]
-    cls = getattr(transformers, arch)
     # flash = SDPA (the CPU flash-style kernel runs only where dropout is 0); eager = explicit softmax(QK^T)V.
-    model = cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
-                             dtype=torch.get_default_dtype())
+    model = construct(lambda: cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
+                                               dtype=torch.get_default_dtype()))
     if checkpointing == "full" and train:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -200,59 +253,108 @@ def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim
     raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
 
 
-def _lm_inputs(case: dict[str, Any], cfg: dict[str, Any], head: str) -> dict[str, torch.Tensor]:
-    b, s = int(case["batch"]), int(case["seq_len"])
-    vocab = int(cfg["vocab_size"])
-    ids = torch.randint(0, vocab, (b, s), dtype=torch.long)
-    if case["mode"] != "train":
-        return {"input_ids": ids}
-    if head.endswith("ForSequenceClassification"):
-        return {"input_ids": ids, "labels": torch.randint(0, 2, (b,), dtype=torch.long)}
-    # the collator's labels are a copy of the input ids (masked LM: the same shape, -100 where not masked)
-    return {"input_ids": ids, "labels": ids.clone()}
+def build_module_model(case: dict[str, Any]) -> torch.nn.Module:
+    """A `module:` model: `case["module"]` names an importable torch.nn.Module factory as "package.module:attr"
+    (e.g. "torchvision.models:resnet50"), called with `case["kwargs"]`. Random init: a `weights` argument other than
+    None is refused (nothing is ever downloaded)."""
+    import importlib
+
+    spec = str(case["module"])
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"module {spec!r}: give 'package.module:factory', e.g. 'torchvision.models:resnet50'")
+    kwargs = dict(case.get("kwargs") or {})
+    for key in ("weights", "pretrained"):
+        if kwargs.get(key) not in (None, False):
+            raise ValueError(f"module {spec!r}: kwargs.{key} would load published weights; models are measured "
+                             "from random init (leave it out)")
+    factory: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    model = construct(lambda: factory(**kwargs))
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"module {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) -> torch.nn.Module:
+    """The case's model, built in the current default dtype (call inside `default_dtype(...)` and, when measuring
+    fake, inside the FakeTensorMode): a layer list, a `module:` factory, or the HF class named in `architectures`
+    (LoRA-wrapped when the case has `finetune`)."""
+    if "layers" in case:
+        return build_layer_model(case["layers"], tuple(case["input_shape"]))
+    if "module" in case:
+        if case.get("checkpointing", "none") != "none":
+            raise ValueError(f"module {case['module']!r}: checkpointing needs the model's own support; "
+                             "only 'none' is measured for `module:` models")
+        return build_module_model(case)
+    model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"),
+                           case["mode"] == "train")
+    if "finetune" in case:
+        model = wrap_lora(model, case["finetune"], fake)
+    return model
+
+
+def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None) -> Workload:
+    """The Workload `run_steps` runs for a case: its inputs (inputs.make_inputs), the loss of a plain module, the
+    autocast dtype of its recipe and its decode steps. Call it where the model was built."""
+    return Workload(model=model, inputs=make_inputs(case, cfg, model), mode=case["mode"], optimizer=optimizer,
+                    autocast_dtype=_AUTOCAST_DTYPE.get(case.get("precision", "fp32")),
+                    decode_tokens=int(case.get("decode_tokens", 0) or 0),
+                    loss_fn=module_loss if ("layers" in case or "module" in case) else None,
+                    kind=input_kind(case, model))
+
+
+def case_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """model_config for HF cases; for a layer list or a `module:` factory, no HF config and its origin."""
+    if "layers" in case:
+        return {}, "layers"
+    if "module" in case:
+        return {}, f"module {case['module']}"
+    return model_config(case)
+
+
+def model_dtype(precision: str) -> torch.dtype:
+    """The dtype a recipe builds its model in (fp32 parameters for the mixed recipes)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
+    return _MODEL_DTYPE[precision]
+
+
+@contextlib.contextmanager
+def run_contexts(case: dict[str, Any], fake: bool = True):
+    """What every run of a case's workload happens inside: transformers' packed-sequence check answered as for
+    unpacked inputs (MEASURING.md pitfall 1), F.dropout as CUDA's native_dropout where the case says so, and under
+    fake tensors the made-up Python floats of `.item()` (Adafactor). Enter it around tracker.run_steps."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(unpacked_sequences())
+        if fake:
+            stack.enter_context(fake_scalars())
+        if case.get("dropout_impl") == "native":
+            stack.enter_context(native_dropout())
+        yield
 
 
 def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     """Measure one case; returns run_workload's record plus the config used."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    precision = case.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} not in {PRECISIONS}")
-    dtype = _MODEL_DTYPE[precision]
+    dtype = model_dtype(case.get("precision", "fp32"))
     mode_ctx = FakeTensorMode() if fake else contextlib.nullcontext()
     train = case["mode"] == "train"
     torch.manual_seed(0)
-    cfg, origin = ({}, "layers") if "layers" in case else model_config(case)
+    cfg, origin = case_config(case)
     with mode_ctx:
         with default_dtype(dtype):
-            if "layers" in case:
-                shape = tuple(case["input_shape"])
-                model = build_layer_model(case["layers"], shape)
-                b = int(case["batch"])
-                inputs = {"x": torch.randn((b, *shape)), "y": torch.randint(0, int(case["num_classes"]), (b,))}
-            else:
-                model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"), train)
-                if "finetune" in case:
-                    model = wrap_lora(model, case["finetune"], fake)
-                inputs = _lm_inputs(case, cfg, cfg["architectures"][0])
+            model = build_model(case, cfg, fake)
             opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
-        loss_fn = None
-        if "layers" in case:
-            def loss_fn(m, inp):
-                return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
-
-        w = Workload(model=model, inputs=inputs, mode=case["mode"], optimizer=opt,
-                     autocast_dtype=_AUTOCAST_DTYPE.get(precision),
-                     decode_tokens=int(case.get("decode_tokens", 0) or 0), loss_fn=loss_fn)
-        with contextlib.ExitStack() as stack:
-            if fake:
-                stack.enter_context(fake_scalars())
-            if case.get("dropout_impl") == "native":
-                stack.enter_context(native_dropout())
+            w = make_workload(case, cfg, model, opt)
+        with run_contexts(case, fake):
             record = run_workload(w)
     record["config"] = cfg
     record["config_origin"] = origin
+    record["input_kind"] = w.kind
     record["params"] = int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))
     if "finetune" in case:  # peft's own count (PeftModel.get_nb_trainable_parameters)
         record["trainable_params"] = int(model.get_nb_trainable_parameters()[0])

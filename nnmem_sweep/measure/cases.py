@@ -44,16 +44,23 @@ def _train(model: str, batch: int, seq: int, precision: str, optimizer: str = "a
         tag += "-nativedropout"
     if "head" in extra:
         tag += "-" + extra["head"].removeprefix(model.split("-")[0].capitalize()).lower()
-    return {"id": f"{tag}-b{batch}-s{seq}", "model": model, "mode": "train", "batch": batch, "seq_len": seq,
-            "precision": precision, "optimizer": optimizer, "optimizer_impl": impl, "checkpointing": ckpt,
-            "attention": attention, "decode_tokens": 0, **extra}
+    return {"id": f"{tag}-b{batch}{_shape_tag(seq, extra)}", "model": model, "mode": "train", "batch": batch,
+            "seq_len": seq, "precision": precision, "optimizer": optimizer, "optimizer_impl": impl,
+            "checkpointing": ckpt, "attention": attention, "decode_tokens": 0, **extra}
 
 
-def _infer(model: str, batch: int, seq: int, precision: str, decode: int, attention: str = "flash") -> dict[str, Any]:
+def _shape_tag(seq: int, extra: dict[str, Any]) -> str:
+    """-s<seq> (none for image models, seq 0), -t<decoder length> when an encoder-decoder's differs."""
+    return (f"-s{seq}" if seq else "") + (f"-t{extra['decoder_seq_len']}" if "decoder_seq_len" in extra else "")
+
+
+def _infer(model: str, batch: int, seq: int, precision: str, decode: int, attention: str = "flash",
+           **extra: Any) -> dict[str, Any]:
     tag = f"{model}-infer-{precision}" + ("" if attention == "flash" else f"-{attention}")
-    return {"id": f"{tag}-b{batch}-s{seq}-d{decode}", "model": model, "mode": "infer", "batch": batch,
-            "seq_len": seq, "precision": precision, "optimizer": "none", "optimizer_impl": "foreach",
-            "checkpointing": "none", "attention": attention, "decode_tokens": decode}
+    return {"id": f"{tag}-b{batch}{_shape_tag(seq, extra)}" + (f"-d{decode}" if decode else ""), "model": model,
+            "mode": "infer", "batch": batch, "seq_len": seq, "precision": precision, "optimizer": "none",
+            "optimizer_impl": "foreach", "checkpointing": "none", "attention": attention, "decode_tokens": decode,
+            **extra}
 
 
 CASES: list[dict[str, Any]] = [
@@ -150,6 +157,74 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     _lora("gpt2", 4, 512, "fp32", 8, ("c_attn",), attention="eager", dropout_impl="native"),
 ]
 CASES += FINETUNE_CASES
+
+
+# The families issue 12 plans from the model's own code (no hand reader in models/hf.py): real published configs
+# (the presets) where they trace in seconds, the big MoE models at their real widths with fewer layers / experts
+# (hf_configs.REDUCED says what was cut). Shapes are well above the derive package's small probes (b 2-8 or more,
+# s 512-12288), so each case is a held-out point for a derived plan. Recipes vary across the cases; MoE models run
+# bf16 only (transformers' grouped_mm experts: torch's meta kernel takes bf16 only). Findings per family:
+# tests/data/truth/FINDINGS.md, "New families".
+RESNET50 = {"module": "torchvision.models:resnet50", "kwargs": {"num_classes": 1000}, "input_shape": [3, 224, 224]}
+NATIVE = {"dropout_impl": "native"}  # CUDA's dropout kernel (1-byte masks) where the published config has dropout
+FAMILY_CASES: list[dict[str, Any]] = [
+    # OPT-350m: post-LN (do_layer_norm_before false), ReLU, 512-wide embeddings projected in and out, dropout 0.1
+    _train("opt-350m", 4, 1024, "fp32", **NATIVE),
+    _train("opt-350m", 8, 2048, "bf16-mixed", "sgd-momentum", ckpt="full", **NATIVE),
+    _infer("opt-350m", 8, 1024, "fp32", 16),
+    # Pythia 1.4B (GPT-NeoX): parallel residual, rotary on 25 % of each head, untied 50k vocabulary
+    _train("pythia-1.4b", 4, 2048, "bf16"),
+    _train("pythia-1.4b", 2, 2048, "bf16-mixed", "adafactor", attention="eager"),
+    _infer("pythia-1.4b", 8, 2048, "bf16", 16),
+    # StarCoder 15.5B (GPTBigCode): multi-query attention (one K/V head), fused c_attn, dropout 0.1
+    _train("starcoder", 2, 1024, "bf16", attention="eager", **NATIVE),
+    _train("starcoder", 4, 2048, "bf16", "sgd", ckpt="full", attention="eager", **NATIVE),
+    _infer("starcoder", 4, 4096, "bf16", 16),
+    # Qwen3 0.6B: QK-norm, head_dim 128 > hidden / heads, tied 152k vocabulary
+    _train("qwen3-0.6b", 4, 2048, "bf16"),
+    _train("qwen3-0.6b", 2, 1024, "fp32", impl="fused", attention="eager"),
+    _infer("qwen3-0.6b", 8, 1024, "bf16", 16),
+    # Qwen3-30B-A3B at its real widths, 4 layers: 128 experts top-8, moe_intermediate 768
+    _train("qwen3-30b-a3b-4l", 2, 1024, "bf16"),
+    _train("qwen3-30b-a3b-4l", 4, 2048, "bf16", "sgd-momentum", ckpt="full"),
+    _infer("qwen3-30b-a3b-4l", 4, 1024, "bf16", 8),
+    # Gemma 3 1B: 5 sliding-window layers (512) per global layer, 262k vocabulary, sandwich norms; s > window
+    _train("gemma-3-1b", 2, 2048, "bf16"),
+    _train("gemma-3-1b", 4, 1024, "bf16-mixed", attention="eager"),
+    _infer("gemma-3-1b", 4, 2048, "bf16", 16),
+    # Gemma 2 2B: attention and final-logit soft-capping (eager only: SDPA cannot soft-cap), sliding window 4096
+    # on alternate layers, 256k vocabulary; s > window
+    _train("gemma-2-2b", 1, 8192, "bf16", attention="eager"),
+    _infer("gemma-2-2b", 2, 6144, "bf16", 8, attention="eager"),
+    # Phi-3 mini: fused qkv_proj and gate_up_proj, sliding window 2047; s > window
+    _train("phi-3-mini", 2, 4096, "bf16"),
+    _train("phi-3-mini", 4, 1024, "bf16-mixed", "adafactor", ckpt="full"),
+    _infer("phi-3-mini", 8, 2048, "bf16", 16),
+    # DeepSeek-V3 at its real widths, 4 layers, 64 routed experts: MLA (q/kv LoRA ranks 1536/512, rope 64 + nope 128
+    # per head, v 128), 1 shared expert, sigmoid group-limited routing
+    _train("deepseek-v3-4l-64e", 1, 2048, "bf16"),
+    _train("deepseek-v3-4l-64e", 2, 1024, "bf16", "sgd-momentum", ckpt="full"),
+    _infer("deepseek-v3-4l-64e", 2, 2048, "bf16", 8),
+    # Llama 4 Scout at its real widths, 4 layers: chunked attention (8192) on RoPE layers, every 4th layer NoPE with
+    # full attention, MoE with a shared expert in every layer, 202k vocabulary; s > chunk
+    _train("llama-4-scout-4l", 1, 12288, "bf16"),
+    _train("llama-4-scout-4l", 2, 2048, "bf16", ckpt="full"),
+    _infer("llama-4-scout-4l", 1, 10240, "bf16", 8),
+    # T5 base: encoder-decoder, relative position bias, dropout 0.1; labels shifted into the decoder inputs
+    _train("t5-base", 8, 512, "fp32", attention="eager", decoder_seq_len=128, **NATIVE),
+    _train("t5-base", 16, 512, "bf16", "adafactor", attention="eager", **NATIVE),
+    _infer("t5-base", 8, 512, "fp32", 32),
+    # ViT-B/16 (HF): 224 px, 197 tokens, 1000 labels
+    _train("vit-base-16", 64, 0, "fp32"),
+    _train("vit-base-16", 128, 0, "bf16-mixed", "sgd-momentum", ckpt="full"),
+    _infer("vit-base-16", 256, 0, "bf16", 0),
+    # ResNet-50 (torchvision, a `module:` model): cross-entropy over 1000 classes. Not bf16-mixed: torch's fake
+    # batch-norm kernel keeps 16-bit mean/invstd where the CPU kernel keeps fp32 (FINDINGS.md)
+    _train("resnet-50", 64, 0, "fp32", "sgd-momentum", **RESNET50),
+    _train("resnet-50", 32, 0, "bf16", **RESNET50),
+    _infer("resnet-50", 128, 0, "fp32", 0, **RESNET50),
+]
+CASES += FAMILY_CASES
 
 for _c in CASES:
     _c.setdefault("tolerance", {"peak": PEAK_TOLERANCE, "states": STATE_TOLERANCE})

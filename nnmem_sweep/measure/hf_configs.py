@@ -1,4 +1,5 @@
-"""HF config dicts for measuring: the shipped presets, and a reduced Mixtral that has no preset.
+"""HF config dicts for measuring: the shipped presets, a reduced Mixtral that has no preset, and presets of the big MoE
+models reduced to a few layers (and experts) at their real widths, so a case traces in seconds.
 
 The measured JSON records the dict actually used, so a case is self-describing whichever source supplied it.
 """
@@ -28,3 +29,32 @@ def hf_dict(preset_id: str) -> tuple[dict[str, Any], str]:
         return copy.deepcopy(hf_dict_for_transformers(preset_id)), f"preset {preset_id}"
     except ValueError as e:
         raise UsageError(f"cannot measure {preset_id!r}: {e}") from None
+
+
+# name -> (preset, changes, why). Widths (hidden, heads, head dims, expert and vocabulary sizes) stay the published
+# ones; only depth (and for DeepSeek-V3 the routed-expert count) is cut.
+REDUCED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "qwen3-30b-a3b-4l": ("qwen3-30b-a3b", {"num_hidden_layers": 4, "max_window_layers": 4},
+                         "4 of 48 layers; all 128 experts (top-8) kept"),
+    "deepseek-v3-4l-64e": ("deepseek-v3", {"num_hidden_layers": 4, "first_k_dense_replace": 1,
+                                           "n_routed_experts": 64},
+                           "4 of 61 layers (1 dense + 3 MoE, as the first 3 of 61 are dense); 64 of 256 routed "
+                           "experts (top-8 over 8 groups, top-4 groups kept), 1 shared expert"),
+    "llama-4-scout-4l": ("llama-4-scout", {"num_hidden_layers": 4},
+                         "4 of 48 layers: 3 chunked-attention RoPE layers and 1 full-attention NoPE layer, every "
+                         "layer MoE (16 experts, top-1, 1 shared expert)"),
+}
+
+
+def named_config(name: str) -> tuple[dict[str, Any], str] | None:
+    """A named measuring config that is not a preset, with its origin; None for any other name."""
+    if name == "mixtral-small":
+        return copy.deepcopy(MIXTRAL_SMALL), "nnmem_sweep/measure/hf_configs.py MIXTRAL_SMALL"
+    if name in REDUCED:
+        preset, changes, why = REDUCED[name]
+        cfg, _ = hf_dict(preset)
+        was = {k: cfg.get(k) for k in changes}
+        cfg.update(copy.deepcopy(changes))
+        return cfg, (f"preset {preset} reduced ({why}): " +
+                     ", ".join(f"{k} {was[k]} -> {v}" for k, v in changes.items()))
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -113,6 +113,10 @@ class PhaseTracker(MemTracker):
             record.end_categories = self._current_split()
             self.phases.append(record)
 
+    def step_done(self) -> None:
+        """Module records are per forward call / step (the module hooks need them within one)."""
+        self.reset_mod_stats()
+
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):  # noqa: ANN001, ANN201
         # MemTracker hooks every parameter's gradient, which raises on a frozen one (a LoRA base, MEASURING.md
         # pitfall 2): mark frozen parameters as hooked already, with handles that remove nothing.
@@ -211,12 +215,52 @@ class Workload:
     decode_tokens: int = 0
     logits_to_keep: int = 1  # infer prefill: 1 as generate() passes; 0 keeps every position's logits
     loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
+    kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
+
+
+class Phases(Protocol):
+    """What `run_steps` reports to: a context manager around each phase, and a call after each step or request
+    part (MemTracker resets its per-module records there). PhaseTracker is one; the derive package's event recorder
+    is another."""
+
+    def phase(self, name: str, step: int) -> contextlib.AbstractContextManager: ...
+
+    def step_done(self) -> None: ...
 
 
 def _autocast(dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=dtype)
+
+
+def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
+    """Run the workload itself, phase by phase: two training steps (forward keeping only the loss, backward,
+    optimizer step, zero_grad(set_to_none=True)), or one inference request (see `_run_infer`). Returns the totals
+    it can read afterwards (gradients, optimizer state, KV cache bytes)."""
+    totals: dict[str, int] = {}
+    if w.mode == "train":
+        w.model.train()
+        for step in (1, 2):
+            with rec.phase("forward", step):
+                with _autocast(w.autocast_dtype):
+                    if w.loss_fn is not None:
+                        loss = w.loss_fn(w.model, w.inputs)
+                    else:
+                        out = w.model(**w.inputs)
+                        loss = out.loss
+                        del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
+            with rec.phase("backward", step):
+                loss.backward()
+                del loss
+            totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
+            with rec.phase("optimizer", step):
+                w.optimizer.step()
+                w.optimizer.zero_grad(set_to_none=True)
+            rec.step_done()  # module stats are per step; the module hooks need them within one
+        totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
+        return totals
+    return _run_infer(w, rec)
 
 
 def run_workload(w: Workload) -> dict[str, Any]:
@@ -228,29 +272,8 @@ def run_workload(w: Workload) -> dict[str, Any]:
     tracker.track_external(*externals)
     totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()),
                               "buffer_bytes": storage_bytes(w.model.buffers())}
-    with tracker, unpacked_sequences():
-        if w.mode == "train":
-            w.model.train()
-            for step in (1, 2):
-                with tracker.phase("forward", step):
-                    with _autocast(w.autocast_dtype):
-                        if w.loss_fn is not None:
-                            loss = w.loss_fn(w.model, w.inputs)
-                        else:
-                            out = w.model(**w.inputs)
-                            loss = out.loss
-                            del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
-                with tracker.phase("backward", step):
-                    loss.backward()
-                    del loss
-                totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
-                with tracker.phase("optimizer", step):
-                    w.optimizer.step()
-                    w.optimizer.zero_grad(set_to_none=True)
-                tracker.reset_mod_stats()  # module stats are per step; the module hooks need them within one
-            totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
-        else:
-            totals.update(_run_infer(w, tracker))
+    with tracker:  # call inside build.run_contexts(case, fake) (measure_case does)
+        totals.update(run_steps(w, tracker))
     phases = tracker.phases
     top = max(phases, key=lambda p: p.peak_bytes)
     per_phase: dict[str, dict[str, Any]] = {}
@@ -275,31 +298,72 @@ def run_workload(w: Workload) -> dict[str, Any]:
     }
 
 
-def _run_infer(w: Workload, tracker: PhaseTracker) -> dict[str, int]:
-    """generate() without the sampling loop: prefill with logits_to_keep=1 (w.logits_to_keep; 0 computes the logits
-    of every prompt position) and a DynamicCache, then one-token decode steps; logits of the last position are
-    upcast to fp32 as generate() does before choosing a token."""
+def _generate_step(forward: Callable[[], Any]) -> torch.Tensor:
+    """One generate() step: the forward, the last position's logits upcast to fp32 (as generate() does before
+    choosing a token), the outputs dropped, the next token chosen."""
+    out = forward()
+    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+    del out
+    token = logits.argmax(dim=-1, keepdim=True)
+    del logits
+    return token
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes of the keys and values a transformers cache holds (every layer, sliding-window layers included)."""
+    return storage_bytes(t for layer in cache.layers
+                         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)))
+
+
+def _run_infer(w: Workload, rec: Phases) -> dict[str, int]:
+    """One request. Generative models as generate() runs them without the sampling loop:
+      - causal LM: prefill with logits_to_keep=1 (w.logits_to_keep; 0 computes the logits of every prompt position)
+        into a DynamicCache, then one-token decode steps;
+      - encoder-decoder: the encoder once (its output is kept for every step, as generate() keeps
+        `encoder_outputs`), then the decoder "prefill" of the start token, which fills an EncoderDecoderCache
+        (self-attention and cross-attention K/V), then one-token decode steps; the prefill phase spans both;
+    logits of the last position upcast to fp32 before choosing a token. Other models (classifiers, masked LMs,
+    `module:` nets): one no_grad forward, phase "forward"."""
     from transformers import DynamicCache
 
     w.model.eval()
-    cache = DynamicCache(config=w.model.config)
     out_totals: dict[str, int] = {}
     with torch.no_grad():
-        with tracker.phase("prefill", 1):
-            out = w.model(**w.inputs, past_key_values=cache, use_cache=True, logits_to_keep=w.logits_to_keep)
-            logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-            del out
-            token = logits.argmax(dim=-1, keepdim=True)
-            del logits
-        tracker.reset_mod_stats()
-        for i in range(w.decode_tokens):
-            with tracker.phase("decode", i + 1):
-                out = w.model(input_ids=token, past_key_values=cache, use_cache=True)
-                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        if w.kind not in ("causal_lm", "seq2seq"):
+            with rec.phase("forward", 1):
+                out = w.model(w.inputs["x"]) if w.kind == "module" else w.model(**w.inputs)
                 del out
-                token = logits.argmax(dim=-1, keepdim=True)
-                del logits
-            tracker.reset_mod_stats()  # one module record per forward call
-        out_totals["kv_cache_bytes"] = storage_bytes(
-            t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None)))
+            rec.step_done()
+            return out_totals
+        text = w.model.config.get_text_config(decoder=True)
+        if w.kind == "seq2seq":
+            from transformers import EncoderDecoderCache
+
+            cache = EncoderDecoderCache(DynamicCache(config=text), DynamicCache(config=text))
+            with rec.phase("prefill", 1):
+                encoded = w.model.get_encoder()(**w.inputs)
+                start = torch.full((w.inputs["input_ids"].shape[0], 1), int(w.model.config.decoder_start_token_id),
+                                   dtype=torch.long)
+                token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=start,
+                                                       past_key_values=cache, use_cache=True))
+            rec.step_done()
+            for i in range(w.decode_tokens):
+                with rec.phase("decode", i + 1):
+                    token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=token,
+                                                           past_key_values=cache, use_cache=True))
+                rec.step_done()
+            out_totals["self_attention_cache_bytes"] = cache_bytes(cache.self_attention_cache)
+            out_totals["cross_attention_cache_bytes"] = cache_bytes(cache.cross_attention_cache)
+            out_totals["kv_cache_bytes"] = sum(out_totals.values())
+            return out_totals
+        cache = DynamicCache(config=text)
+        with rec.phase("prefill", 1):
+            token = _generate_step(lambda: w.model(**w.inputs, past_key_values=cache, use_cache=True,
+                                                   logits_to_keep=w.logits_to_keep))
+        rec.step_done()
+        for i in range(w.decode_tokens):
+            with rec.phase("decode", i + 1):
+                token = _generate_step(lambda: w.model(input_ids=token, past_key_values=cache, use_cache=True))
+            rec.step_done()  # one module record per forward call
+        out_totals["kv_cache_bytes"] = cache_bytes(cache)
     return out_totals

@@ -13,7 +13,8 @@ from .cases import FINETUNE_DIR, case_by_id
 
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
-              "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune")
+              "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
+              "module", "kwargs", "decoder_seq_len")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -28,10 +29,34 @@ METHOD = (
 )
 
 
-def versions() -> dict[str, str]:
+# What the workload adds for the input kinds beyond a causal LM (measure/inputs.py, tracker._run_infer); the cases of
+# the hand-modelled families keep METHOD unchanged.
+KIND_METHOD = {
+    "seq2seq": " Encoder-decoder: train feeds input_ids and labels (the model shifts the labels right into "
+               "decoder_input_ids); infer runs the encoder once and keeps its output, then the decoder on the start "
+               "token (phase 'prefill', which spans both) and one-token decode steps, with an EncoderDecoderCache "
+               "(self- and cross-attention K/V, totals split).",
+    "image_cls": " Image classifier: pixel_values in the model's dtype and one label per image; infer is one no_grad "
+                 "forward (phase 'forward').",
+    "module": " torch.nn.Module factory (`module`, `kwargs`, random init, no weights): input x of shape "
+              "(batch, *input_shape) in the model's dtype, cross-entropy against `num_classes` labels; infer is one "
+              "no_grad forward (phase 'forward').",
+}
+
+
+def method_text(kind: str) -> str:
+    return METHOD + KIND_METHOD.get(kind, "")
+
+
+def versions(kind: str = "") -> dict[str, str]:
+    """torch, python and transformers versions (and torchvision's for a `module:` case, which it builds)."""
     import torch
 
     out = {"torch": torch.__version__, "python": platform.python_version()}
+    if kind == "module":
+        import torchvision
+
+        out["torchvision"] = torchvision.__version__
     try:
         import transformers
 
@@ -63,9 +88,9 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
         "attention_kernel": measured["attention_kernel"],
         "attention_ops": measured["attention_ops"],
     }
-    rec["versions"] = versions()
+    rec["versions"] = versions(measured.get("input_kind", ""))
     rec["device"] = "cpu (FakeTensorMode)"
-    rec["method"] = METHOD
+    rec["method"] = method_text(measured.get("input_kind", ""))
     return rec
 
 

@@ -6,7 +6,7 @@ from nnmem_sweep.components.weights import (autocast_copies_bytes, gradients_byt
                                             master_weights_bytes, nf4_bytes, param_summary, weights_bytes)
 from nnmem_sweep.errors import UsageError
 from nnmem_sweep.models.count import params_breakdown
-from nnmem_sweep.models.presets import load_preset, preset_ids
+from nnmem_sweep.models.presets import hand_modelled_ids, load_preset
 
 from .tiny_models import TINY_GPT2, TINY_LLAMA
 
@@ -22,7 +22,7 @@ def test_tiny_tensor_tables_match_hand_count():
     assert s.matmul == 1152 + 256  # block linears + lm_head
 
 
-@pytest.mark.parametrize("preset", preset_ids())
+@pytest.mark.parametrize("preset", hand_modelled_ids())
 def test_tensor_table_agrees_with_the_models_count(preset):
     arch = load_preset(preset)
     assert param_summary(arch).total == params_breakdown(arch)["total"]

@@ -8,6 +8,10 @@ import pytest
 
 from nnmem_sweep.models.presets import (
     META_KEY,
+    built_params_expected,
+    canonical_id,
+    hand_modelled,
+    hand_modelled_ids,
     hf_dict_for_transformers,
     list_presets,
     load_preset,
@@ -49,6 +53,48 @@ PUBLISHED = [
     # 109,482,240 (base) and the paper's rounded 110M / 340M (Devlin et al. 2018, §3) refers to that encoder.
     pytest.param("bert-base", 109_514_298, id="bert-base-uncased-transformers-BertForMaskedLM-num_parameters"),
     pytest.param("bert-large", 335_174_458, id="bert-large-uncased-transformers-BertForMaskedLM-num_parameters"),
+    pytest.param("mistral-small-3", 23_572_403_200,
+                 id="mistral-small-3-hf-mistralai-Mistral-Small-24B-Base-2501-safetensors"),
+]
+
+# Presets of families without a hand reader (planned from the model's own code): (preset, published figure, what the
+# figure counts that the preset does not build, its rounding). transformers' count of each on the meta device is
+# checked against these in tests/models/test_count_vs_transformers.py.
+DERIVED_PUBLISHED = [
+    pytest.param("qwen3-0.6b", 596_049_920, {}, 0, id="qwen3-0.6b-hf-Qwen-Qwen3-0.6B-safetensors-tied"),
+    pytest.param("qwen3-8b", 8_190_735_360, {}, 0, id="qwen3-8b-hf-Qwen-Qwen3-8B-safetensors"),
+    pytest.param("qwen3-14b", 14_768_307_200, {}, 0, id="qwen3-14b-hf-Qwen-Qwen3-14B-safetensors"),
+    pytest.param("qwen3-32b", 32_762_123_264, {}, 0, id="qwen3-32b-hf-Qwen-Qwen3-32B-safetensors"),
+    pytest.param("qwen3-30b-a3b", 30_532_122_624, {}, 0, id="qwen3-30b-a3b-hf-Qwen-Qwen3-30B-A3B-safetensors"),
+    pytest.param("qwen3-235b-a22b", 235_093_634_560, {}, 0,
+                 id="qwen3-235b-a22b-hf-Qwen-Qwen3-235B-A22B-safetensors"),
+    pytest.param("gemma-3-1b", 999_885_952, {}, 0, id="gemma-3-1b-hf-google-gemma-3-1b-pt-safetensors-tied"),
+    # the 12B/27B checkpoints are Gemma3ForConditionalGeneration: SigLIP (27 layers, 1152 wide, 896 px) + projector
+    pytest.param("gemma-3-12b", 12_187_325_040, {"vision tower (SigLIP)": 416_866_032,
+                                                 "multimodal projector": 1152 * 3840 + 1152}, 0,
+                 id="gemma-3-12b-hf-google-gemma-3-12b-pt-safetensors-less-vision"),
+    pytest.param("gemma-3-27b", 27_432_406_640, {"vision tower (SigLIP)": 416_866_032,
+                                                 "multimodal projector": 1152 * 5376 + 1152}, 0,
+                 id="gemma-3-27b-hf-google-gemma-3-27b-pt-safetensors-less-vision"),
+    pytest.param("gemma-2-2b", 2_614_341_888, {}, 0, id="gemma-2-2b-hf-google-gemma-2-2b-safetensors-tied"),
+    pytest.param("phi-4", 14_659_507_200, {}, 0, id="phi-4-hf-microsoft-phi-4-safetensors"),
+    pytest.param("phi-3-mini", 3_821_079_552, {}, 0, id="phi-3-mini-hf-microsoft-Phi-3-mini-4k-instruct-safetensors"),
+    pytest.param("starcoder2-15b", 15_957_889_024, {}, 0, id="starcoder2-15b-hf-bigcode-starcoder2-15b-safetensors"),
+    pytest.param("starcoder", 15_500_000_000, {}, 100_000_000, id="starcoder-model-card-15.5B-rounded"),
+    pytest.param("opt-350m", 331_196_416, {}, 0, id="opt-350m-transformers-OPTForCausalLM-num_parameters-tied"),
+    pytest.param("pythia-1.4b", 1_414_647_808, {}, 0, id="pythia-1.4b-Biderman-2023-README-total-params"),
+    pytest.param("t5-base", 222_903_552, {}, 0, id="t5-base-transformers-T5ForConditionalGeneration-num_parameters"),
+    pytest.param("vit-base-16", 86_567_656, {}, 0,
+                 id="vit-base-16-transformers-ViTForImageClassification-num_parameters-1000-labels"),
+    # the paper's main model; the Hub's 685B adds the 14B multi-token-prediction module
+    pytest.param("deepseek-v3", 671_000_000_000, {}, 1_000_000_000, id="deepseek-v3-arXiv-2412.19437-671B-main-model"),
+    # the checkpoints are Llama4ForConditionalGeneration: vision encoder + projector (4096 x 5120)
+    pytest.param("llama-4-scout", 108_641_793_536, {"vision encoder": 850_960_896,
+                                                    "multimodal projector": 4096 * 5120}, 0,
+                 id="llama-4-scout-hf-meta-llama-Llama-4-Scout-17B-16E-safetensors-less-vision"),
+    pytest.param("llama-4-maverick", 401_583_781_376, {"vision encoder": 850_960_896,
+                                                       "multimodal projector": 4096 * 5120}, 0,
+                 id="llama-4-maverick-hf-meta-llama-Llama-4-Maverick-17B-128E-safetensors-less-vision"),
 ]
 
 
@@ -58,8 +104,19 @@ def test_published_parameter_count(preset, published):
     assert preset_meta(preset)["published_params"] == published
 
 
+@pytest.mark.parametrize("preset, published, includes, rounding", DERIVED_PUBLISHED)
+def test_derived_preset_published_figure(preset, published, includes, rounding):
+    meta = preset_meta(preset)
+    assert not hand_modelled(preset)
+    assert meta["published_params"] == published
+    assert meta.get("published_includes", {}) == includes
+    assert meta.get("published_rounding", 0) == rounding
+    assert built_params_expected(preset) == published - sum(includes.values())
+
+
 def test_every_preset_has_a_published_count_test():
-    assert sorted(p.values[0] for p in PUBLISHED) == preset_ids()
+    assert sorted(p.values[0] for p in PUBLISHED) == hand_modelled_ids()
+    assert sorted(p.values[0] for p in PUBLISHED + DERIVED_PUBLISHED) == preset_ids()
 
 
 def test_required_ids_and_at_least_18():
@@ -75,9 +132,15 @@ def test_preset_file_format(preset):
     assert re.fullmatch(r"[a-z0-9.]+(-[a-z0-9.]+)*", preset)
     cfg = json.loads(preset_path(preset).read_text())
     meta = cfg[META_KEY]
-    assert set(meta) == {"name", "published_params", "params_source"}
+    assert {"name", "hf_id", "published_params", "params_source"} <= set(meta) <= {
+        "name", "hf_id", "published_params", "params_source", "published_rounding", "published_includes"}
     assert isinstance(meta["published_params"], int) and meta["params_source"]
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", meta["hf_id"])
     assert cfg["model_type"] and cfg["architectures"]
+    if not hand_modelled(preset):
+        with pytest.raises(ValueError, match=r"no hand-modelled reader: .*derived; needs the \[measure\] extra"):
+            load_preset(preset)
+        return
     arch = load_preset(preset)
     assert arch.preset == preset and arch.name == meta["name"] and arch.kind == "transformer"
     assert arch.origin == f"preset {preset}.json"
@@ -85,7 +148,37 @@ def test_preset_file_format(preset):
 
 def test_list_presets_sorted_by_id():
     ids = [a.preset for a in list_presets()]
-    assert ids == sorted(ids) == preset_ids()
+    assert ids == sorted(ids) == hand_modelled_ids()
+    assert set(hand_modelled_ids()) < set(preset_ids())
+
+
+def test_hf_ids_are_unique_and_name_their_preset():
+    hf_ids = [preset_meta(p)["hf_id"].lower() for p in preset_ids()]
+    assert len(set(hf_ids)) == len(hf_ids)
+    for p in preset_ids():
+        assert canonical_id(preset_meta(p)["hf_id"]) == p
+
+
+@pytest.mark.parametrize("name", ["meta-llama/Llama-3.1-8B", "META-LLAMA/llama-3.1-8b", "llama-3.1-8b"])
+def test_load_preset_by_hugging_face_id(name):
+    a = load_preset(name)
+    assert a.preset == "llama-3.1-8b" and a.params == 8_030_261_248
+
+
+def test_resolve_model_takes_a_hugging_face_id(tmp_path):
+    from nnmem_sweep.models.resolve import resolve_model
+
+    assert resolve_model({"preset": "Qwen/Qwen2.5-0.5B"}, tmp_path).preset == "qwen2.5-0.5b"
+
+
+def test_presets_command_lists_derived_families_without_crashing(capsys):
+    from nnmem_sweep.cli import main
+
+    assert main(["presets"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert set(lines) == set(preset_ids())
+    assert "14,768,307,200" in lines["qwen3-14b"] and lines["qwen3-14b"].endswith("derived (needs the measure extra)")
+    assert "8,030,261,248" in lines["llama-3.1-8b"] and "derived" not in lines["llama-3.1-8b"]
 
 
 def test_hf_dict_strips_our_key_and_is_a_fresh_copy():
@@ -101,7 +194,7 @@ def test_unknown_preset_lists_close_matches():
 
 
 def test_unknown_preset_without_close_match_lists_all():
-    with pytest.raises(ValueError, match=r"known presets: bert-base, bert-large, .*tinyllama-1\.1b$"):
+    with pytest.raises(ValueError, match=r"known presets: bert-base, bert-large, .*vit-base-16$"):
         preset_path("resnet")
 
 

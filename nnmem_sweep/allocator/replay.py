@@ -1,0 +1,105 @@
+"""Replay a step's allocation sequence through the allocator model and report what PyTorch would: the peaks of
+torch.cuda.max_memory_allocated() / max_memory_reserved(), the segments, and the out-of-memory verdict."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..citations import formula
+from .model import CachingAllocatorModel
+from .options import AllocatorOptions
+from .rules import TORCH_ALLOCATOR, format_size
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Integer bytes. Events are indexed from 0 in the order given; -1 where nothing happened."""
+
+    peak_allocated_bytes: int  # max_memory_allocated(): the peak of the live rounded block sizes
+    peak_reserved_bytes: int  # max_memory_reserved(): the peak of the segments' (mapped) bytes
+    end_allocated_bytes: int
+    end_reserved_bytes: int  # memory_reserved() after the last event replayed
+    segments_allocated: int  # memory_stats()["num_device_alloc"]: cudaMalloc calls (page mappings when expandable)
+    segments_released: int  # memory_stats()["num_device_free"]: cudaFree calls (unmappings when expandable)
+    peak_allocated_event: int
+    peak_reserved_event: int  # the event during which reserved memory first reached its peak
+    events_replayed: int  # all of them, or up to and including the one that ran out of memory
+    oom_event: int  # -1: the sequence completed
+    oom_message: str  # "" when it completed; else PyTorch's OutOfMemoryError text (see oom_message())
+
+    @property
+    def oom(self) -> bool:
+        return self.oom_event >= 0
+
+
+def _as_pairs(events) -> list[list[int]]:
+    arr = np.asarray(events)
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"events: expected an integer array of shape (n, 2) (id, ±nbytes), got "
+                         f"{arr.dtype} {arr.shape}")
+    return arr.tolist()
+
+
+@formula("allocator_replay_peak_reserved_bytes",
+         "max over the step of Σ segment bytes, replaying every (id, ±nbytes) event through the caching allocator "
+         "model", TORCH_ALLOCATOR, where="DeviceCachingAllocator::malloc / free; stats.reserved_bytes",
+         note="one device, one stream; zero-byte allocations never reach the allocator (allocate(0) returns an "
+         "empty pointer)")
+def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
+           device_total_bytes: int | None = None) -> ReplayResult:
+    """Replay `events`, an int array of shape (n, 2): column 0 a block id, column 1 +nbytes for its allocation and
+    -nbytes for its free. `capacity_bytes` is what the allocator may reserve (mem_get_info's total less the memory
+    outside the allocator; None: unlimited); `device_total_bytes` is mem_get_info's total, for the OOM message
+    (default: capacity_bytes). Stops at the first allocation that runs out of memory, as PyTorch raises there.
+
+    Raises ValueError naming the event for a free of an unknown id, an id allocated twice, or a free whose size
+    differs from its allocation.
+    """
+    model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes)
+    live: dict[int, tuple[object, int]] = {}
+    oom_event, message, replayed = -1, "", 0
+    for i, (block_id, nbytes) in enumerate(_as_pairs(events)):
+        model.event = i
+        replayed = i + 1
+        if nbytes > 0:
+            if block_id in live:
+                raise ValueError(f"event {i}: id {block_id} allocated again before its free")
+            block = model.malloc(nbytes)
+            if block is None:
+                oom_event, message = i, oom_message(model, nbytes, device_total_bytes)
+                break
+            live[block_id] = (block, nbytes)
+        elif nbytes < 0:
+            entry = live.pop(block_id, None)
+            if entry is None:
+                raise ValueError(f"event {i}: free of id {block_id}, which is not allocated")
+            if entry[1] != -nbytes:
+                raise ValueError(f"event {i}: free of id {block_id} says {-nbytes} B, its allocation {entry[1]} B")
+            model.free(entry[0])
+    return ReplayResult(model.peak_allocated, model.peak_reserved, model.allocated, model.reserved,
+                        model.num_device_alloc, model.num_device_free, model.peak_allocated_event,
+                        model.peak_reserved_event, replayed, oom_event, message)
+
+
+def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: int | None = None) -> str:
+    """The OutOfMemoryError text DeviceCachingAllocator::malloc builds (after it released the cached segments).
+
+    "Tried to allocate" prints the segment size get_allocation_size gives (as the source does). "free" is the
+    capacity less what is reserved; the NVML clause assumes this is the only process on the GPU and that the
+    memory outside the allocator belongs to it. The closing advice is the text in torch 2.14.1's libc10_cuda.so
+    (the 2.13.0 CPU wheel has no CUDA library to read it from).
+    """
+    total = device_total_bytes if device_total_bytes is not None else model.capacity
+    free = max(model.capacity - model.reserved, 0)
+    alloc_size = model.request_sizes(nbytes)[1]
+    return (f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU 0 has a total capacity of "
+            f"{format_size(total)} of which {format_size(free)} is free. Including non-PyTorch memory, this process "
+            f"has {format_size(total - free)} memory in use. Of the allocated memory {format_size(model.allocated)} "
+            f"is allocated by PyTorch, and {format_size(model.reserved - model.allocated)} is reserved by PyTorch "
+            "but unallocated." + OOM_ADVICE)
+
+
+OOM_ADVICE = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+              " to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/"
+              "stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
