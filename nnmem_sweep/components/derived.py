@@ -33,9 +33,6 @@ DERIVED = source("nnmem-derived", "nnmem_sweep derived plans: the model's own co
                  "probe shapes, every allocation's bytes solved as an integer polynomial in (b, s) and checked at "
                  "shapes left out (nnmem_sweep/derive/)", "nnmem_sweep/derive/derivation.py")
 
-# kind of storage -> component column
-_COMPONENT = {"param": C.WEIGHTS, "buffer": C.WEIGHTS, "grad": C.GRADIENTS, "input": C.ACTIVATIONS,
-              "act": C.ACTIVATIONS, "temp": C.TEMPORARY, "kv": C.KV_CACHE}
 _TRACED = ("grad", "buffer", "input", "act", "temp", "kv")  # the kinds a moment adds to W' + M + S
 
 
@@ -88,98 +85,114 @@ def _moment_table(moments, kinds) -> np.ndarray:
     return np.array([_coef(m.live, kinds) for m in moments], dtype=np.int64).reshape(len(moments), 6)
 
 
+class _Best:
+    """The running winner per row while regions and phases are offered: peak, components and phase code; ties
+    keep the earlier offer (the earlier moment, as np.argmax does)."""
+
+    def __init__(self, n: int):
+        self.peak = np.full(n, -1, dtype=np.int64)
+        self.comps = {c: np.zeros(n, dtype=np.int64) for c in C.COMPONENTS}
+        self.phase = np.zeros(n, dtype=np.int8)
+
+    def offer(self, rows: np.ndarray, totals: np.ndarray, parts: dict[str, np.ndarray], codes: np.ndarray) -> None:
+        """totals (k, len(rows)); parts {component: (k, len(rows))}; codes (k,) phase codes."""
+        if not len(rows) or not len(totals):
+            return
+        win = np.argmax(totals, axis=0)
+        idx = np.arange(len(rows))
+        top = totals[win, idx]
+        better = top > self.peak[rows]
+        r, w, i = rows[better], win[better], idx[better]
+        self.peak[r] = top[better]
+        for c in C.COMPONENTS:
+            part = parts.get(c)
+            self.comps[c][r] = 0 if part is None else part[w, i]
+        self.phase[r] = codes[w]
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {**self.comps, C.PEAK_ALLOCATED: self.peak, "phase_code": self.phase}
+
+
+def _regions(plan, b: np.ndarray, s: np.ndarray, sel: np.ndarray):
+    """(region, row indices) for the rows of `sel`, each row in the first region that holds it."""
+    left = sel.copy()
+    for r in plan.regions:
+        here = left & r.holds(b, s)
+        rows = np.flatnonzero(here)
+        left &= ~here
+        if len(rows):
+            yield r, rows
+
+
+def _values(moments, kinds, x: np.ndarray) -> np.ndarray:
+    return _moment_table(moments, kinds) @ x if moments else np.zeros((0, x.shape[1]), dtype=np.int64)
+
+
+def _kept(moments, b: np.ndarray, s: np.ndarray) -> list:
+    keep = prune(_moment_table(moments, _TRACED), int(b.min()), int(b.max()), int(s.min()), int(s.max()))
+    return [moments[i] for i in keep]
+
+
+# component -> kinds of storage it sums (master and optimizer state come from the catalogs)
+_PARTS = {C.WEIGHTS: ("buffer",), C.GRADIENTS: ("grad",), C.ACTIVATIONS: ("input", "act"), C.TEMPORARY: ("temp",),
+          C.KV_CACHE: ("kv",)}
+_INFER_PARTS = {C.WEIGHTS: ("buffer",), C.KV_CACHE: ("kv",), C.TEMPORARY: ("input", "act", "temp", "grad")}
+
+
 @formula("derived_peak_bytes", "max_k [W' + M + S + Σ_kinds live_k(b, s)], optimizer: W' + M + S + G + end(b, s) + "
          "T_opt", DERIVED, where="components/derived.py module docstring")
-def train_rows(arch, b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: np.ndarray,
+def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: np.ndarray,
                state_idx: np.ndarray) -> dict[str, np.ndarray]:
     """Training rows. recipes: {key: DerivedPlan} per traced recipe code; states: arrays per state code (W', M,
     S, T_opt, G); keys: per row the recipe code; state_idx: per row the state code. Returns the component arrays,
     peak and phase codes (0 forward, 1 backward, 2 optimizer)."""
-    n = len(b)
-    out = {c: np.zeros(n, dtype=np.int64) for c in C.COMPONENTS}
-    peak = np.zeros(n, dtype=np.int64)
-    phase = np.zeros(n, dtype=np.int8)
+    best = _Best(len(b))
     W, M, S, T, G = (states[x][state_idx] for x in ("W", "M", "S", "T", "G"))
     for key, plan in recipes.items():
-        sel_key = keys == key
-        for r in plan.regions:
-            sel = sel_key & (b >= r.b_lo) & ((b <= r.b_hi) if r.b_hi is not None else True)
-            rows = np.flatnonzero(sel)
-            if not len(rows):
-                continue
-            _train_region(r, b[rows], s[rows], rows, W, M, S, T, G, out, peak, phase)
-    return {**out, C.PEAK_ALLOCATED: peak, "phase_code": phase}
-
-
-def _train_region(r, b, s, rows, W, M, S, T, G, out, peak, phase) -> None:
-    x = _features(b, s)
-    tot_all = _moment_table(r.moments, _TRACED)
-    keep = prune(tot_all, int(b.min()), int(b.max()), int(s.min()), int(s.max()))
-    moments = [r.moments[i] for i in keep]
-    base = W[rows] + M[rows] + S[rows]
-    end = np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")), dtype=np.int64) @ x
-    opt_total = base + G[rows] + end + T[rows]
-    vals = _moment_table(moments, _TRACED) @ x + base  # (k, n)
-    allv = np.vstack([vals, opt_total[None, :]])
-    win = np.argmax(allv, axis=0)  # ties: the earlier moment
-    top = allv[win, np.arange(len(rows))]
-    peak[rows] = top
-    is_opt = win == len(moments)
-    out[C.WEIGHTS][rows] = W[rows] + np.where(is_opt, _coef(r.end, ("buffer",)) @ x,
-                                              _pick(moments, ("buffer",), x, win))
-    out[C.MASTER_WEIGHTS][rows] = M[rows]
-    out[C.OPTIMIZER_STATE][rows] = S[rows]
-    out[C.GRADIENTS][rows] = np.where(is_opt, G[rows], _pick(moments, ("grad",), x, win))
-    out[C.ACTIVATIONS][rows] = np.where(is_opt, _coef(r.end, ("input", "act")) @ x,
-                                        _pick(moments, ("input", "act"), x, win))
-    out[C.KV_CACHE][rows] = np.where(is_opt, _coef(r.end, ("kv",)) @ x, _pick(moments, ("kv",), x, win))
-    out[C.TEMPORARY][rows] = np.where(is_opt, _coef(r.end, ("temp",)) @ x + T[rows], _pick(moments, ("temp",), x, win))
-    phase[rows] = np.where(is_opt, 2, np.array([0 if m.phase == "forward" else 1 for m in moments] + [2],
-                                               dtype=np.int8)[win])
-
-
-def _pick(moments, kinds, x: np.ndarray, win: np.ndarray) -> np.ndarray:
-    """Per row, the winning moment's bytes of these kinds (0 where the optimizer step won)."""
-    if not moments:
-        return np.zeros(x.shape[1], dtype=np.int64)
-    vals = _moment_table(moments, kinds) @ x
-    vals = np.vstack([vals, np.zeros((1, x.shape[1]), dtype=np.int64)])
-    return vals[win, np.arange(x.shape[1])]
+        for r, rows in _regions(plan, b, s, keys == key):
+            x = _features(b[rows], s[rows])
+            moments = _kept(r.moments, b[rows], s[rows])
+            w, m, st = W[rows], M[rows], S[rows]
+            parts = {c: _values(moments, ks, x) for c, ks in _PARTS.items()}
+            # the optimizer step's moment: what is live after backward, all gradients, the step's temporaries
+            end = {c: (np.asarray(_coef(r.end, ks), dtype=np.int64) @ x)[None, :] for c, ks in _PARTS.items()}
+            end[C.GRADIENTS] = G[rows][None, :]
+            end[C.TEMPORARY] = end[C.TEMPORARY] + T[rows]
+            parts = {c: np.vstack([parts[c], end[c]]) for c in parts}
+            parts[C.WEIGHTS] = parts[C.WEIGHTS] + w
+            k = len(moments) + 1
+            parts[C.MASTER_WEIGHTS] = np.broadcast_to(m, (k, len(rows)))
+            parts[C.OPTIMIZER_STATE] = np.broadcast_to(st, (k, len(rows)))
+            totals = sum(parts.values())
+            codes = np.array([0 if mo.phase == "forward" else 1 for mo in moments] + [2], dtype=np.int8)
+            best.offer(rows, totals, parts, codes)
+    return best.result()
 
 
 def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: np.ndarray,
                keys: np.ndarray) -> dict[str, np.ndarray]:
-    """Inference rows: the largest prefill moment at (b, s) and, where decode_tokens >= 1, decode moment at
-    (b, s + decode_tokens − 1). W: per row the recipe's weights (W'); keys: per row the recipe code."""
-    n = len(b)
-    out = {c: np.zeros(n, dtype=np.int64) for c in C.COMPONENTS}
-    peak = np.zeros(n, dtype=np.int64)
-    phase = np.zeros(n, dtype=np.int8)
+    """Inference rows: the largest prefill (or single forward) moment at (b, s) and, where decode_tokens >= 1,
+    decode moment at (b, s + decode_tokens − 1), each in the region that holds its own sequence length.
+    W: per row the recipe's weights (W'); keys: per row the recipe code. Phase codes: 0 prefill, 1 decode."""
+    best = _Best(len(b))
+    s_dec = s + np.maximum(dec, 1) - 1
     for key, plan in recipes.items():
-        for r in plan.regions:
-            sel = (keys == key) & (b >= r.b_lo) & ((b <= r.b_hi) if r.b_hi is not None else True)
-            rows = np.flatnonzero(sel)
-            if not len(rows):
-                continue
-            bb, ss, dd = b[rows], s[rows], dec[rows]
-            at = {"prefill": _features(bb, ss), "decode": _features(bb, ss + np.maximum(dd, 1) - 1)}
-            s_hi = int((ss + np.maximum(dd, 1) - 1).max())
-            tot_all = _moment_table(r.moments, _TRACED)
-            keep = prune(tot_all, int(bb.min()), int(bb.max()), int(ss.min()), s_hi)
-            moments = [r.moments[i] for i in keep]
-            vals = np.array([_coef(m.live, _TRACED) @ at[m.phase] for m in moments]).reshape(len(moments), -1)
-            happens = np.array([[m.phase == "prefill"] for m in moments]) | (dd >= 1)[None, :]
-            vals = np.where(happens, vals, -1)
-            win = np.argmax(vals, axis=0)
-            idx = np.arange(len(rows))
-            peak[rows] = W[rows] + vals[win, idx]
-            for comp, kinds in ((C.WEIGHTS, ("buffer",)), (C.KV_CACHE, ("kv",)),
-                                (C.TEMPORARY, ("input", "act", "temp", "grad"))):
-                part = np.array([_coef(m.live, kinds) @ at[m.phase] for m in moments]).reshape(len(moments), -1)
-                out[comp][rows] = part[win, idx]
-            out[C.WEIGHTS][rows] += W[rows]
-            phase[rows] = np.array([0 if m.phase == "prefill" else 1 for m in moments], dtype=np.int8)[win]
-    return {**out, C.PEAK_ALLOCATED: peak, "phase_code": phase}
+        mine = keys == key
+        for phase_s, phases, sel in ((s, ("prefill", "forward"), mine), (s_dec, ("decode",), mine & (dec >= 1))):
+            for r, rows in _regions(plan, b, phase_s, sel):
+                moments = [m for m in r.moments if m.phase in phases]
+                if not moments:
+                    continue
+                moments = _kept(moments, b[rows], phase_s[rows])
+                x = _features(b[rows], phase_s[rows])
+                parts = {c: _values(moments, ks, x) for c, ks in _INFER_PARTS.items()}
+                # the prompt's ids stay at s while the cache grows
+                parts[C.TEMPORARY] += _values(moments, ("input",), _features(b[rows], s[rows]) - x)
+                parts[C.WEIGHTS] = parts[C.WEIGHTS] + W[rows]
+                totals = sum(parts.values())
+                codes = np.array([1 if m.phase == "decode" else 0 for m in moments], dtype=np.int8)
+                best.offer(rows, totals, parts, codes)
+    return best.result()
 
 
 def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, device: str, progress: bool):

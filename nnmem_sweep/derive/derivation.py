@@ -29,13 +29,23 @@ S_FAR = 8192  # capped at the model's max_position_embeddings where it has one
 
 @dataclass(frozen=True)
 class Region:
-    """Where one set of polynomials holds: b_lo <= b <= b_hi (None: unbounded), s >= s_lo."""
+    """Where one set of polynomials holds: b_lo <= b <= b_hi and s_lo <= s <= s_hi (None: unbounded)."""
 
     b_lo: int
     b_hi: int | None
     s_lo: int
     moments: tuple[M.Moment, ...]
-    end: dict[str, tuple[int, ...]]  # kind -> coefficients live after backward (the optimizer step's company)
+    end: dict[str, tuple[int, ...]]  # kind -> coefficients live after the step (the optimizer step's company)
+    s_hi: int | None = None
+
+    def holds(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Rows in the region (the lowest region also takes s below s_lo: extrapolated, see the plan's notes)."""
+        sel = b >= self.b_lo
+        if self.b_hi is not None:
+            sel &= b <= self.b_hi
+        if self.s_hi is not None:
+            sel &= s <= self.s_hi
+        return sel
 
 
 @dataclass(frozen=True)
@@ -88,82 +98,173 @@ def _first_difference(a: step.StepTrace, b: step.StepTrace) -> str:
     return f"{len(oa)} vs {len(ob)} events"
 
 
-PHASES = {"train": ("forward", "backward"), "infer": ("prefill", "decode")}
+# the phases whose moments make a plan, per workload: (phase, step) spans of the trace
+PHASES = {"train": (("forward", 1), ("backward", 1)), "infer": (("prefill", 1), ("decode", 1)),
+          "infer-forward": (("forward", 1),)}
+# config fields whose value is a sequence length where a model's program may change (an explicit mask is built, a
+# sliding-window cache stops growing, a chunked attention starts a new chunk, long-context RoPE switches)
+THRESHOLD_FIELDS = ("sliding_window", "attention_chunk_size", "original_max_position_embeddings", "chunk_size",
+                    "local_window_size")
+MAX_REGIONS = 4  # sequence ranges with programs of their own
 
 
-def _region(st: step.StepTrace, coef, b_lo, b_hi, s_lo, mode: str) -> Region:
+def _phases(st: step.StepTrace, mode: str) -> list[tuple[str, int, int]]:
+    spans = {(name, k): (lo, hi) for name, k, lo, hi in st.trace.spans}
+    key = mode if mode == "train" or ("prefill", 1) in spans else "infer-forward"
+    return [(name, *spans[name, k]) for name, k in PHASES[key]]
+
+
+def _region(st: step.StepTrace, coef, b_lo, b_hi, s_lo, s_hi, mode: str) -> Region:
     tr = st.trace
-    first, second = PHASES[mode]
-    phases = [(first, tr.marks[first], tr.marks[second]), (second, tr.marks[second], tr.marks["end"])]
-    ms = M.moments(tr.events, tr.ops, st.alloc_kind, coef, phases, b_lo, b_hi, s_lo)
+    ms = M.moments(tr.events, tr.ops, st.alloc_kind, coef, _phases(st, mode), b_lo, b_hi, s_lo)
     live = M.live_by_kind(tr.events, st.alloc_kind, coef)
-    end = {k: tuple(int(x) for x in live[k][-1]) for k in M.KINDS}
-    return Region(b_lo, b_hi, s_lo, tuple(ms), end)
+    end = {k: tuple(int(x) for x in live[k][tr.marks["end"] - 1]) for k in M.KINDS}
+    return Region(b_lo, b_hi, s_lo, tuple(ms), end, s_hi)
+
+
+def _check_decode_steps(st: step.StepTrace, coef, label: str) -> None:
+    """A request's second decode step must be its first at a cache one token longer, the prompt's ids unchanged:
+    the assumption that lets the plan evaluate the last step of a long generation at cache length
+    s + decode_tokens - 1 (the inputs, the prompt's ids, at s)."""
+    spans = {(name, k): (lo, hi) for name, k, lo, hi in st.trace.spans}
+    if ("decode", 2) not in spans:
+        return
+    (a0, a1), (b0, b1) = spans["decode", 1], spans["decode", 2]
+    if a1 - a0 != b1 - b0:
+        raise src.DerivationError(f"{label}: the second decode step runs a different program than the first")
+    live = M.live_by_kind(st.trace.events, st.alloc_kind, coef)
+    grown = sum(v for k, v in live.items() if k != step.INPUT)
+    x1, x2 = grown[a0:a1], grown[b0:b1]
+    # step 2 at (b, s) == step 1 at (b, s + 1): substitute s -> s + 1 in step 1's polynomials
+    c0, cs, cb, cbs, cbs2, css = (x1[:, i] for i in range(6))
+    shifted = np.stack([c0 + cs + css, cs + 2 * css, cb + cbs + cbs2, cbs + 2 * cbs2, cbs2, css], axis=1)
+    same_inputs = np.array_equal(live[step.INPUT][a0:a1], live[step.INPUT][b0:b1])
+    if not (same_inputs and np.array_equal(shifted, x2)):
+        raise src.DerivationError(f"{label}: a later decode step is not the first at a longer cache "
+                                  "(the cache does not grow by one token per step)")
+
+
+class _Probe:
+    """Traces of one recipe at any shape, each traced once."""
+
+    def __init__(self, source, mode, recipe, attention, checkpointing, device, progress):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.fake = FakeTensorMode()
+        self.case = src.case(source, mode, recipe, attention, checkpointing, device)
+        with src.quiet(), self.fake:
+            self.model, self.cfg = src.build(source, self.case)
+        self.device, self.progress = device, progress
+        self.mode = mode
+        self.label = f"{mode} {recipe} {attention}" + (f" checkpointing={checkpointing}" if mode == "train" else "")
+        self.traces: dict[tuple[int, int], step.StepTrace] = {}
+
+    def __call__(self, b: int, s: int) -> step.StepTrace:
+        if (b, s) not in self.traces:
+            _say(self.progress, f"deriving {self.label}: tracing batch {b}, sequence {s} ({len(self.traces) + 1})")
+            with src.quiet(), self.fake:
+                self.traces[b, s] = step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
+        return self.traces[b, s]
+
+    def agrees(self, shape, base, coef) -> bool:
+        """Whether the step at `shape` is the program of `base` with the sizes `coef` predicts."""
+        t = self(*shape)
+        return (t.trace.signature() == base.trace.signature()
+                and not len(solve.check(shape, step.alloc_sizes(t), coef)))
+
+
+def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, far: int, s_check_lo: int) -> list[Region]:
+    """Regions of (b, s) with s in [s_lo, s_hi]: the general one (b >= 2, or b >= 1 where batch 1 is the same
+    program) and, where batch 1 differs, its own (b = 1)."""
+    top = far if s_hi is None else s_hi
+    s_probes = [s_lo + d for d in (0, 32, 64)]
+    shapes = [(b, s) for s in s_probes for b in B_PROBES]
+    checks = sorted({(4, max(top, s_probes[-1])), (2, s_check_lo)})
+    for sh in shapes + checks:
+        probe(*sh)
+    coef = _solve_region(probe.traces, shapes, checks, None, probe.label)
+    base = probe.traces[shapes[0]]
+    if probe.mode == "infer":
+        _check_decode_steps(base, coef, probe.label)
+    lo = min(s_check_lo, s_lo)
+    if probe.agrees((1, s_probes[0]), base, coef):
+        return [_region(base, coef, 1, None, lo, s_hi, probe.mode)]
+    ones = [(1, s) for s in s_probes]
+    one_checks = [(1, max(top, s_probes[-1]))]
+    for sh in ones + one_checks:
+        probe(*sh)
+    coef1 = _solve_region(probe.traces, ones, one_checks, (0, 1, 5), f"{probe.label}, batch 1")
+    return [_region(probe.traces[ones[0]], coef1, 1, 1, lo, s_hi, probe.mode),
+            _region(base, coef, 2, None, lo, s_hi, probe.mode)]
+
+
+def _breakpoint(probe: _Probe, lo: int, hi: int, base, coef, hints: list[int]) -> int:
+    """The largest s in [lo, hi) at which the step (b = 2) is still the program `coef` describes, given that it is
+    at lo and is not at hi: a config threshold where one fits, else by bisection."""
+    for h in hints:
+        if lo <= h < hi and probe.agrees((2, h), base, coef) and not probe.agrees((2, h + 1), base, coef):
+            return h
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if probe.agrees((2, mid), base, coef):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, checkpointing: str = "none",
            device: str = "cuda", progress: bool = False) -> DerivedPlan:
     """The plan of one trace recipe (see the module docstring): a training step's forward and backward, or an
     inference request's prefill and first decode step."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..measure.build import default_dtype
-
     t0 = time.perf_counter()
-    dtype, amp = src.torch_dtypes(recipe)
-    fake = FakeTensorMode()
-    with src.quiet(), fake:
-        model = src.build(source, recipe, attention, checkpointing, mode == "train")
-    traces: dict[tuple[int, int], step.StepTrace] = {}
-    label = f"{mode} {recipe} {attention}" + (f" checkpointing={checkpointing}" if mode == "train" else "")
-
-    def run(b: int, s: int) -> step.StepTrace:
-        if (b, s) not in traces:
-            _say(progress, f"deriving {label}: tracing batch {b}, sequence {s} ({len(traces) + 1})")
-            with src.quiet(), fake, default_dtype(dtype):
-                inp, loss_fn = src.inputs(source, model, b, s, mode == "train")
-                with step.kernels(device, attention):
-                    traces[b, s] = (step.train_step(model, inp, amp, loss_fn) if mode == "train" else
-                                    step.infer_step(model, inp))
-        return traces[b, s]
-
-    if source.sequence:
-        shapes = [(b, s) for s in S_PROBES for b in B_PROBES]
-        far = _far(source)
-        checks = [(4, far), (2, S_SHORT)]
-        used, s_lo = None, S_SHORT
-    else:
-        shapes, checks, used, s_lo = [(2, 1), (3, 1)], [(4, 1)], (0, 2), 1
-    for sh in shapes + checks:
-        run(*sh)
-    coef = _solve_region(traces, shapes, checks, used, label)
-    regions = []
-    one = (1, shapes[0][1])
-    t1 = run(*one)
-    same = (t1.trace.signature() == traces[shapes[0]].trace.signature()
-            and not len(solve.check(one, step.alloc_sizes(t1), coef)))
-    if same:
-        regions.append(_region(traces[shapes[0]], coef, 1, None, s_lo, mode))
-    else:
-        if source.sequence:
-            ones = [(1, s) for s in S_PROBES]
-            ones_check = [(1, far)]
-            for sh in ones + ones_check:
-                run(*sh)
-            coef1 = _solve_region(traces, ones, ones_check, (0, 1, 5), f"{label}, batch 1")
+    probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
+    notes: list[str] = []
+    if not source.sequence:
+        shapes, checks = [(2, 1), (3, 1)], [(4, 1)]
+        for sh in shapes + checks:
+            probe(*sh)
+        coef = _solve_region(probe.traces, shapes, checks, (0, 2), probe.label)
+        base = probe.traces[shapes[0]]
+        if probe.agrees((1, 1), base, coef):
+            regions = [_region(base, coef, 1, None, 1, None, mode)]
         else:
-            coef1 = _solve_region(traces, [one], [], (0,), f"{label}, batch 1")
-        regions.append(_region(traces[ones[0] if source.sequence else one], coef1, 1, 1, s_lo, mode))
-        regions.append(_region(traces[shapes[0]], coef, 2, None, s_lo, mode))
-    base = traces[shapes[0]]
+            coef1 = _solve_region(probe.traces, [(1, 1)], [], (0,), f"{probe.label}, batch 1")
+            regions = [_region(probe.traces[1, 1], coef1, 1, 1, 1, None, mode),
+                       _region(base, coef, 2, None, 1, None, mode)]
+    else:
+        far = _far(source)
+        hints = sorted({int(v) for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
+                        if isinstance(v, int) and not isinstance(v, bool)} |
+                       {int(v) - 1 for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
+                        if isinstance(v, int) and not isinstance(v, bool)})
+        regions, s_lo, s_check = [], S_PROBES[0], S_SHORT
+        while True:
+            # the range [s_lo, far]: one program? else split where it changes, and go on above
+            shapes = [(b, s) for s in (s_lo, s_lo + 32, s_lo + 64) for b in B_PROBES]
+            for sh in shapes:
+                probe(*sh)
+            try:
+                coef = _solve_region(probe.traces, shapes, [], None, probe.label)
+                ok_far = probe.agrees((2, far), probe.traces[shapes[0]], coef)
+            except src.DerivationError:
+                ok_far = False
+                coef = None
+            if ok_far or coef is None or len(regions) + 1 >= MAX_REGIONS:
+                regions += _regions_in(probe, s_lo, None, far, s_check)
+                break
+            top = _breakpoint(probe, s_lo + 64, far, probe.traces[shapes[0]], coef, hints)
+            notes.append(f"the program changes above sequence {top}")
+            regions += _regions_in(probe, s_lo, top, far, s_check)
+            s_lo, s_check = top + 1, top + 1
+    base = probe.traces[(2, S_PROBES[0]) if source.sequence else (2, 1)]
     kinds = base.alloc_kind
     sizes = step.alloc_sizes(base)
     param = int(sum(n for n, k in zip(sizes, kinds) if k == step.PARAM))
     grad = int(sum(n for n, k in zip(sizes, kinds) if k == step.GRAD))  # constant: equal at every probe
     _say(progress, "")
     return DerivedPlan(mode, recipe, attention, checkpointing, device, tuple(regions), param, grad,
-                       tuple(traces), len(base.trace.events), time.perf_counter() - t0)
+                       tuple(probe.traces), len(base.trace.events), time.perf_counter() - t0, tuple(notes))
 
 
 def _far(source: src.ModelSource) -> int:
@@ -172,27 +273,38 @@ def _far(source: src.ModelSource) -> int:
     return min(S_FAR, int(limit)) if isinstance(limit, int) and limit > S_PROBES[-1] else S_FAR
 
 
+def region_of(plan: DerivedPlan, b: int, s: int) -> Region:
+    """The region holding (b, s): the first, in order of sequence ranges, whose batch range holds b and whose s_hi
+    is at least s."""
+    for r in plan.regions:
+        if r.b_lo <= b and (r.b_hi is None or b <= r.b_hi) and (r.s_hi is None or s <= r.s_hi):
+            return r
+    raise ValueError(f"no region holds batch {b}, sequence {s}")
+
+
 def evaluate(plan: DerivedPlan, b: int, s: int, decode_tokens: int = 1) -> tuple[int, M.Moment]:
     """The largest traced moment at (b, s) (training: no optimizer state; inference: a decode moment at the cache
     length of the last step, s + decode_tokens - 1): total bytes and the moment. For checks and tests; the
     estimator evaluates whole columns (components/derived.py)."""
-    for r in plan.regions:
-        if r.b_lo <= b and (r.b_hi is None or b <= r.b_hi):
-            best, top = None, None
-            for m in r.moments:
-                if m.phase == "decode" and decode_tokens < 1:
-                    continue
-                at = s + decode_tokens - 1 if m.phase == "decode" else s
-                v = int(m.total() @ solve.features([b], [at])[0])
+    best, top = None, None
+    at_s = solve.features([b], [s])[0]
+    for phase_s, phases in ((s, ("forward", "backward", "prefill")), (s + decode_tokens - 1, ("decode",))):
+        if "decode" in phases and decode_tokens < 1:
+            continue
+        x = solve.features([b], [phase_s])[0]
+        for m in region_of(plan, b, phase_s).moments:
+            if m.phase in phases:
+                inputs = np.asarray(m.live[step.INPUT], dtype=np.int64)
+                v = int((m.total() - inputs) @ x + inputs @ at_s)  # the prompt's ids stay at s
                 if top is None or v > top:
                     best, top = m, v
-            return top, best
-    raise ValueError(f"no region holds batch {b}")
+    return top, best
 
 
 def to_json(plan: DerivedPlan) -> dict:
     def region(r: Region) -> dict:
-        return {"b_lo": r.b_lo, "b_hi": r.b_hi, "s_lo": r.s_lo, "end": {k: list(v) for k, v in r.end.items()},
+        return {"b_lo": r.b_lo, "b_hi": r.b_hi, "s_lo": r.s_lo, "s_hi": r.s_hi,
+                "end": {k: list(v) for k, v in r.end.items()},
                 "moments": [[m.phase, m.event, m.op, {k: list(v) for k, v in m.live.items() if any(v)}]
                             for m in r.moments]}
 
@@ -211,7 +323,7 @@ def from_json(d: dict) -> DerivedPlan:
 
     regions = tuple(Region(r["b_lo"], r["b_hi"], r["s_lo"],
                            tuple(M.Moment(ph, ev, op, live(lv)) for ph, ev, op, lv in r["moments"]),
-                           live(r["end"])) for r in d["regions"])
+                           live(r["end"]), r.get("s_hi")) for r in d["regions"])
     return DerivedPlan(d["mode"], d["recipe"], d["attention"], d["checkpointing"], d["device"], regions,
                        int(d["param_bytes"]), int(d["grad_bytes"]), tuple(tuple(p) for p in d["probes"]),
                        int(d["events"]), float(d.get("seconds", 0.0)), tuple(d.get("notes", ())))

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-# recipe name -> (dtype the model is built in, autocast dtype or None), as torch dtype names. Recipes that are
-# not a way of running PyTorch (bf16-master keeps an fp32 master copy beside a bf16 model; the quantised
+# recipe name -> the recipe its trace runs (measure/build.py builds it: the model's dtype and autocast). Recipes that
+# are not a way of running PyTorch (bf16-master keeps an fp32 master copy beside a bf16 model; the quantised
 # inference recipes store weights that the kernels dequantise) are traced as the bf16 model; their extra or
 # smaller weights come from the precision catalog.
 TRACE_RECIPE = {
     "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16-mixed", "fp16-mixed": "fp16-mixed",
     "bf16-master": "bf16", "int8": "bf16", "int4": "bf16", "nf4": "bf16", "fp8": "bf16",
 }
-_DTYPES = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "fp16": ("float16", None),
-           "bf16-mixed": ("float32", "bfloat16"), "fp16-mixed": ("float32", "float16")}
 
 
 class DerivationError(ValueError):
@@ -61,52 +58,40 @@ def _is_image(cfg: dict[str, Any]) -> bool:
     return arch.endswith("ForImageClassification")
 
 
-def torch_dtypes(recipe: str):
-    import torch
-
-    model, amp = _DTYPES[recipe]
-    return getattr(torch, model), (getattr(torch, amp) if amp else None)
-
-
-def build(source: ModelSource, recipe: str, attention: str, checkpointing: str, train: bool):
-    """The model for a trace recipe; call inside FakeTensorMode."""
-    from ..measure.build import build_hf_model, default_dtype
-
-    dtype, _ = torch_dtypes(recipe)
-    with default_dtype(dtype):
-        if source.kind == "hf":
-            return build_hf_model(dict(source.spec), attention, checkpointing, train)
-        spec = source.spec
-        mod, _, fn = spec["module"].partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod), fn)
-        except (ImportError, AttributeError) as e:
-            raise DerivationError(f"cannot import {spec['module']!r}: {e}") from None
-        if checkpointing != "none":
-            raise DerivationError("checkpointing is modelled for transformers models only (module: models run "
-                                  "without it)")
-        return factory(**spec.get("kwargs", {}))
+def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpointing: str, device: str,
+         batch: int = 2, seq_len: int = 64) -> dict[str, Any]:
+    """The `measure` case (measure/build.py) of one probe: the same dict `nnmem-sweep measure` runs."""
+    c: dict[str, Any] = {"mode": mode, "batch": batch, "seq_len": seq_len, "precision": recipe,
+                         "attention": attention, "checkpointing": checkpointing,
+                         "optimizer": "none", "optimizer_impl": "foreach", "decode_tokens": 0}
+    if device == "cuda":
+        c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (measure/build.py native_dropout)
+    spec = source.spec
+    if source.kind == "hf":
+        c["hf_config"] = spec
+    else:
+        c.update({k: spec[k] for k in ("module", "kwargs", "input_shape") if k in spec})
+    return c
 
 
-def inputs(source: ModelSource, model, b: int, s: int, train: bool) -> tuple[dict, Any]:
-    """(inputs, loss_fn or None) at batch b and sequence s; call inside FakeTensorMode."""
-    import torch
+def build(source: ModelSource, probe_case: dict[str, Any]):
+    """The model of a case; call inside FakeTensorMode. A model transformers or the factory cannot build raises
+    DerivationError (one line)."""
+    from ..measure.build import build_model, case_config, default_dtype, model_dtype
 
-    if source.kind == "module":
-        spec = source.spec
-        n_cls = int(spec.get("num_classes", spec.get("kwargs", {}).get("num_classes", 1000)))
-        x = torch.randn((b, *spec["input_shape"]))
-        y = torch.randint(0, n_cls, (b,))
+    cfg, _ = case_config(probe_case)
+    try:
+        with default_dtype(model_dtype(probe_case["precision"])):
+            return build_model(probe_case, cfg), cfg
+    except (ValueError, ImportError, AttributeError, TypeError, KeyError) as e:
+        raise DerivationError(f"cannot build {_what(source)}: {type(e).__name__}: {e}") from None
 
-        def loss_fn(m, inp):
-            return torch.nn.functional.cross_entropy(m(inp["x"]), inp["y"])
 
-        return {"x": x, "y": y}, loss_fn
-    from ..measure.build import _lm_inputs
-
-    cfg = source.spec
-    case = {"batch": b, "seq_len": s, "mode": "train" if train else "infer"}
-    return _lm_inputs(case, cfg, cfg["architectures"][0]), None
+def _what(source: ModelSource) -> str:
+    spec = source.spec
+    if source.kind == "hf":
+        return str((spec.get("architectures") or [spec.get("model_type", "?")])[0])
+    return str(spec.get("module"))
 
 
 @contextlib.contextmanager

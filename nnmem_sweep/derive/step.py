@@ -1,9 +1,11 @@
 """Trace one training step (forward + backward) or one inference request of a model at one shape.
 
-The model is built once per recipe (its parameters are the same at every shape); each probe makes new inputs and
-records forward and backward with a Recorder. The optimizer is not run: its state and step temporaries come from
-the optimizer catalog (components/optimizer.py), as for hand-modelled families, and the step before the traced
-one left the gradients set to None (zero_grad(set_to_none=True), torch >= 2.0's default), as `measure` runs it.
+The workload is `measure`'s own (measure/build.py make_workload, measure/tracker.py run_steps): the same model,
+inputs, loss and generate() loop, recorded by a trace.Recorder instead of MemTracker. Differences, both stated in
+the report: the optimizer is not run (its state and step temporaries come from the optimizer catalog,
+components/optimizer.py, as for hand-modelled families; the traced step starts with the gradients set to None, as
+zero_grad(set_to_none=True) leaves them), and a request runs two decode steps (every later step is the first at a
+longer cache).
 
 CUDA's kernels where the CPU's differ (MEASURING.md): dropout keeps a 1-byte mask (F.dropout routed to
 native_dropout); fused attention applies its dropout inside the kernel and saves no mask, so under attention=flash
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,12 +26,13 @@ from .trace import Recorder, Trace
 
 # what a storage is, decided after the step
 PARAM, BUFFER, INPUT, GRAD, ACT, TEMP, KV = "param", "buffer", "input", "grad", "act", "temp", "kv"
+DECODE_STEPS = 2
 
 
 @dataclass
 class StepTrace:
     trace: Trace
-    alloc_kind: list[str]  # per allocation event (in order): PARAM ... TEMP
+    alloc_kind: list[str]  # per allocation event (in order): PARAM ... KV
 
 
 @contextlib.contextmanager
@@ -53,22 +57,11 @@ def fused_attention_dropout():
         F.scaled_dot_product_attention = original
 
 
-def kernels(device: str, attention: str):
-    """The context that makes a CPU trace run CUDA's kernels memory-wise (see the module docstring)."""
-    from ..measure.build import native_dropout
-
-    stack = contextlib.ExitStack()
-    if device == "cuda":
-        stack.enter_context(native_dropout())
-        if attention == "flash":
-            stack.enter_context(fused_attention_dropout())
-    return stack
-
-
 @contextlib.contextmanager
 def collector_paused():
     """No automatic cyclic garbage collection while recording: tensors held in reference cycles are then freed at
-    the marks (Recorder.mark collects), the same place at every probe, not wherever the collector happens to run."""
+    the phase marks (Recorder collects the youngest generation there), the same place at every probe, not
+    wherever the collector happens to run."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -78,22 +71,12 @@ def collector_paused():
             gc.enable()
 
 
-def _storage_ids(rec: Recorder, tensors) -> set[int]:
-    out = set()
-    for t in tensors:
-        if t is not None:
-            sid = rec.storage_id(t)
-            if sid is not None:
-                out.add(sid)
-    return out
-
-
-def classify(tr: Trace, grads: set[int], start_bwd: int | None = None) -> list[str]:
-    """The kind of every allocation event: external storages by what they were registered as, gradients (or, for
-    inference, the KV cache) by identity, the rest ACT if allocated in forward and alive when backward starts
-    (saved for backward, or the loss), else TEMP."""
+def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
+    """The kind of every allocation event: external storages as registered, gradients and KV-cache storages by
+    identity, the rest ACT if made in forward and alive when backward starts (saved for backward, or the loss),
+    else TEMP."""
     ev = tr.events
-    start_bwd = tr.marks["backward"] if start_bwd is None else start_bwd
+    start_bwd = tr.marks.get("backward", len(ev))
     alive_at_bwd: set[int] = set()
     live: set[int] = set()
     for i, (sid, n) in enumerate(ev.tolist()):
@@ -103,8 +86,6 @@ def classify(tr: Trace, grads: set[int], start_bwd: int | None = None) -> list[s
             live.add(sid)
         else:
             live.discard(sid)
-    if start_bwd >= len(ev):
-        alive_at_bwd = set(live)
     kinds = []
     for i, (sid, n) in enumerate(ev.tolist()):
         if n <= 0:
@@ -113,7 +94,9 @@ def classify(tr: Trace, grads: set[int], start_bwd: int | None = None) -> list[s
         if ext is not None:
             kinds.append(ext)
         elif sid in grads:
-            kinds.append(GRAD if start_bwd < len(ev) else KV)
+            kinds.append(GRAD)
+        elif sid in cache:
+            kinds.append(KV)
         elif i < start_bwd and sid in alive_at_bwd:
             kinds.append(ACT)
         else:
@@ -121,77 +104,35 @@ def classify(tr: Trace, grads: set[int], start_bwd: int | None = None) -> list[s
     return kinds
 
 
-def train_step(model: torch.nn.Module, inputs: dict, autocast_dtype, loss_fn=None) -> StepTrace:
-    """Forward and backward of one training step, recorded. Call inside the FakeTensorMode the model was built in,
-    with the kernels() context entered. Leaves the gradients set to None."""
-    from ..measure.tracker import unpacked_sequences
+def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], device: str) -> StepTrace:
+    """Trace `case` (a measure case at the probe's batch and sequence) on `model` (built for it, inside the
+    FakeTensorMode it was built in, which the caller has entered)."""
+    from ..measure.build import make_workload, run_contexts
+    from ..measure.tracker import run_steps
 
+    train = case["mode"] == "train"
+    w = make_workload(case, cfg, model, None)
+    w.steps = 1
+    if not train:
+        w.decode_tokens = DECODE_STEPS
     model.zero_grad(set_to_none=True)
-    model.train()
     rec = Recorder()
     rec.external(model.parameters(), PARAM)
     rec.external(model.buffers(), BUFFER)
-    rec.external([v for v in inputs.values() if isinstance(v, torch.Tensor)], INPUT)
-    amp = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-    with rec, unpacked_sequences(), collector_paused():
-        rec.mark("forward")
-        with amp:
-            if loss_fn is not None:
-                loss = loss_fn(model, inputs)
-            else:
-                out = model(**inputs)
-                loss = out.loss
-                del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
-        rec.mark("backward")
-        loss.backward()
-        del loss
+    rec.external([v for v in w.inputs.values() if isinstance(v, torch.Tensor)], INPUT)
+    attention = contextlib.nullcontext()
+    if device == "cuda" and case.get("attention", "flash") == "flash":
+        attention = fused_attention_dropout()
+    with run_contexts(case, fake=True), attention, collector_paused(), rec:
+        run_steps(w, rec)
         rec.mark("end")
-        grads = _storage_ids(rec, (p.grad for p in model.parameters()))
+    grads = {sid for p in model.parameters() if p.grad is not None
+             for sid in [rec.storage_id(p.grad)] if sid is not None}
     tr = rec.trace()
     model.zero_grad(set_to_none=True)
-    return StepTrace(tr, classify(tr, grads))
+    return StepTrace(tr, classify(tr, grads, rec.cache_ids))
 
 
 def alloc_sizes(st: StepTrace) -> np.ndarray:
     ev = st.trace.events
     return ev[ev[:, 1] > 0, 1]
-
-
-def infer_step(model: torch.nn.Module, inputs: dict) -> StepTrace:
-    """generate()'s first two forwards, recorded: the prefill of the prompt with logits_to_keep=1 and a
-    DynamicCache, the last position's logits upcast to fp32 and the next token chosen, then one decode step the
-    same way (what `measure` runs, measure/tracker.py). The decode step's bytes are those of any later step at
-    that step's cache length. Call inside the FakeTensorMode the model was built in."""
-    from transformers import DynamicCache
-
-    from ..measure.tracker import unpacked_sequences
-
-    model.eval()
-    rec = Recorder()
-    rec.external(model.parameters(), PARAM)
-    rec.external(model.buffers(), BUFFER)
-    rec.external([v for v in inputs.values() if isinstance(v, torch.Tensor)], INPUT)
-    cache_ids: set[int] = set()
-    with rec, unpacked_sequences(), collector_paused(), torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        rec.mark("prefill")
-        token = _next_token(model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1))
-        cache_ids |= _storage_ids(rec, _cache_tensors(cache))
-        rec.mark("decode")
-        token = _next_token(model(input_ids=token, past_key_values=cache, use_cache=True))
-        cache_ids |= _storage_ids(rec, _cache_tensors(cache))
-        rec.mark("end")
-        del token, cache
-    tr = rec.trace()
-    return StepTrace(tr, classify(tr, cache_ids, start_bwd=len(tr.events)))
-
-
-def _next_token(out) -> torch.Tensor:
-    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-    del out
-    return logits.argmax(dim=-1, keepdim=True)
-
-
-def _cache_tensors(cache) -> list[torch.Tensor]:
-    return [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
-            if isinstance(t, torch.Tensor)]

@@ -13,6 +13,7 @@ collector happens to run.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Trace:
     ops: list[str]
     marks: dict[str, int]
     external: dict[int, str] = field(default_factory=dict)
+    spans: list[tuple[str, int, int, int]] = field(default_factory=list)  # (phase, step, first event, end event)
 
     def live(self) -> np.ndarray:
         """Live bytes after each event."""
@@ -55,7 +57,7 @@ class Trace:
                 which.append(-1)
             else:
                 which.append(ordinal[sid])
-        return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())))
+        return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())), tuple(self.spans))
 
 
 def _tensors(obj):
@@ -92,7 +94,9 @@ class Recorder(TorchDispatchMode):
         self._marks: dict[str, int] = {}
         self._external: dict[int, str] = {}
         self._next = 0
-        self._op = ""
+        self._spans: list[tuple[str, int, int, int]] = []
+        self._closed = False
+        self.cache_ids: set[int] = set()  # storages seen holding a KV cache (saw_cache)
 
     # ---- storages
     def _see(self, t: torch.Tensor, op: str) -> int | None:
@@ -119,7 +123,7 @@ class Recorder(TorchDispatchMode):
         return sid
 
     def _record(self, sid: int, signed_bytes: int, op: str) -> None:
-        if signed_bytes:  # an empty storage is neither an allocation nor a free (MemTracker skips them too)
+        if signed_bytes and not self._closed:  # an empty storage is neither an allocation nor a free (MemTracker skips them too)
             self._events.append((sid, signed_bytes))
             self._ops.append(op)
 
@@ -148,6 +152,36 @@ class Recorder(TorchDispatchMode):
         gc.collect(0)
         self._marks[name] = len(self._events)
 
+    # ---- measure/tracker.Phases: run_steps reports each phase, the end of each step and the KV cache
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int):
+        self.mark(name if name not in self._marks else f"{name}{step}")
+        start = len(self._events)
+        try:
+            yield
+        finally:
+            gc.collect(0)
+            self._spans.append((name, step, start, len(self._events)))
+
+    def step_done(self) -> None:
+        pass
+
+    def saw_cache(self, cache) -> None:
+        for layer in getattr(cache, "layers", ()):
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    sid = self.storage_id(t)
+                    if sid is not None:
+                        self.cache_ids.add(sid)
+        for part in ("self_attention_cache", "cross_attention_cache"):  # an EncoderDecoderCache
+            if hasattr(cache, part):
+                self.saw_cache(getattr(cache, part))
+
+    def __exit__(self, *args):
+        out = super().__exit__(*args)
+        self._closed = True  # frees after the recording (the caller dropping its tensors) are not events
+        return out
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
@@ -157,4 +191,4 @@ class Recorder(TorchDispatchMode):
 
     def trace(self) -> Trace:
         ev = np.array(self._events, dtype=np.int64).reshape(-1, 2)
-        return Trace(ev, list(self._ops), dict(self._marks), dict(self._external))
+        return Trace(ev, list(self._ops), dict(self._marks), dict(self._external), list(self._spans))

@@ -227,6 +227,9 @@ class Phases(Protocol):
 
     def step_done(self) -> None: ...
 
+    # optional: `saw_cache(cache)` is called after each phase of a generative request with its KV cache (the derive
+    # package tells cache storages from the rest with it)
+
 
 def _autocast(dtype: torch.dtype | None):
     if dtype is None:
@@ -235,13 +238,14 @@ def _autocast(dtype: torch.dtype | None):
 
 
 def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
-    """Run the workload itself, phase by phase: two training steps (forward keeping only the loss, backward,
-    optimizer step, zero_grad(set_to_none=True)), or one inference request (see `_run_infer`). Returns the totals
-    it can read afterwards (gradients, optimizer state, KV cache bytes)."""
+    """Run the workload itself, phase by phase: `w.steps` training steps (forward keeping only the loss, backward,
+    optimizer step, zero_grad(set_to_none=True); without an optimizer, forward and backward only, the gradients
+    left in place), or one inference request (see `_run_infer`). Returns the totals it can read afterwards
+    (gradients, optimizer state, KV cache bytes)."""
     totals: dict[str, int] = {}
     if w.mode == "train":
         w.model.train()
-        for step in (1, 2):
+        for step in range(1, w.steps + 1):
             with rec.phase("forward", step):
                 with _autocast(w.autocast_dtype):
                     if w.loss_fn is not None:
@@ -254,11 +258,15 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
                 loss.backward()
                 del loss
             totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
+            if w.optimizer is None:  # the derive package's probe: forward and backward of one step, grads kept
+                rec.step_done()
+                continue
             with rec.phase("optimizer", step):
                 w.optimizer.step()
                 w.optimizer.zero_grad(set_to_none=True)
             rec.step_done()  # module stats are per step; the module hooks need them within one
-        totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
+        if w.optimizer is not None:
+            totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
         return totals
     return _run_infer(w, rec)
 
@@ -340,30 +348,36 @@ def _run_infer(w: Workload, rec: Phases) -> dict[str, int]:
             from transformers import EncoderDecoderCache
 
             cache = EncoderDecoderCache(DynamicCache(config=text), DynamicCache(config=text))
+            saw = getattr(rec, "saw_cache", lambda cache: None)
             with rec.phase("prefill", 1):
                 encoded = w.model.get_encoder()(**w.inputs)
                 start = torch.full((w.inputs["input_ids"].shape[0], 1), int(w.model.config.decoder_start_token_id),
                                    dtype=torch.long)
                 token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=start,
                                                        past_key_values=cache, use_cache=True))
+                saw(cache)
             rec.step_done()
             for i in range(w.decode_tokens):
                 with rec.phase("decode", i + 1):
                     token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=token,
                                                            past_key_values=cache, use_cache=True))
+                    saw(cache)
                 rec.step_done()
             out_totals["self_attention_cache_bytes"] = cache_bytes(cache.self_attention_cache)
             out_totals["cross_attention_cache_bytes"] = cache_bytes(cache.cross_attention_cache)
             out_totals["kv_cache_bytes"] = sum(out_totals.values())
             return out_totals
         cache = DynamicCache(config=text)
+        saw = getattr(rec, "saw_cache", lambda cache: None)
         with rec.phase("prefill", 1):
             token = _generate_step(lambda: w.model(**w.inputs, past_key_values=cache, use_cache=True,
                                                    logits_to_keep=w.logits_to_keep))
+            saw(cache)
         rec.step_done()
         for i in range(w.decode_tokens):
             with rec.phase("decode", i + 1):
                 token = _generate_step(lambda: w.model(input_ids=token, past_key_values=cache, use_cache=True))
+                saw(cache)
             rec.step_done()  # one module record per forward call
         out_totals["kv_cache_bytes"] = cache_bytes(cache)
     return out_totals

@@ -37,7 +37,7 @@ def _estimate(cfg, i, device):
     if i["mode"] == "train":
         rec, st = D.train_inputs(arch, prec, (i["optimizer"],), (i.get("optimizer_impl", "foreach"),),
                                  (i.get("attention", "flash"),), (i.get("checkpointing", "none"),), device)
-        out = D.train_rows(arch, b, s, rec, st, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+        out = D.train_rows(b, s, rec, st, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     else:
         rec, W = D.infer_inputs(arch, prec, (i.get("attention", "flash"),), device)
         out = D.infer_rows(b, s, np.array([i["decode_tokens"]]), rec, W, np.zeros(1, dtype=np.int64))
