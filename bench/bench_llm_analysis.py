@@ -172,8 +172,8 @@ def main() -> int:
         return estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
 
     rows = estimate(grid)
-    # one estimate_frame call is ~0.2 ms: the best of 100 (bench_estimate.py takes the best of 300), its steady cost
-    # per call in a warm process as llm-analysis's best pass of 1,000 calls is its own
+    # one estimate_frame call takes about a millisecond: the best of 100, its steady cost per call in a warm process
+    # as llm-analysis's best pass of 1,000 calls is its own
     reps = max(args.repeats, 10)
     per_est = best_of(lambda: estimate(grid), 10 * reps) / n  # the estimator on the 1,000 rows: like for like
     per_run = best_of(lambda: run_scenario(sc), reps) / n  # + grid expansion and the max-batch table

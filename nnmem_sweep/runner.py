@@ -8,10 +8,9 @@ Library entry points:
   of points. `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
   column, peak_allocated_bytes, peak_phase, overhead_bytes, total_bytes, usable_bytes and fits (then any further
-  per-row arrays the components return, such as per-rank host memory; their "host_fits" is ANDed into fits). Built
-  block by block from pandas' internals (pd.DataFrame(dict) where they are missing), the same frame. The accuracy
-  comparison calls it on measured points, with device="cpu" where the measurement ran on the CPU (CPU dropout
-  keeps a noise tensor of the input dtype where CUDA keeps a 1-byte mask; nothing else differs).
+  per-row arrays the components return, such as per-rank host memory; their "host_fits" is ANDed into fits). The
+  accuracy comparison calls it on measured points, with device="cpu" where the measurement ran on the CPU (CPU
+  dropout keeps a noise tensor of the input dtype where CUDA keeps a 1-byte mask; nothing else differs).
 - `estimate_point(model=..., mode=..., batch=..., ...) -> pd.Series` and `format_breakdown(row) -> str` for
   `nnmem-sweep estimate`.
 
@@ -28,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .bounds import MAXIMA, check_columns, check_frame, check_maxima
+from .bounds import check_frame
 from . import columns as C
 from . import cluster, serving
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import ROWS, estimate_components
+from .components.peak import estimate_components
 from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, expand_grid, point_axes, product_frame
@@ -40,17 +39,6 @@ from .models.arch import Architecture
 from .paths import atomic_write_text
 from .scenario import GPUSpec, Overheads, Scenario
 from .units import format_bytes, parse_size
-
-try:  # pandas >= 2.3; pd.DataFrame(dict) otherwise
-    from pandas.api.internals import create_dataframe_from_blocks as _from_blocks
-except ImportError:  # pragma: no cover - depends on the installed pandas
-    _from_blocks = None
-try:  # the blocks made directly where pandas' internals have these (see _frame_of_blocks)
-    from pandas._libs.internals import BlockPlacement as _Placement
-    from pandas.core.internals.blocks import get_block_type as _block_type
-    from pandas.core.internals.managers import BlockManager as _Manager
-except ImportError:  # pragma: no cover - depends on the installed pandas
-    _Manager = None
 
 CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
 
@@ -75,186 +63,9 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits).
     Any further array estimate_components returns becomes an int64 column after `fits`; a boolean array under
     "host_fits" is ANDed into `fits` instead."""
-    names = tuple(frame.columns.tolist())
-    read = _read_columns(frame, len(names)) if _from_blocks is not None else None
-    if read is None:
-        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
-    values, kinds = read
-    key = (names, kinds)
-    lay = _LAYOUTS.get(key, _UNSEEN)
-    if lay is _UNSEEN:
-        if len(_LAYOUTS) >= 64:
-            _LAYOUTS.clear()
-        lay = _LAYOUTS[key] = _Layout.of(*key)
-    if lay is None:  # duplicated names, output columns already there (re-estimating results), odd column kinds
-        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
-    given = dict(zip(names, values))
-    n = len(frame)
-
-    # The output's int64 columns are the rows of one 2-D block (the consolidated layout pd.DataFrame(dict)
-    # reaches), written in place: the int64 inputs (the bound's columns first), the components and peak (the
-    # estimator writes them), then overhead, total, gpu_memory and usable. Every block is a fresh array
-    # (categoricals copied), so the output shares no memory with the input frame.
-    buf = np.empty((lay.rows, n), dtype=np.int64)
-    for r, i in enumerate(lay.int_rows):
-        buf[r] = values[i]
-    extent = None  # (lowest, highest) of every batch and seq_len: spares the estimator taking them again
-    if n:  # refuse points whose bytes could wrap around int64 (bounds.py), on the maxima of the copied rows
-        if lay.bound_rows is None:
-            check_columns(arch, n, given)
-        else:
-            top = np.maximum.reduce(buf[:len(lay.bound_rows)], axis=1).tolist()
-            check_maxima(arch, dict(zip(lay.bound_rows, top)), given.get(C.ATTENTION))
-            if lay.bound_rows[:2] == [C.BATCH, C.SEQ_LEN]:
-                extent = (min(np.minimum.reduce(buf[:2], axis=1).tolist()), max(top[:2]))
-    c = lay.comp_row
-    held = buf[c:c + len(C.COMPONENTS) + 1]
-    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits, _columns=given, _out=held,
-                                _extent=extent)
-    rows = comps.pop(ROWS, None)
-    if rows is None:  # an estimate that did not write into `held` (transformer inference): copied
-        for r, name in enumerate(_HELD):
-            held[r] = comps.get(name, 0)
-        rows = _HELD
-    extra = [k for k in comps if k not in _OWN_KEYS]
-    if extra and (not _COMPUTED.isdisjoint(extra) or not frozenset(extra).isdisjoint(names)):
-        return _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits)
-
-    c += len(C.COMPONENTS)
-    peak, mem = buf[c], buf[c + 3]
-    mem[...] = np.asarray(values[lay.mem], dtype=np.int64)
-    total = np.add(peak, overhead_bytes(peak, overheads, out=buf[c + 1]), out=buf[c + 2])
-    fits = np.less_equal(total, usable_bytes(mem, headroom, out=buf[c + 4]), out=np.empty((1, n), dtype=bool)[0])
-    host = comps.get(HOST_FITS)
-    if host is not None:
-        fits &= np.asarray(host, dtype=bool)
-    if extra:
-        more = np.empty((len(extra), n), dtype=np.int64)
-        for r, k in enumerate(extra):
-            more[r] = comps[k]  # cast to int64 as np.asarray(v, dtype=np.int64)
-        buf = np.concatenate((buf, more))
-
-    at_ints, at_phase, at_fits, columns = lay.placed(rows, tuple(extra))
-    blocks = [(v.reshape(1, -1).copy() if kind == "n" else v.copy(), at)
-              for v, kind, at in ((values[i], kind, at) for i, kind, at in lay.others)]
-    blocks += [(comps[C.PEAK_PHASE], at_phase), (fits.reshape(1, n), at_fits), (buf, at_ints)]
-    return _frame_of_blocks(blocks, frame.index, columns)
-
-
-HOST_FITS = "host_fits"  # estimate_components may return it: per-row bool, ANDed into fits
-_OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, HOST_FITS))
-_OUT_COLUMNS = (*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS)
-_COMPUTED = frozenset(_OUT_COLUMNS) - {C.GPU_MEMORY}  # gpu_memory_bytes is an input, moved to its place
-_HELD = (*C.COMPONENTS, C.PEAK_ALLOCATED)  # the rows estimate_components may write, in the order it did not say
-_INT64 = np.dtype(np.int64)
-_UNSEEN = object()
-
-
-def _read_columns(frame: pd.DataFrame, n_columns: int) -> tuple[list, tuple] | None:
-    """(each column's values, each column's _kind) without building a Series: block by block from the frame's
-    block manager (half the cost of DataFrame._iter_column_arrays, and a block's kind is decided once), else
-    column by column with _iter_column_arrays; None where neither is there (pandas internals, both)."""
-    values: list = [None] * n_columns
-    kinds: list = [None] * n_columns
-    try:
-        blocks = frame._mgr.blocks
-        for blk in blocks:
-            v = blk.values
-            at = blk.mgr_locs.indexer  # a slice or an int array
-            if v.ndim == 1:  # an extension array: one column
-                j = at.start if type(at) is slice else int(at[0])
-                values[j] = v
-                kinds[j] = "c" if type(v) is pd.Categorical else _kind(v)
-                continue
-            kind = _kind(v) if type(v) is np.ndarray else None  # rows of a 2-D numpy array, or datetimes
-            for r, j in enumerate(range(at.start, at.stop, at.step) if type(at) is slice else at.tolist()):
-                values[j] = v[r]
-                kinds[j] = kind
-    except AttributeError:
-        read = getattr(frame, "_iter_column_arrays", None)
-        if read is None:
-            return None
-        values = list(read())
-        kinds = list(map(_kind, values))
-    return values, tuple(kinds)
-
-
-def _kind(v) -> str | None:
-    """How the block path carries an input column: "i" an int64 row of the int block, "n" another numpy array
-    (a block of its own), "c" a categorical or string array (copied); None: a kind left to pd.DataFrame(dict)
-    (datetimes, sparse, nullable ints ...)."""
-    if isinstance(v, np.ndarray):
-        if type(v) is np.ndarray and v.dtype == _INT64:
-            return "i"
-        return None if v.dtype.kind in "mM" else "n"
-    if (isinstance(v, pd.Categorical) or isinstance(v.dtype, pd.StringDtype)) and \
-            not getattr(v.dtype, "_supports_2d", False):
-        return "c"
-    return None
-
-
-class _Layout:
-    """Where estimate_frame puts each input column of frames with these column names and kinds of values, worked
-    out once per (names, kinds): ~30 us of Python per call otherwise."""
-
-    @classmethod
-    def of(cls, names: tuple[str, ...], kinds: tuple) -> "_Layout | None":
-        if (len(set(names)) != len(names) or not _COMPUTED.isdisjoint(names) or C.GPU_MEMORY not in names
-                or None in kinds):
-            return None
-        return cls(names, kinds)
-
-    def __init__(self, names: tuple[str, ...], kinds: tuple):
-        self.names = [c for c in names if c != C.GPU_MEMORY]  # the input columns, gpu_memory moves among outputs
-        pos = {c: j for j, c in enumerate(self.names)}
-        self.first_out = len(self.names)
-        self.mem = names.index(C.GPU_MEMORY)
-        ints = {c: i for i, (c, k) in enumerate(zip(names, kinds)) if k == "i" and c != C.GPU_MEMORY}
-        bound = [c for c in MAXIMA if c in ints]
-        # every bound column present an int64 row: one reduction over the first rows takes their maxima
-        self.bound_rows = bound if all(c in ints for c in MAXIMA if c in names) else None
-        self.int_rows = [ints[c] for c in bound] + [i for c, i in ints.items() if c not in bound]
-        self.int_at = [pos[names[i]] for i in self.int_rows]
-        self.comp_row = len(self.int_rows)
-        self.rows = self.comp_row + len(_HELD) + 4  # + overhead, total, gpu_memory, usable
-        self.others = [(i, k, slice(pos[c], pos[c] + 1)) for i, (c, k) in enumerate(zip(names, kinds))
-                       if c not in ints and c != C.GPU_MEMORY]
-        self._placed: dict[tuple, tuple] = {}
-
-    def placed(self, rows: tuple[str, ...], extra: tuple[str, ...]):
-        """(placement of the int block's rows, of peak_phase, of fits, the output's column labels)."""
-        hit = self._placed.get((rows, extra))
-        if hit is None:
-            out = {c: self.first_out + j for j, c in enumerate(_OUT_COLUMNS)}
-            at = self.int_at + [out[c] for c in (*rows, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE)]
-            at += range(self.first_out + len(_OUT_COLUMNS), self.first_out + len(_OUT_COLUMNS) + len(extra))
-            j, f = out[C.PEAK_PHASE], out[C.FITS]
-            hit = self._placed[rows, extra] = (np.array(at, dtype=np.intp), slice(j, j + 1), slice(f, f + 1),
-                                               pd.Index([*self.names, *_OUT_COLUMNS, *extra]))
-        return hit
-
-
-_LAYOUTS: dict[tuple, _Layout | None] = {}
-
-
-def _frame_of_blocks(blocks: list[tuple[object, object]], index: pd.Index, columns: pd.Index) -> pd.DataFrame:
-    """create_dataframe_from_blocks(blocks, index, columns) for blocks that are 2-D numpy arrays (rows, n) or 1-D
-    categorical / string arrays, placements as slices or int arrays. Where pandas' internals are importable the
-    blocks are made directly: create_dataframe_from_blocks infers each block's type and verifies the shapes,
-    ~2 us a block, for blocks made here to fit."""
-    if _Manager is None:
-        return _from_blocks([(v, _as_array(at)) for v, at in blocks], index=index, columns=columns)
-    made = [_block_type(v.dtype)(v, ndim=2, placement=_Placement(at)) for v, at in blocks]
-    mgr = _Manager.from_blocks(made, [columns, index])
-    return pd.DataFrame._from_mgr(mgr, mgr.axes)
-
-
-def _as_array(at) -> np.ndarray:
-    return np.arange(at.start, at.stop) if isinstance(at, slice) else at
-
-
-def _totals(comps: dict, mem: np.ndarray, overheads: Overheads, headroom: float):
-    """(peak, overhead, total, usable, fits): fits = total <= usable, and the host's verdict where there is one."""
+    check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
+    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
+    mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64, copy=True)  # the output shares no memory with the input
     peak = np.asarray(comps[C.PEAK_ALLOCATED], dtype=np.int64)
     over = overhead_bytes(peak, overheads)
     total = peak + over
@@ -263,20 +74,11 @@ def _totals(comps: dict, mem: np.ndarray, overheads: Overheads, headroom: float)
     host = comps.get(HOST_FITS)
     if host is not None:
         fits &= np.asarray(host, dtype=bool)
-    return peak, over, total, usable, fits
-
-
-def _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefill_logits) -> pd.DataFrame:
-    """estimate_frame's output built with pd.DataFrame(dict): where pandas lacks create_dataframe_from_blocks, or
-    for frames with duplicated column names or columns of kinds the block path does not handle."""
-    check_frame(arch, frame)
-    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
-    mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64)
-    peak, over, total, usable, fits = _totals(comps, mem, overheads, headroom)
+    # the input columns but gpu_memory_bytes, which moves among the outputs; an output column the frame already
+    # holds (re-estimating results) is overwritten where it stands
     out = {c: frame[c] for c in frame.columns if c != C.GPU_MEMORY}
     for c in C.COMPONENTS:
-        v = comps.get(c)
-        out[c] = np.zeros(len(frame), dtype=np.int64) if v is None else np.asarray(v, dtype=np.int64)
+        out[c] = np.asarray(comps[c], dtype=np.int64) if c in comps else np.zeros(len(frame), dtype=np.int64)
     out[C.PEAK_ALLOCATED] = peak
     out[C.PEAK_PHASE] = comps[C.PEAK_PHASE]
     out[C.OVERHEAD] = over
@@ -288,6 +90,10 @@ def _estimate_frame_plain(arch, mode, frame, overheads, headroom, device, prefil
         if k not in _OWN_KEYS:
             out[k] = np.asarray(comps[k], dtype=np.int64)
     return pd.DataFrame(out, index=frame.index, copy=False)
+
+
+HOST_FITS = "host_fits"  # estimate_components may return it: per-row bool, ANDed into fits
+_OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, HOST_FITS))
 
 
 def _progress(enabled: bool, start: float, done: int, total: int) -> None:

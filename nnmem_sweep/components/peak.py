@@ -23,12 +23,10 @@ Inference (generate() with a dynamic cache, or a preallocated cache of cache_tok
     decode          W + KV(prompt + decode_tokens) + the cache append copy + one token's intermediates,
                     or + the last step's logits (two moments)
 
-Speed: everything that depends only on the model and on the names in the grid (precisions, optimizers, ...) is a
-plan, built once per (architecture, mode, device, names) and cached: per phase and component, the five Term
-coefficients of every combination of names. A call then reads the columns, forms one combination code per row and
-evaluates the phase totals and the winner's components with a handful of numpy gathers: no pandas operation but
-reading the columns and building the phase categorical, so the fixed cost per call stays in the tens of
-microseconds.
+Everything that depends only on the model and on the names in the grid (precisions, optimizers, ...) is a plan,
+built once per (architecture, mode, device, names) and cached: per phase and component, the five Term coefficients
+of every combination of names. A call reads the columns, forms one combination code per row, evaluates every phase
+total, takes the winner per row (np.argmax over the phases) and evaluates the winner's components.
 
 What lives where: this module holds the plan machinery (_Plan, _TermTable, _Rows, the plan cache), the plans of
 one GPU (training, inference of layer nets and params models, the transformer inference tables and phases), the
@@ -68,42 +66,15 @@ _PLAN_CACHE_SIZE = 64
 
 # ---------------------------------------------------------------- reading the frame
 
-def column_values(frame: pd.DataFrame, col: str):
-    """The column's values (ndarray or extension array) without building a Series: DataFrame.__getitem__ costs
-    ~10 us a call in pandas 3, the largest part of a small call. Falls back to the public path."""
-    try:
-        return frame._get_column_array(frame.columns.get_loc(col))
-    except (AttributeError, TypeError):  # another pandas, or a duplicated column name
-        return frame[col].array
+def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
+    return frame[col].to_numpy(dtype=np.int64)
 
 
-def _column(frame: pd.DataFrame, col: str, given: dict | None):
-    """The column's values: from `given` ({name: values} already read by the caller) or from the frame."""
-    return column_values(frame, col) if given is None else given[col]
-
-
-def _ints(frame: pd.DataFrame, col: str, given: dict | None = None) -> np.ndarray:
-    return np.asarray(_column(frame, col, given), dtype=np.int64)
-
-
-_CATEGORY_NAMES: dict[int, tuple[pd.CategoricalDtype, tuple]] = {}
-
-
-def _codes(frame: pd.DataFrame, col: str, given: dict | None = None) -> tuple[np.ndarray, tuple]:
+def _codes(frame: pd.DataFrame, col: str) -> tuple[np.ndarray, tuple]:
     """Integer codes and their values for a (categorical or plain) column."""
-    v = _column(frame, col, given)
-    if isinstance(v, pd.Categorical):
-        dtype = v.dtype  # the names of a categorical dtype, kept per dtype object (the grid's dtypes are reused)
-        hit = _CATEGORY_NAMES.get(id(dtype))
-        if hit is None or hit[0] is not dtype:
-            if len(_CATEGORY_NAMES) >= 4 * _PLAN_CACHE_SIZE:
-                _CATEGORY_NAMES.clear()
-            hit = _CATEGORY_NAMES[id(dtype)] = (dtype, tuple(v.categories))
-        if given is not None:  # estimate_frame's columns: the codes are read here only, never written: not the
-            codes = getattr(v, "_codes", None)  # read-only view .codes makes (~0.6 us a column)
-            if codes is not None:
-                return codes, hit[1]
-        return v.codes, hit[1]
+    v = frame[col]
+    if isinstance(v.dtype, pd.CategoricalDtype):
+        return v.cat.codes.to_numpy(), tuple(v.cat.categories)
     codes, uniques = pd.factorize(v, sort=False)
     return codes, tuple(uniques)
 
@@ -114,7 +85,7 @@ def _combine(codes: list[np.ndarray], sizes: tuple[int, ...]) -> np.ndarray:
     live = [(c, m) for c, m in zip(codes, sizes) if m > 1]
     if not live:
         return np.zeros(len(codes[0]), dtype=np.intp)
-    if len(live) == 1:  # the codes themselves (int8 for a categorical): converted once, not in every gather
+    if len(live) == 1:
         return live[0][0].astype(np.intp)
     return np.ravel_multi_index([c for c, _ in live], [m for _, m in live])
 
@@ -132,267 +103,87 @@ def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-class _TermTable:
-    """One Term per combination code, evaluated for all rows at once as const + s·pos + b·(seq + s·(tok + s·s2));
-    coefficients that are zero everywhere are skipped (exact: the terms are integers). Transformer inference."""
+def _features(b: np.ndarray, s: np.ndarray) -> list:
+    """The row factor of each Term coefficient: const · 1, pos · s, seq · b, tok · b·s, s2 · b·s²."""
+    bs = b * s
+    return [None, s, b, bs, bs * s]
+
+
+class _Table:
+    """m Terms per index, from an (N, m, 5) coefficient array: eval(idx, x) gives, for every row r,
+    const + s·pos + b·seq + (b·s)·tok + (b·s²)·s2 of Term j at index idx[r], as an (m, rows) int64 array. Integer
+    arithmetic in int64, so exact (the bound check in bounds.py keeps every total far below 2^63). Each coefficient
+    is evaluated only for the Terms where it is not zero at some index."""
+
+    def __init__(self, arr: np.ndarray):
+        self.m = arr.shape[1]
+        self.coef = []  # (coefficient, the Terms that use it, their table: (len(terms), N))
+        for f in range(arr.shape[2]):
+            terms = np.flatnonzero(arr[..., f].any(axis=0))
+            if len(terms):
+                self.coef.append((f, terms, np.ascontiguousarray(arr[:, terms, f].T)))
+
+    def eval(self, idx: np.ndarray, x: list) -> np.ndarray:
+        out = np.zeros((self.m, len(idx)), dtype=np.int64)
+        for f, terms, table in self.coef:
+            part = table.take(idx, axis=1)
+            if x[f] is not None:
+                part *= x[f]
+            out[terms] += part
+        return out
+
+
+class _TermTable(_Table):
+    """One Term per combination code (transformer inference): eval gives one value per row, `coefficient(f)` the
+    per-code coefficient f (0 const ... 4 s2)."""
 
     def __init__(self, terms: list[Term]):
-        arr = _vec(terms, (len(terms),))
-        self.const, self.pos, self.seq, self.tok, self.s2 = (np.ascontiguousarray(arr[:, i]) for i in range(5))
-        self.use_pos, self.use_seq, self.use_tok, self.use_s2 = (bool(x.any()) for x in
-                                                                 (self.pos, self.seq, self.tok, self.s2))
+        arr = _vec(terms, (len(terms), 1))
+        super().__init__(arr)
+        self.arr = arr[:, 0]
 
     def eval(self, idx: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
-        out = self.const[idx]
-        per = None
-        if self.use_s2:
-            per = s * self.s2[idx]
-        if self.use_tok:
-            per = self.tok[idx] if per is None else per + self.tok[idx]
-        if per is not None:
-            per = s * per
-        if self.use_seq:
-            per = self.seq[idx] if per is None else per + self.seq[idx]
-        if per is not None:
-            out = out + b * per
-        if self.use_pos:
-            out = out + s * self.pos[idx]
-        return out
+        return super().eval(idx, _features(b, s))[0]
 
-
-class _Rows:
-    """m Terms per index: out[j, r] = const + s·pos + b·seq + (b·s)·tok + (b·s²)·s2 of Term j at idx[r]. The same
-    integer polynomial as Term.eval, so exact (int64 arithmetic is a ring: any order of the same sums and products
-    gives the same bits). Per coefficient one (rows, N) table over the rows where it is not zero everywhere (a
-    slice: `order` puts the rows with the same coefficients together), so constants cost one gather.
-
-    The evaluation is a fixed program worked out here: a coefficient's gather goes straight into the output rows
-    that no earlier coefficient wrote (then scaled in place), and is added to the rows that one did; rows no
-    coefficient touches are zeroed; coefficients that are the same at every index are broadcast, not gathered.
-    Gathers use mode="wrap", which for the indices this module forms (within [-1, N)) selects what the default
-    mode does, without the default's copy through a buffer when writing into `out`."""
-
-    def __init__(self, arr: np.ndarray, order: list[int] | None = None):  # arr (N, m, 5)
-        self.order = list(range(arr.shape[1])) if order is None else order
-        arr = arr[:, self.order]
-        self.m = arr.shape[1]
-        self.parts = []  # (feature, row slice, table)
-        for f in range(5):
-            rows = np.flatnonzero(arr[..., f].any(axis=0))
-            if len(rows):
-                sl = slice(int(rows[0]), int(rows[-1]) + 1)
-                self.parts.append((f, sl, np.ascontiguousarray(arr[:, sl, f].T)))
-        self.used = {f for f, _, _ in self.parts}
-        written = np.zeros(self.m, dtype=bool)
-        # (feature, row slice, table, whether those rows are still unwritten, the table's one column where every
-        # index has the same coefficients: no gather then)
-        self.steps = []
-        for f, sl, t in self.parts:
-            for a, z, fresh in _runs(~written[sl]):
-                part = np.ascontiguousarray(t[a:z])
-                same = part[:, :1] if (part == part[:, :1]).all() else None
-                self.steps.append((f, slice(sl.start + a, sl.start + z), part, fresh, same))
-            written[sl] = True
-        self.zero = [slice(a, z) for a, z, unwritten in _runs(~written) if unwritten]
-
-    def eval(self, idx: np.ndarray, x: dict[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """(m, rows), in the order given; written into `out` (an (m, rows) int64 array) where one is passed."""
-        if out is None:
-            out = np.empty((self.m, len(idx)), dtype=np.int64)
-        for f, sl, t, fresh, same in self.steps:
-            if same is not None:  # one column, broadcast over the rows
-                if not f:
-                    if fresh:
-                        out[sl] = same
-                    else:
-                        out[sl] += same
-                elif fresh:
-                    np.multiply(same, x[f], out=out[sl])
-                else:
-                    out[sl] += same * x[f]
-            elif fresh:
-                g = t.take(idx, axis=1, out=out[sl], mode="wrap")
-                if f:
-                    g *= x[f]
-            else:
-                g = t.take(idx, axis=1, mode="wrap")
-                if f:
-                    g *= x[f]
-                out[sl] += g
-        for sl in self.zero:
-            out[sl] = 0
-        return out
-
-
-def _runs(flags: np.ndarray) -> list[tuple[int, int, bool]]:
-    """(start, stop, value) of each run of equal values."""
-    runs: list[tuple[int, int, bool]] = []
-    for i, v in enumerate(flags.tolist()):
-        if runs and runs[-1][2] == v:
-            runs[-1] = (runs[-1][0], i + 1, v)
-        else:
-            runs.append((i, i + 1, v))
-    return runs
-
-
-def _features(b: np.ndarray, s: np.ndarray, used: set[int]) -> dict[int, np.ndarray]:
-    """The row factors of the Term coefficients: pos · s, seq · b, tok · b·s, s2 · b·s²."""
-    x = {1: s, 2: b}
-    if 3 in used or 4 in used:
-        x[3] = b * s
-        if 4 in used:
-            x[4] = x[3] * s
-    return x
+    def coefficient(self, f: int) -> np.ndarray:
+        return self.arr[:, f]
 
 
 class _Plan:
     """Phases of a step over every combination of the names on `axes` (sizes `sizes`, row-major): per phase and
-    component the Term coefficients of every combination, laid out so that one row gather per coefficient
-    evaluates all phase totals, and one more per coefficient all components of the winning phase."""
+    component the Term coefficients of every combination. A call evaluates every phase total, takes the winner per
+    row (np.argmax: the first phase on ties) and evaluates the winner's components."""
 
     def __init__(self, axes: tuple[str, ...], sizes: tuple[int, ...], phases: list[tuple[str, dict]]):
         self.axes, self.sizes = axes, sizes
         self.nk = int(np.prod(sizes))
         self.names = names = [p[0] for p in phases]
-        self.single = len(phases) == 1
         # totals: (combination, phase, 5)
-        totals = np.stack([sum(comps.values()).reshape(-1, 5) for _, comps in phases], axis=1)
-        self.totals = _Rows(totals)
+        self.totals = _Table(np.stack([sum(comps.values()).reshape(-1, 5) for _, comps in phases], axis=1))
         # components of each phase: (phase · combination, component, 5); a single phase keeps only its own
-        names_out = list(phases[0][1]) if self.single else list(C.COMPONENTS)
+        self.comp_names = list(phases[0][1]) if len(phases) == 1 else list(C.COMPONENTS)
         zero = np.zeros((self.nk, 5), dtype=np.int64)
-        comps = np.concatenate([np.stack([pc[c].reshape(-1, 5) if c in pc else zero for c in names_out],
-                                         axis=1) for _, pc in phases])
-        # rows ordered by which coefficients they use (none at all first: zeroed, not gathered; then constants),
-        # so that each coefficient spans a slice
-        order = sorted(range(len(names_out)), key=lambda j: (bool(comps[:, j].any()),
-                                                              *(bool(comps[:, j, f].any()) for f in (1, 2, 3, 4))))
-        self.comps = _Rows(comps, order)
-        self.comp_names = [names_out[j] for j in order]
-        self.out_order = names_out
-        self.used = self.totals.used | self.comps.used
+        self.comps = _Table(np.concatenate([np.stack([pc[c].reshape(-1, 5) if c in pc else zero
+                                                      for c in self.comp_names], axis=1) for _, pc in phases]))
         uniq = list(dict.fromkeys(names))
         self.label = np.array([uniq.index(p) for p in names], dtype=np.int8)
         self.dtype = pd.CategoricalDtype(uniq)
-        self.empty = pd.Categorical.from_codes(np.zeros(0, dtype=np.int8), dtype=self.dtype)  # see _categorical
         self.host: np.ndarray | None = None  # parallel plans: host bytes per rank, per combination
         self.seq_divisor: np.ndarray | None = None  # parallel plans: s_l = s / divisor, per layout
-        # pick(out=...) writes the components in comp_names order, then zero rows for the components no phase
-        # holds, then the peak: these names, row by row
-        self.row_names = (*self.comp_names, *(c for c in C.COMPONENTS if c not in names_out), C.PEAK_ALLOCATED)
-        self._encode(totals)
-
-    def _encode(self, totals: np.ndarray) -> None:
-        """The winner without an argmax over phases (np.argmax along the phase axis costs ~15 us on 1,000 rows,
-        more than the maximum itself), and without the phases that cannot win.
-
-        Each phase total is evaluated as 2^q · total + r, r the phase's rank (P' − 1 for the first of the P'
-        phases kept, 0 for the last), from coefficients scaled the same way (the polynomial is linear in them, so
-        this is exact). The row maximum of these carries the peak in its high bits (an arithmetic shift right by
-        q gives it back exactly) and the winner in its low q bits, the earliest phase on ties as np.argmax
-        chooses. A phase is left out where another wins over it on every row with batch >= 1 and seq_len >= 1,
-        where every Term feature (s, b, b·s, b·s²) is >= 1 (see _beats): the winner is never among those.
-        Both hold while every |total| < 2^(62 − q) and no batch or sequence length is below 1: pick checks that
-        from the largest coefficients and the rows' largest batch and sequence (_encodable), and takes the
-        argmax over every phase otherwise."""
-        self.enc = None
-        if self.single:
-            return
-        n_ph = len(self.names)
-        self.cmax = [int(np.abs(totals[..., f]).max()) for f in range(5)]  # per coefficient, over every phase
-        keep = [j for j in range(n_ph) if not any(_beats(totals, a, j) for a in range(n_ph) if a != j)]
-        q = (len(keep) - 1).bit_length()
-        self.enc_limit = 1 << (62 - q)
-        if max(self.cmax) >= self.enc_limit:
-            return
-        rank = {j: len(keep) - 1 - r for r, j in enumerate(keep)}
-        rows = sorted(keep, key=lambda j: tuple(bool(totals[:, j, f].any()) for f in (1, 2, 3, 4)))  # as comps
-        enc = totals[:, rows] * (1 << q)
-        enc[..., 0] += np.array([rank[j] for j in rows], dtype=np.int64)
-        self.enc, self.shift, self.low_mask = _Rows(enc), q, (1 << q) - 1
-        by_low = [keep[len(keep) - 1 - r] for r in range(len(keep))]  # the phase whose rank is r
-        self.low_offset = np.array(by_low, dtype=np.int64) * self.nk  # its rows in the components' table
-        self.label_low = self.label[by_low]
-
-    def _encodable(self, b: np.ndarray, s: np.ndarray, extent: tuple[int, int] | None = None) -> bool:
-        """Whether these rows allow the encoding (see _encode): every batch and sequence length >= 1 and every
-        |total| <= c0 + (c_pos + c_seq)·M + c_tok·M² + c_s2·M³ < 2^(62 − q), M >= every batch and sequence
-        length. `extent`: (lowest, highest) of them where the caller has taken it; else M − 1 is the bitwise OR
-        of every (batch − 1) and (seq_len − 1), which is >= each of them when none is negative, and negative
-        otherwise."""
-        if self.enc is None:
-            return False
-        if extent is not None:
-            if extent[0] < 1:
-                return False
-            m = extent[1]
-        else:
-            u = np.subtract(b, 1)
-            np.bitwise_or(u, np.subtract(s, 1), out=u)
-            m = int(np.bitwise_or.reduce(u)) + 1
-            if m < 1:
-                return False
-        c = self.cmax
-        return c[0] + (c[1] + c[2]) * m + c[3] * m * m + c[4] * m * m * m < self.enc_limit
 
     def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(phases, rows) totals."""
-        return self.totals.eval(k, _features(b, s, self.totals.used))
+        return self.totals.eval(k, _features(b, s))
 
-    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray, out: np.ndarray | None = None,
-             extent: tuple[int, int] | None = None) -> dict[str, object]:
-        """Components of the winning phase, peak_allocated_bytes and peak_phase. With `out`, an int64 array of
-        (len(C.COMPONENTS) + 1, rows), they are written into it in the order of `row_names` (the dict's arrays are
-        its rows). `extent`: (lowest, highest) of every batch and sequence length in b and s, if known."""
-        x = _features(b, s, self.used)
-        m = len(self.comp_names)
-        if self.single:
-            totals = self.totals.eval(k, x, None if out is None else out[-1:])
-            win = np.zeros(len(k), dtype=np.int8)
-            peak = totals[0]
-            idx = k
-            label = self.label[win]
-        elif self._encodable(b, s, extent):
-            top = np.maximum.reduce(self.enc.eval(k, x), axis=0)
-            peak = np.right_shift(top, self.shift, out=None if out is None else out[-1])
-            low = np.bitwise_and(top, self.low_mask, out=top)  # the winner's rank
-            label = self.label_low[low]
-            idx = self.low_offset[low]  # winner · nk
-            idx += k
-        else:
-            totals = self.totals.eval(k, x)
-            win = np.argmax(totals, axis=0)  # first phase on ties
-            peak = totals.max(axis=0, out=None if out is None else out[-1])  # the winner's total
-            idx = win * self.nk + k
-            label = self.label[win]
-        values = self.comps.eval(idx, x, None if out is None else out[:m])
-        by_name = dict(zip(self.comp_names, values))
-        if out is not None:
-            out[m:-1] = 0
-        res: dict[str, object] = {c: by_name[c] for c in self.out_order}
-        res[C.PEAK_ALLOCATED] = peak
-        res[C.PEAK_PHASE] = _categorical(label, self.empty)
-        return res
-
-
-def _categorical(codes: np.ndarray, empty: pd.Categorical) -> pd.Categorical:
-    """pd.Categorical.from_codes(codes, dtype=empty.dtype, validate=False) for codes of the dtype's own code type
-    (int8 for the phase labels): made by the empty categorical's _from_backing_data where pandas has it, a few us
-    less."""
-    make = getattr(empty, "_from_backing_data", None)
-    if make is None or codes.dtype != empty.codes.dtype:
-        return pd.Categorical.from_codes(codes, dtype=empty.dtype, validate=False)
-    return make(codes)
-
-
-def _beats(totals: np.ndarray, a: int, j: int) -> bool:
-    """Whether phase a wins over phase j on every row whose Term features are all >= 1 (totals: (combination,
-    phase, 5)): no coefficient of j above a's, and either a comes first (a tie goes to it) or, for every
-    combination, some coefficient of j is below a's (j's total is then smaller by at least that feature)."""
-    ta, tj = totals[:, a], totals[:, j]
-    if (tj > ta).any():
-        return False
-    return a < j or bool((tj < ta).any(axis=1).all())
+    def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> dict[str, object]:
+        """Components of the winning phase, peak_allocated_bytes and peak_phase."""
+        x = _features(b, s)
+        totals = self.totals.eval(k, x)
+        win = np.argmax(totals, axis=0)  # first phase on ties
+        out: dict[str, object] = dict(zip(self.comp_names, self.comps.eval(win * self.nk + k, x)))
+        out[C.PEAK_ALLOCATED] = totals.max(axis=0)  # the winner's total
+        out[C.PEAK_PHASE] = pd.Categorical.from_codes(self.label[win], dtype=self.dtype)
+        return out
 
 
 def _lift(arr: np.ndarray, dims: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
@@ -562,28 +353,18 @@ class _InferTables:
 # ---------------------------------------------------------------- entry points
 
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
-                        prefill_logits: str = "last", _columns: dict | None = None,
-                        _out: np.ndarray | None = None, _extent: tuple[int, int] | None = None) -> dict[str, object]:
+                        prefill_logits: str = "last") -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
     CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
-    prefill that computes the logits of every prompt position.
-    For runner.estimate_frame: `_columns`, the frame's columns already read ({name: values}); `_out`, an int64
-    array of (len(C.COMPONENTS) + 1, rows) that plan-based estimates write their components and peak into, the
-    order of its rows then returned under ROWS (the other estimates leave it unused and return no ROWS);
-    `_extent`, (lowest, highest) of every batch and seq_len value, where the caller has taken them."""
-    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits, columns=_columns)
+    prefill that computes the logits of every prompt position."""
+    plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return _pick(*_infer_any(arch, frame, k, b, s), len(frame))
-    out = plan.pick(k, b, s, _out, _extent)
-    if _out is not None:
-        out[ROWS] = plan.row_names
+    out = plan.pick(k, b, s)
     if plan.host is not None:
         out[C.HOST], out[C.HOST_FITS] = _host(plan, k, frame)
     return out
-
-
-ROWS = "_rows"  # estimate_components(_out=...): the names of _out's rows, in order
 
 
 def _host(plan: _Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -640,45 +421,45 @@ def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, devic
 
 
 def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True,
-             prefill_logits: str = "last", columns: dict | None = None):
+             prefill_logits: str = "last"):
     """(plan, combination code, batch, seq_len); plan None for transformer inference (then the code is that of
-    (precision, attention)). `columns`: the frame's columns already read, {name: values}."""
+    (precision, attention))."""
     if device not in act.DEVICES:
         raise UsageError(f"unknown device {device!r}; use {' or '.join(act.DEVICES)}")
     if prefill_logits not in act.PREFILL_LOGITS:
         raise UsageError(f"unknown prefill_logits {prefill_logits!r}; use {' or '.join(act.PREFILL_LOGITS)}")
-    b = _ints(frame, C.BATCH, columns) if read_batch else None
-    s = _ints(frame, C.SEQ_LEN, columns)
-    p_code, p_names = _codes(frame, C.PRECISION, columns)
+    b = _ints(frame, C.BATCH) if read_batch else None
+    s = _ints(frame, C.SEQ_LEN)
+    p_code, p_names = _codes(frame, C.PRECISION)
     if mode == "train":
         _precisions(p_names, mode)  # checked before any other column is read
-        o_code, o_names = _codes(frame, C.OPTIMIZER, columns)
-        i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL, columns)
+        o_code, o_names = _codes(frame, C.OPTIMIZER)
+        i_code, i_names = _codes(frame, C.OPTIMIZER_IMPL)
         codes = [p_code, o_code, i_code]
         names: tuple = (p_names, o_names, i_names)
         if arch.kind == "transformer":
-            a_code, a_names = _codes(frame, C.ATTENTION, columns)
-            c_code, c_names = _codes(frame, C.CHECKPOINTING, columns)
+            a_code, a_names = _codes(frame, C.ATTENTION)
+            c_code, c_names = _codes(frame, C.CHECKPOINTING)
             codes += [a_code, c_code]
             names += (a_names, c_names)
-        if _has_parallel(frame, columns):
+        if par_layout.has_parallel_columns(frame):
             from ..parallel import plan as par_plan  # it imports this module: imported here, at use
 
             return par_plan._prepare_train(arch, mode, frame, device, codes, names, b, s)
         plan = _cached(arch, ("train", device, *names), lambda: _train_plan(arch, device, *names))
         return plan, _combine(codes, plan.sizes), b, s
     if mode == "infer":
-        if _has_parallel(frame, columns):  # tensor and pipeline parallel inference: a rank's model
+        if par_layout.has_parallel_columns(frame):  # tensor and pipeline parallel inference: a rank's model
             from ..parallel import plan as par_plan  # it imports this module: imported here, at use
 
-            key = par_plan._infer_key(arch, mode, frame, columns, p_code, p_names, prefill_logits)
+            key = par_plan._infer_key(arch, mode, frame, p_code, p_names, prefill_logits)
             if key is not None:
                 return None, key, b, s
         if arch.kind != "transformer":
             plan = _cached(arch, ("infer", p_names), lambda: _infer_plan(arch, p_names))
             return plan, p_code.astype(np.int64), b, s
         _precisions(p_names, mode)
-        a_code, a_names = _codes(frame, C.ATTENTION, columns)
+        a_code, a_names = _codes(frame, C.ATTENTION)
         tables = _cached(arch, ("infer-tables", p_names, a_names, prefill_logits),
                          lambda: _InferTables(arch, p_names, a_names, prefill_logits))
         return None, (tables, p_code.astype(np.int64), a_code), b, s
@@ -686,43 +467,20 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
 
 
-_PARALLEL = frozenset(C.PARALLEL_AXES)
-
-
-def _has_parallel(frame: pd.DataFrame, columns: dict | None) -> bool:
-    return par_layout.has_parallel_columns(frame) if columns is None else not _PARALLEL.isdisjoint(columns)
-
-
-_INFER_DTYPES: dict[tuple, pd.Categorical] = {}  # per phase names: an empty categorical of them
-
-
 def _pick(phase_totals: list[np.ndarray], phase_components: list[dict[str, np.ndarray]],
           phase_names: list[str], n: int) -> dict[str, object]:
-    """Components of the phase with the largest total (first one on ties). A component array that several phases
-    share (the weights) is taken as it is; the others are gathered from the winner's."""
+    """Components of the phase with the largest total (first one on ties); a component a phase does not hold is 0
+    there."""
     stacked = np.stack(phase_totals)
-    win = np.argmax(stacked, axis=0)
+    win = np.argmax(stacked, axis=0)[None]
     out: dict[str, object] = {}
     for comp in C.COMPONENTS:
-        arrays = [pc.get(comp) for pc in phase_components]
-        uniq = list({id(a): a for a in arrays if a is not None}.values())
-        if not uniq:
-            out[comp] = np.zeros(n, dtype=np.int64)
-        elif len(uniq) == 1 and all(a is not None for a in arrays):
-            out[comp] = np.broadcast_to(uniq[0], (n,)).copy()
-        else:
-            rows = [np.broadcast_to(a, (n,)) for a in uniq] + [np.zeros(n, dtype=np.int64)]
-            pos = {id(a): j for j, a in enumerate(uniq)}
-            row_of = np.array([len(uniq) if a is None else pos[id(a)] for a in arrays], dtype=np.intp)
-            out[comp] = np.stack(rows).ravel()[row_of[win] * n + np.arange(n)]
-    out[C.PEAK_ALLOCATED] = stacked.max(axis=0)  # the winner's total
-    uniq_names = tuple(dict.fromkeys(phase_names))
-    empty = _INFER_DTYPES.get(uniq_names)
-    if empty is None:
-        empty = _INFER_DTYPES[uniq_names] = pd.Categorical.from_codes(np.zeros(0, dtype=np.int8),
-                                                                      dtype=pd.CategoricalDtype(list(uniq_names)))
-    label_codes = np.array([uniq_names.index(p) for p in phase_names], dtype=np.int8)[win]
-    out[C.PEAK_PHASE] = _categorical(label_codes, empty)
+        per_phase = np.stack([np.broadcast_to(pc.get(comp, 0), (n,)) for pc in phase_components])
+        out[comp] = np.take_along_axis(per_phase, win, axis=0)[0]
+    out[C.PEAK_ALLOCATED] = np.take_along_axis(stacked, win, axis=0)[0]  # the winner's total
+    uniq = list(dict.fromkeys(phase_names))
+    labels = np.array([uniq.index(p) for p in phase_names], dtype=np.int8)
+    out[C.PEAK_PHASE] = pd.Categorical.from_codes(labels[win[0]], dtype=pd.CategoricalDtype(uniq))
     return out
 
 
@@ -753,8 +511,9 @@ def _infer_phases(arch, frame, key, b, s):
     kv_pre = kv_cache_bytes(arch, b, t_prefill, e)
     # a decode step is the same moments for one token; eager attention scores span the whole cache
     one = np.ones_like(s)
-    scores = moments[0].s2[k] * b * cache_tokens(arch, t_final)
-    layer_step = np.maximum(moments[0].eval(k, b, one) - b * moments[0].s2[k] + scores, moments[1].eval(k, b, one))
+    s2 = moments[0].coefficient(4)[k]
+    scores = s2 * b * cache_tokens(arch, t_final)
+    layer_step = np.maximum(moments[0].eval(k, b, one) - b * s2 + scores, moments[1].eval(k, b, one))
     append = np.where(static, 0, kv_append_temp_bytes(arch, b, t_final, e))  # the cat copy of one layer's K
     d_layer = layer_step + cast + append
     d_logits = moments[2].eval(k, b, one)

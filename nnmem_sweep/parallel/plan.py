@@ -153,8 +153,8 @@ def _prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: s
     return plan, _combine(codes + [l_code], plan.sizes), b, s
 
 
-def _infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, columns: dict | None, p_code: np.ndarray,
-               p_names: tuple, prefill_logits: str):
+def _infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, p_code: np.ndarray, p_names: tuple,
+               prefill_logits: str):
     """components/peak._prepare for an inference frame with parallel columns: the key _infer_layouts reads,
     per layout the inference tables of its rank's model; None where every layout is one GPU or the model is
     not a transformer (peak then estimates the frame as it would without the columns)."""
@@ -163,7 +163,7 @@ def _infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, columns: dict
         par_layout.check(arch, layouts, mode)
         if arch.kind == "transformer":
             _precisions(p_names, mode)
-            a_code, a_names = _codes(frame, C.ATTENTION, columns)
+            a_code, a_names = _codes(frame, C.ATTENTION)
             keys = []
             for lay in layouts:
                 ra = par_states.infer_rank_arch(arch, lay.tp, lay.pp)
