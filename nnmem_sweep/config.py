@@ -29,7 +29,8 @@ from .catalog import names
 from .catalog.gpus import get_gpu, unknown_gpu_message
 from .errors import Problem, ScenarioError
 from .paths import safe_stem
-from .scenario import GPUSpec, Overheads, Scenario
+from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, DEFAULT_HEADROOM,
+                       DEFAULT_MODE, GPUSpec, Overheads, Scenario)
 from .units import MiB, parse_size
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "scenario.schema.json"
@@ -41,13 +42,6 @@ MAX_FILE_BYTES = MiB
 # config has a few hundred; a "billion laughs" document hits the limit within milliseconds.
 MAX_NODES = 100_000
 MAX_DEPTH = 64
-
-# Defaults, documented in the schema's descriptions (and FORMULAS.md, "Runtime overheads").
-DEFAULT_MODE = "train"
-DEFAULT_HEADROOM = 0.05
-DEFAULT_CUDA_CONTEXT = "512 MiB"  # top of the 0.3-0.5 GiB seen with CUDA lazy loading
-DEFAULT_CUBLAS_WORKSPACE = "8519680 B"  # cuBLAS default workspace ":4096:2:16:8"
-DEFAULT_ALLOCATOR_RESERVE = 0.05
 
 # Axis defaults per mode. None: the axis must be given.
 AXIS_DEFAULTS: dict[str, dict[str, Any]] = {

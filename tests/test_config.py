@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from _helpers import load_edited
 from nnmem_sweep import columns as C
-from nnmem_sweep import config
+from nnmem_sweep import config, scenario
 from nnmem_sweep.catalog import names
 from nnmem_sweep.catalog.gpus import get_gpu
 from nnmem_sweep.config import load_scenario, parse_scenario_text, schema_text
@@ -347,8 +347,8 @@ def test_schema_documents_the_defaults_it_applies() -> None:
     assert "8519680 B" in props["overheads"]["properties"]["cublas_workspace"]["description"]
     assert "0.05" in props["overheads"]["properties"]["allocator_reserve"]["description"]
     assert "0.05" in props["headroom"]["description"]
-    assert (config.DEFAULT_CUDA_CONTEXT, config.DEFAULT_CUBLAS_WORKSPACE) == ("512 MiB", "8519680 B")
-    assert config.DEFAULT_HEADROOM == config.DEFAULT_ALLOCATOR_RESERVE == 0.05
+    assert (scenario.DEFAULT_CUDA_CONTEXT, scenario.DEFAULT_CUBLAS_WORKSPACE) == ("512 MiB", "8519680 B")
+    assert scenario.DEFAULT_HEADROOM == scenario.DEFAULT_ALLOCATOR_RESERVE == 0.05
 
 
 def test_every_shipped_config_also_passes_a_plain_jsonschema_validator() -> None:

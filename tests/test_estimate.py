@@ -1,4 +1,4 @@
-"""runner.estimate_frame's output frame: column order and dtypes, the input's index and columns carried through, no
+"""estimate.estimate_frame's output frame: column order and dtypes, the input's index and columns carried through, no
 memory shared with the input, the int64 bound. Extra arrays from estimate_components become columns after `fits`;
 "host_fits" is ANDed into fits."""
 import numpy as np
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
-from nnmem_sweep import runner
+from nnmem_sweep import estimate
 from nnmem_sweep.grid import expand_grid
 from nnmem_sweep.scenario import GPUSpec, Overheads
 
@@ -26,7 +26,7 @@ OUT_COLUMNS = [*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTA
 
 
 def _estimate(sc, frame, **kw):
-    return runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom, **kw)
+    return estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom, **kw)
 
 
 def _assert_consistent(out, frame):
@@ -94,7 +94,7 @@ def test_empty_frame_and_a_slice_of_the_grid():
 def test_output_shares_no_memory_with_the_input():
     sc, frame = CASES["llama train, eager and flash, two precisions"]()
     before = frame.copy(deep=True)
-    out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
     first = out.index[0]
     out.loc[first, C.PRECISION] = "bf16-mixed" if out.loc[first, C.PRECISION] == "fp32" else "fp32"
     out.loc[first, C.BATCH] = 999
@@ -103,7 +103,7 @@ def test_output_shares_no_memory_with_the_input():
 
 
 def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch):
-    real = runner.estimate_components
+    real = estimate.estimate_components
 
     def with_host(arch, mode, frame, device="cuda", **kw):
         comps = real(arch, mode, frame, device, **kw)
@@ -112,9 +112,9 @@ def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch
         comps["host_fits"] = np.arange(n) % 2 == 0  # every second row does not fit on the host
         return comps
 
-    monkeypatch.setattr(runner, "estimate_components", with_host)
+    monkeypatch.setattr(estimate, "estimate_components", with_host)
     sc, frame = _grid(TINY_LLAMA, batch=[1, 2])
-    out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
     assert list(out.columns[-2:]) == [C.FITS, "host_memory_bytes"] and "host_fits" not in out.columns
     assert out["host_memory_bytes"].dtype == np.int64
     assert out["host_memory_bytes"].tolist() == [0, 1000, 2000, 3000]
@@ -143,14 +143,14 @@ def test_int64_bound_reads_the_attention_column_only_to_admit_flash(categorical)
     # eager: 1,024 x 131,072 tokens x (per token ~2.4e8 + s x L x H x 16 = 131,072 x 126 x 128 x 16 ~ 3.4e10) x 2
     # ~ 9e18 > 2^62 ~ 4.6e18: refused; flash drops the s² term: ~6e16, computed
     with pytest.raises(UsageError, match=r"batch 1,024 x seq_len 131,072 for Llama 3.1 405B .* 2\^62"):
-        runner.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
-    out = runner.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
+        estimate.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
     assert out[C.PEAK_ALLOCATED].iloc[0] > 0 and not out[C.FITS].iloc[0]
 
 
 def test_a_frame_that_already_holds_output_columns_gets_them_overwritten_in_place():
     sc, frame = CASES["gpt2 train"]()
-    again = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    again = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
     fast = _estimate(sc, again)  # re-estimating a results frame: its columns are overwritten where they stand
     assert list(fast.columns) == [c for c in again.columns if c != C.GPU_MEMORY] + [C.GPU_MEMORY]
     assert fast.columns.is_unique
