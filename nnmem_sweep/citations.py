@@ -59,5 +59,6 @@ def formula(name: str, expression: str, *sources: Source, where: str = "", note:
 def all_formulas() -> list[Formula]:
     """Every registered formula, sorted by name (importing the component modules registers them)."""
     import nnmem_sweep.components  # noqa: F401  (registers)
+    import nnmem_sweep.parallel.plan  # noqa: F401  (registers parallel/states.py and parallel/activations.py)
 
     return sorted(FORMULAS.values(), key=lambda f: f.name)

@@ -29,7 +29,7 @@ from .catalog.gpus import get_gpu
 from .catalog.optimizers import get_optimizer
 from .catalog.precisions import get_precision
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import estimate_components
+from .peak import estimate_components
 from .errors import UsageError
 from .models.arch import Architecture
 from .models.hf import architecture_from_hf

@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import columns as C
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import host_check, phase_totals_in_batch
+from .peak import host_check, phase_totals_in_batch
 from .models.arch import Architecture
 from .scenario import Overheads
 

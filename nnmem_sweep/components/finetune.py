@@ -16,8 +16,8 @@ What a frozen base changes, checked against peft runs under MemTracker (tests/da
     input (the dropout output, or the fp32 copy peft casts, or the shared input itself) and A's output;
   - no embedding backward (frozen embedding), no weight gradients in the last layer's backward.
 
-Entry points with the shapes the training plan (components/peak.py) consumes:
-  finetune_states(arch, ft, precs, o_names, i_names) -> (W, M, G, S, T) as peak._states;
+Entry points with the shapes the training plan (components/train_plan.py) consumes:
+  finetune_states(arch, ft, precs, o_names, i_names) -> (W, M, G, S, T) as train_plan._states;
   train_activations(arch, p, attention, checkpointing, ft, device) -> activations.TrainActivations.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..errors import Problem, ScenarioError, UsageError
 from ..models.arch import Architecture
 from . import activations as act
 from . import optimizer as optim
+from .plan import consts
 from .terms import ZERO, Term
 from .weights import nf4_bytes, param_summary
 from . import weights as wts
@@ -360,24 +361,18 @@ def optimizer_step_temporary_bytes(arch: Architecture, p: Precision, opt: Optimi
     return opt.forloop_temps * max(n for n, _ in adapter_shapes(arch, ft)) * s_bytes
 
 
-def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
-    out = np.zeros((*shape, 5), dtype=np.int64)
-    out[..., 0] = np.array(values, dtype=np.int64).reshape(shape)
-    return out
-
-
 def finetune_states(arch: Architecture, ft: Finetune, precs: tuple[Precision, ...], o_names: tuple,
                     i_names: tuple) -> tuple[np.ndarray, ...]:
-    """W, M, G per precision as (nP, 5); optimizer state and step temporaries per (precision, optimizer, impl) as
-    (nP, nO, nI, 5): the arrays components/peak.py `_states` returns, for this fine-tuning method."""
+    """W, M, G per precision as (nP, NCOEF); optimizer state and step temporaries per (precision, optimizer, impl)
+    as (nP, nO, nI, NCOEF) coefficient arrays (components/plan.py): the arrays components/train_plan.py `_states` returns, for this fine-tuning method."""
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI = len(precs), len(opts), len(i_names)
-    W = _consts([weights_bytes(arch, p, ft) for p in precs], (nP,))
-    M = _consts([master_weights_bytes(arch, p, ft) for p in precs], (nP,))
-    G = _consts([gradients_bytes(arch, p, ft) for p in precs], (nP,))
-    S = _consts([optimizer_state_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+    W = consts([weights_bytes(arch, p, ft) for p in precs], (nP,))
+    M = consts([master_weights_bytes(arch, p, ft) for p in precs], (nP,))
+    G = consts([gradients_bytes(arch, p, ft) for p in precs], (nP,))
+    S = consts([optimizer_state_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
                 (nP, nO, nI))
-    T = _consts([optimizer_step_temporary_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+    T = consts([optimizer_step_temporary_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
                 (nP, nO, nI))
     return W, M, G, S, T
 

@@ -19,6 +19,10 @@ class Term:
     tok: int = 0  # bytes per token (b·s)
     s2: int = 0  # bytes per token per token of context (b·s²): materialised attention scores
 
+    def coefficients(self) -> tuple[int, ...]:
+        """The coefficients in COEFFICIENTS order (the plans' coefficient arrays, components/plan.py)."""
+        return tuple(getattr(self, name) for name in COEFFICIENTS)
+
     def __add__(self, other: "Term") -> "Term":
         return Term(self.const + other.const, self.pos + other.pos, self.seq + other.seq, self.tok + other.tok,
                     self.s2 + other.s2)
@@ -38,4 +42,5 @@ class Term:
         return self.const + np.asarray(s, dtype=np.int64) * self.pos + b * self.per_sample(s)
 
 
+COEFFICIENTS = ("const", "pos", "seq", "tok", "s2")  # the polynomial in 1, s, b, b·s, b·s²
 ZERO = Term()

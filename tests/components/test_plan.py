@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.components import peak
-from nnmem_sweep.components.peak import _Plan, _Table
+from nnmem_sweep.components.plan import Plan, Table, features
 
 
 def _term(const=0, pos=0, seq=0, tok=0, s2=0):
@@ -16,7 +15,7 @@ def _term(const=0, pos=0, seq=0, tok=0, s2=0):
 
 def _plan():
     # forward: 10 + 2·b·s; backward: 10 + 3·b·s; optimizer: 5
-    return _Plan((C.PRECISION,), (1,), [
+    return Plan((C.PRECISION,), (1,), [
         ("forward", {C.WEIGHTS: _term(10), C.ACTIVATIONS: _term(tok=2)}),
         ("backward", {C.WEIGHTS: _term(10), C.ACTIVATIONS: _term(tok=3)}),
         ("optimizer", {C.WEIGHTS: _term(4), C.TEMPORARY: _term(1)}),
@@ -44,7 +43,7 @@ def test_a_tie_goes_to_the_first_phase():
 
 def test_identical_phases_go_to_the_first_one():
     same = {C.WEIGHTS: _term(7), C.ACTIVATIONS: _term(tok=1)}
-    plan = _Plan((C.PRECISION,), (1,), [("forward", same), ("backward", dict(same)), ("optimizer", dict(same))])
+    plan = Plan((C.PRECISION,), (1,), [("forward", same), ("backward", dict(same)), ("optimizer", dict(same))])
     got = _pick(plan, [1, 3], [4, 4])
     assert list(got[C.PEAK_PHASE]) == ["forward"] * 2 and got[C.PEAK_ALLOCATED].tolist() == [11, 19]
 
@@ -53,7 +52,7 @@ def test_a_phase_that_ties_in_one_combination_wins_there():
     # two precisions: forward 10 + 2·b·s or 10 + 3·b·s; backward 10 + 3·b·s in both: in the second combination they
     # tie on every row, and the tie goes to forward
     two = np.array([[10, 0, 0, 2, 0], [10, 0, 0, 3, 0]], dtype=np.int64)
-    plan = _Plan((C.PRECISION,), (2,), [("forward", {C.ACTIVATIONS: two}),
+    plan = Plan((C.PRECISION,), (2,), [("forward", {C.ACTIVATIONS: two}),
                                         ("backward", {C.ACTIVATIONS: _term(10, tok=3).repeat(2, axis=0)})])
     got = plan.pick(np.array([0, 1], dtype=np.intp), np.array([2, 2]), np.array([5, 5]))
     assert list(got[C.PEAK_PHASE]) == ["backward", "forward"] and got[C.PEAK_ALLOCATED].tolist() == [40, 40]
@@ -72,4 +71,4 @@ def test_table_is_the_polynomial_in_exact_integers(data, n, m):
     want = [[int(arr[i, j, 0]) + int(s[x]) * int(arr[i, j, 1]) + int(b[x]) * int(arr[i, j, 2])
              + int(b[x]) * int(s[x]) * int(arr[i, j, 3]) + int(b[x]) * int(s[x]) ** 2 * int(arr[i, j, 4])
              for x, i in enumerate(idx)] for j in range(m)]
-    assert _Table(arr).eval(idx, peak._features(b, s)).tolist() == want
+    assert Table(arr).eval(idx, features(b, s)).tolist() == want
