@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.citations import all_formulas
+from nnmem_sweep.formulas import all_formulas
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError
 from nnmem_sweep.report import context

@@ -27,10 +27,10 @@ class _Progress:
 
 
 def load_formulas() -> list:
-    """Every registered formula (citations.all_formulas imports the modules that register them)."""
-    from .. import citations
+    """Every formula the code implements (formulas.py imports every module that registers one)."""
+    from .. import formulas
 
-    return citations.all_formulas()
+    return formulas.all_formulas()
 
 
 def load_validation(truth_dir: Path | None = None):
