@@ -15,7 +15,6 @@ when eager attention is in the frame (flash kernels keep no s x s tensor on the 
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from . import columns as C
