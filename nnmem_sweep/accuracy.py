@@ -22,7 +22,7 @@ from . import columns as C
 from .catalog.optimizers import get_optimizer
 from .catalog.precisions import get_precision
 from .components import finetune as F
-from .components.finetune import parse_finetune
+from .components.finetune_method import parse_finetune
 from .components.optimizer import optimizer_state_bytes
 from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
 from .errors import UsageError

@@ -27,6 +27,7 @@ from .catalog import names
 from .catalog.gpus import get_gpu, unknown_gpu_message
 from .cluster import parse_cluster
 from .components import finetune as F
+from .components.finetune_method import parse_finetune
 from .config_check import Checker, as_list, dedupe
 from .config_yaml import join
 from .errors import ScenarioError, UsageError
@@ -304,7 +305,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if "finetune" not in data or not ck.clean("finetune"):
         return model
     try:
-        ft = F.parse_finetune(data["finetune"], lambda p: (ck.b.file, *(ck.b.locate(p) or (None, None))))
+        ft = parse_finetune(data["finetune"], lambda p: (ck.b.file, *(ck.b.locate(p) or (None, None))))
     except ScenarioError as e:
         for p in e.problems:
             ck.add(p.key_path, p.message)

@@ -29,6 +29,7 @@ from ..catalog.precisions import Precision
 from ..models.arch import Architecture
 from . import activations as act
 from . import finetune
+from .finetune_method import FULL
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .plan import Plan, consts, lift, precisions, terms_array
 from .terms import Term
@@ -52,7 +53,7 @@ def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_
 def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
                 a_names: tuple = (), c_names: tuple = ()) -> Plan:
     precs = precisions(p_names, "train")
-    ft = arch.finetune or finetune.FULL
+    ft = arch.finetune or FULL
     if ft.adapters:  # LoRA / QLoRA: frozen base, adapters trained (components/finetune.py)
         W, M, G, S, T_opt = finetune.finetune_states(arch, ft, precs, o_names, i_names)
     else:

@@ -9,7 +9,7 @@ from .. import columns as C
 from ..accuracy import covered
 from ..catalog import optimizers, precisions
 from ..citations import FORMULAS
-from ..components import finetune as F
+from ..components.finetune_method import targets_of
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
 from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
 from ..scenario import Scenario
@@ -123,7 +123,7 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
     if ft is None or not ft.adapters:
         return []
     name = "QLoRA" if ft.method == "qlora" else "LoRA"
-    targets = ", ".join(t.name for t in F.targets_of(sc.model, ft))
+    targets = ", ".join(t.name for t in targets_of(sc.model, ft))
     dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
              if ft.adapter_dtype == "fp32" else "the model's dtype (autocast_adapter_dtype=False)")
     items = [

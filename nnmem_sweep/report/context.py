@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import columns as C
 from ..components import finetune as F
+from ..components.finetune_method import targets_of
 from ..scenario import Scenario
 from . import charts
 from .appendix import formulas, validation
@@ -35,7 +36,7 @@ def _finetune_text(sc: Scenario) -> str:
     ft = getattr(sc.model, "finetune", None)
     if ft is None or not ft.adapters:
         return ""
-    targets = ", ".join(t.name for t in F.targets_of(sc.model, ft))
+    targets = ", ".join(t.name for t in targets_of(sc.model, ft))
     base = "NF4 (4-bit, double-quantised block scales)" if ft.method == "qlora" else "frozen in the recipe's dtype"
     return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "
             f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {F.adapter_params(sc.model, ft):,} trainable "
