@@ -10,8 +10,9 @@ The bound over-counts every term the estimator has (components/activations.py, F
 rounded up generously: per token and layer at most 64·h + 16·I·k (k = experts per token, at least 1) bytes,
 per token·token of context and head at most 16 bytes (scores, probabilities, mask, dropped probabilities in
 fp32), per token at most 64·V for logits and loss, at most 64 bytes per parameter for weights, gradients,
-master copy, optimizer state and step temporaries, and the whole doubled for margin. The s² term is counted only
-when eager attention is in the frame (flash kernels keep no s x s tensor on the GPU).
+master copy, optimizer state and step temporaries, and the whole doubled for margin. The b·s² term is counted only
+when eager attention is in the frame (flash kernels keep no s x s tensor per sequence on the GPU); a mask shared by
+the batch (Term.sq, bytes per s²) at most 16 bytes per s² and layer, always.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
         k = max(arch.experts_per_token, 1)
         per_token = arch.layers * (64 * arch.hidden + 16 * arch.intermediate * k) + 64 * arch.vocab
         per_token_token = arch.layers * max(arch.heads, 1) * 16 if eager else 0
-        acts = b * s * (per_token + s * per_token_token)
+        per_square = arch.layers * 16  # Term.sq: an s x s mask shared by the batch, at most one per layer
+        acts = b * s * (per_token + s * per_token_token) + s * s * per_square
     else:
         elements = arch.activation_elements_per_sample + arch.activation_elements_per_token * s
         elements += sum(r.output_elements for r in arch.layer_table)

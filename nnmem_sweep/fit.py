@@ -1,9 +1,9 @@
 """The largest batch that fits, per combination of the other axes and GPU, in closed form.
 
-Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py), so the estimator evaluated at
-b = 1 and b = 2 gives k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is
-g(P) = P + ⌈f·P⌉ + context + workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with
-g(P*) ≤ usable. Then
+Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py: c_j holds const + s·pos + s²·sq,
+what the whole batch shares; k_j the per-sample rest), so the estimator evaluated at b = 1 and b = 2 gives
+k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is g(P) = P + ⌈f·P⌉ + context +
+workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with g(P*) ≤ usable. Then
 
     b_max = min_j ⌊(P* − c_j) / k_j⌋          (phases with k_j = 0 only bound it when c_j > P*)
 

@@ -20,6 +20,7 @@ from nnmem_sweep.catalog.precisions import get_precision
 from nnmem_sweep.citations import FORMULAS
 from nnmem_sweep.components import finetune as F
 from nnmem_sweep.components import finetune_method as FM
+from nnmem_sweep.components.plan import NCOEF
 from nnmem_sweep.components import weights as W
 from nnmem_sweep.errors import ScenarioError, UsageError
 from nnmem_sweep.models.resolve import resolve_model
@@ -261,8 +262,8 @@ def test_states_have_the_training_plan_shapes():
     arch = _arch("qwen2.5-0.5b")
     precs = (get_precision("bf16"), get_precision("fp32"))
     w, m, g, s, t = F.finetune_states(arch, _ft(), precs, ("adamw", "sgd"), ("foreach", "fused"))
-    assert w.shape == m.shape == g.shape == (2, 5)
-    assert s.shape == t.shape == (2, 2, 2, 5)
+    assert w.shape == m.shape == g.shape == (2, NCOEF)
+    assert s.shape == t.shape == (2, 2, 2, NCOEF)
     # fused AdamW keeps a device `step` per adapter tensor: 4 tensors per layer × 24 layers × 4 B
     assert s[0, 0, 1, 0] - s[0, 0, 0, 0] == 4 * 24 * 4
     assert t[0, 0, 1, 0] == 0 and t[0, 0, 0, 0] == 540_672 * 4  # foreach: one fp32 temporary per adapter param

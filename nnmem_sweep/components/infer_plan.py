@@ -72,14 +72,18 @@ def infer_phases(arch: Architecture, frame: pd.DataFrame, key: tuple, b: np.ndar
     moments = tb.moments
     pre = np.maximum.reduce([m.eval(k, b, s) for m in moments]) + cast
     kv_pre = kv_cache_bytes(arch, b, t_prefill, e)
-    # a decode step is the same moments for one token; eager attention scores span the whole cache
+    # a decode step is the same moments for one token, except that what grows with s² (eager attention scores,
+    # b·s2 per key; a mask shared by the batch, sq per key) spans every cached token, not one
     one = np.ones_like(s)
-    s2 = moments[0].coefficient("s2")[k]
-    scores = s2 * b * cache_tokens(arch, t_final)
-    layer_step = np.maximum(moments[0].eval(k, b, one) - b * s2 + scores, moments[1].eval(k, b, one))
+    cached = cache_tokens(arch, t_final)
+
+    def step(m) -> np.ndarray:
+        return m.eval(k, b, one) + (b * m.coefficient("s2")[k] + m.coefficient("sq")[k]) * (cached - 1)
+
+    layer_step = np.maximum(step(moments[0]), step(moments[1]))
     append = np.where(static, 0, kv_append_temp_bytes(arch, b, t_final, e))  # the cat copy of one layer's K
     d_layer = layer_step + cast + append
-    d_logits = moments[2].eval(k, b, one)
+    d_logits = step(moments[2])
     kv_dec = kv_cache_bytes(arch, b, t_final, e)
     happens = dec > 0
     totals = [W + kv_pre + pre]

@@ -89,9 +89,9 @@ def lift(arr: np.ndarray, dims: tuple[int, ...], sizes: tuple[int, ...]) -> np.n
 
 
 def features(b: np.ndarray, s: np.ndarray) -> list:
-    """The row factor of each coefficient, in COEFFICIENTS order (None: the constant's 1)."""
+    """The row factor of each coefficient, in COEFFICIENTS order (None: the constant's 1): 1, s, b, b·s, b·s², s²."""
     bs = b * s
-    return [None, s, b, bs, bs * s]
+    return [None, s, b, bs, bs * s, s * s]
 
 
 class Table:
