@@ -12,7 +12,7 @@ V 128256) trained with 16-bit weights, fp32 master weights and Adam (llm-analysi
 llm-analysis: one `LLMAnalysis` per GPU built beforehand, then `LLMAnalysis.training(...)` called once per
 configuration (its own per-configuration API; it also computes latency, which we do not). Logging is set to
 ERROR. A configuration its own checks refuse (an AssertionError when memory runs out) still counts as evaluated.
-nnmem_sweep: `runner.estimate_frame` (the estimator, every component, peak and fits) on the same 1,000 rows: the
+nnmem_sweep: `estimate.estimate_frame` (the estimator, every component, peak and fits) on the same 1,000 rows: the
 like-for-like figure, and the one PASS/FAIL is judged on (>= 1000x faster per configuration). Also printed:
 `runner.run_scenario` (grid expansion and the max-batch table on top) and, informative only, the amortised cost per
 row when the same configurations are estimated 1,000 times over in one 1 M-row frame (fixed per-call costs spread

@@ -3,7 +3,7 @@ memory per GPU fits with headroom, and the cheapest when the scenario gives pric
 
 The target is a global batch of sequences per optimizer step at one sequence length (or tokens per step, turned
 into sequences). For each GPU type the search builds one frame of every candidate layout and evaluates it with the
-same vectorised estimator as the grid (runner.estimate_frame: memory of the most loaded rank, host memory per node):
+same vectorised estimator as the grid (estimate.estimate_frame: memory of the most loaded rank, host memory per node):
 
     tensor_parallel  t in `search.tensor_parallel`, at most the GPUs of one node (TP stays inside NVLink)
     pipeline_parallel p in `search.pipeline_parallel`, at most the layers

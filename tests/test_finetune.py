@@ -67,8 +67,8 @@ def test_adapter_params_equal_measured_trainable(case):
 # ---------------------------------------------------------------- measured phases
 
 def _phases(case) -> tuple[dict[str, int], dict[str, int]]:
-    """Estimated phase peaks: the same moments components/peak.py takes the maximum over (forward; each backward
-    start moment; each backward end moment; optimizer), and the model states."""
+    """Estimated phase peaks: the same moments the training plan (components/train_plan.py) takes the maximum over
+    (forward; each backward start moment; each backward end moment; optimizer), and the model states."""
     i = case["inputs"]
     arch, p = architecture_of(case), get_precision(i["precision"])
     ft = FM.parse_finetune(i["finetune"])

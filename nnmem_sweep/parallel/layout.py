@@ -1,7 +1,7 @@
 """The parallel layout of a grid point, read from the frame's parallel columns (columns.PARALLEL_AXES).
 
 A frame names its layouts by combination: the estimator factorises the parallel columns jointly into a few unique
-`Layout`s and builds its plan once per layout (components/peak.py), so a grid of a million rows over four layouts
+`Layout`s and builds its plan once per layout (parallel/plan.py), so a grid of a million rows over four layouts
 costs four plan builds, not a million.
 """
 from __future__ import annotations
@@ -191,7 +191,7 @@ def seq_problem(lay: Layout, seq_len: int) -> str | None:
 
 
 def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=()) -> None:
-    """UsageError (one line) for the first broken rule: frames built by hand (runner.estimate_frame)."""
+    """UsageError (one line) for the first broken rule: frames built by hand (estimate.estimate_frame)."""
     for lay in layouts:
         bad = problems(arch, lay, mode)
         if bad:
