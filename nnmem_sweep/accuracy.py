@@ -209,8 +209,7 @@ def summary(df: pd.DataFrame) -> dict[str, float]:
 
 def format_table(df: pd.DataFrame) -> str:
     lines = [f"{'case':<62} {'device':<6} {'measured':>12} {'estimated':>12} {'error':>8}  phase (meas/est)  states"]
-    for r in df.itertuples(index=False):
-        r = r._asdict()
+    for r in df.to_dict("records"):
         est = format_bytes(r[ESTIMATED], "GiB", 3) if r[ESTIMATED] >= 0 else "n/a"
         err = f"{r[ERROR]:+.1%}" if r[ERROR] == r[ERROR] else "n/a"
         states = " ".join(f"{k[0]}{r.get(f'{k}_error'):+.2%}" for k in STATE_KINDS
