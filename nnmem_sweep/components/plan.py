@@ -97,15 +97,16 @@ def features(b: np.ndarray, s: np.ndarray) -> list:
 class Table:
     """m Terms per index, from an (N, m, NCOEF) coefficient array: eval(idx, x) gives, for every row r, the bytes of
     Term j at index idx[r], as an (m, rows) int64 array (x: `features(b, s)`). Integer arithmetic in int64, so exact
-    (bounds.py keeps every total far below 2^63). Each coefficient is evaluated only for the Terms where it is not
-    zero at some index."""
+    (bounds.py keeps every total far below 2^63). Each coefficient is evaluated only over the Terms from the first to
+    the last where it is not zero at some index."""
 
     def __init__(self, arr: np.ndarray):
         self.m = arr.shape[1]
-        self.coef = []  # (coefficient, the Terms that use it, their table: (len(terms), N))
+        self.coef = []  # (coefficient, the Terms that use it: a slice, their table: (Terms, N))
         for f in range(arr.shape[2]):
-            terms = np.flatnonzero(arr[..., f].any(axis=0))
-            if len(terms):
+            used = np.flatnonzero(arr[..., f].any(axis=0))
+            if len(used):
+                terms = slice(int(used[0]), int(used[-1]) + 1)
                 self.coef.append((f, terms, np.ascontiguousarray(arr[:, terms, f].T)))
 
     def eval(self, idx: np.ndarray, x: list) -> np.ndarray:
