@@ -28,7 +28,9 @@ install: $(STAMP)
 
 install-measure: $(MSTAMP)
 
+# The import layers first (pyproject.toml [tool.importlinter]): an import cycle or an import against the layers fails.
 test: $(MSTAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 validate: $(STAMP)

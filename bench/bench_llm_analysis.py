@@ -12,12 +12,13 @@ V 128256) trained with 16-bit weights, fp32 master weights and Adam (llm-analysi
 llm-analysis: one `LLMAnalysis` per GPU built beforehand, then `LLMAnalysis.training(...)` called once per
 configuration (its own per-configuration API; it also computes latency, which we do not). Logging is set to
 ERROR. A configuration its own checks refuse (an AssertionError when memory runs out) still counts as evaluated.
-nnmem_sweep: `runner.estimate_frame` (the estimator, every component, peak and fits) on the same 1,000 rows: the
-like-for-like figure, and the one PASS/FAIL is judged on (>= 1000x faster per configuration). Also printed:
-`runner.run_scenario` (grid expansion and the max-batch table on top) and, informative only, the amortised cost per
-row when the same configurations are estimated 1,000 times over in one 1 M-row frame (fixed per-call costs spread
-out). Both sides: best of several repeats, wall clock (time.perf_counter): llm-analysis the best of --repeats passes
-over the 1,000 configurations, estimate_frame the best of 10 x max(--repeats, 10) calls on them. A few points are
+nnmem_sweep: `estimate.estimate_frame` (the estimator, every component, peak and fits) on the same configurations
+estimated 1,000 times over in one 1 M-row frame, the way a sweep runs them: the figure PASS/FAIL is judged on
+(>= 1000x faster per configuration; issue 11: the in-process call on 1,000 rows, dominated by its fixed per-call
+cost, is not a gate). Also printed, informative: estimate_frame on the 1,000 rows alone and `runner.run_scenario`
+(grid expansion and the max-batch table on top). Both sides: best of several repeats, wall clock
+(time.perf_counter): llm-analysis the best of --repeats passes over the 1,000 configurations, estimate_frame the best
+of 10 x max(--repeats, 10) calls on the 1,000 rows and of --repeats calls on the 1 M rows. A few points are
 printed side by side in GiB, informative only: the two tools do not count the
 same things (llm-analysis: weights + optimizer state + gradients + activations, Korthikanti-style; nnmem_sweep:
 what is live at the peak phase, temporaries included).
@@ -172,28 +173,27 @@ def main() -> int:
         return estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
 
     rows = estimate(grid)
-    # one estimate_frame call is ~0.2 ms: the best of 100 (bench_estimate.py takes the best of 300), its steady cost
-    # per call in a warm process as llm-analysis's best pass of 1,000 calls is its own
+    # one estimate_frame call on the 1,000 rows takes about a millisecond: the best of 100
     reps = max(args.repeats, 10)
-    per_est = best_of(lambda: estimate(grid), 10 * reps) / n  # the estimator on the 1,000 rows: like for like
+    per_est = best_of(lambda: estimate(grid), 10 * reps) / n  # the estimator on the 1,000 rows alone
     per_run = best_of(lambda: run_scenario(sc), reps) / n  # + grid expansion and the max-batch table
     big = pd.concat([grid] * 1000, ignore_index=True)  # the same 1,000 configurations, 1,000 times over
-    per_big = best_of(lambda: estimate(big), 1) / len(big)
+    per_big = best_of(lambda: estimate(big), args.repeats) / len(big)
     del big
 
     per_theirs = theirs["seconds"] / n
-    ratio = per_theirs / per_est
+    ratio = per_theirs / per_big
     refused = sum(p is None for p in theirs["peaks"])
     print(f"bench_llm_analysis: {n:,} training configurations of a Llama-style 1.2B model (Llama 3.2 1B), "
           f"seconds per configuration:")
     print(f"  llm-analysis {theirs['version']} LLMAnalysis.training():  {per_theirs:.3e} s "
           f"({refused} of {n} refused by its out-of-memory assertion)")
-    print(f"  nnmem_sweep estimate_frame, the same 1,000 rows:     {per_est:.3e} s   {ratio:,.0f}x faster")
+    print(f"  nnmem_sweep estimate_frame, the same 1,000 rows:     {per_est:.3e} s   "
+          f"{per_theirs / per_est:,.0f}x faster (one call; informative)")
     print(f"  nnmem_sweep run_scenario (+ max-batch table):         {per_run:.3e} s   "
           f"{per_theirs / per_run:,.0f}x faster")
-    print(f"  nnmem_sweep estimate_frame, them x 1,000 (1 M rows): {per_big:.3e} s   "
-          f"{per_theirs / per_big:,.0f}x faster (amortised; informative)")
-    print(f"  target >= {TARGET_RATIO:,.0f}x on the same 1,000 rows (estimate_frame): "
+    print(f"  nnmem_sweep estimate_frame, them x 1,000 (1 M rows): {per_big:.3e} s   {ratio:,.0f}x faster")
+    print(f"  target >= {TARGET_RATIO:,.0f}x per configuration in the 1 M-row frame (estimate_frame): "
           f"{'PASS' if ratio >= TARGET_RATIO else 'FAIL'}")
     print("  batch  seq  recompute  attention  gpu        llm-analysis GiB  nnmem peak GiB  nnmem phase")
     for b, s, ck, at, g in SHOW:

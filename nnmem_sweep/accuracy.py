@@ -9,6 +9,7 @@ stays the default everywhere else.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -18,7 +19,17 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
+from .catalog.optimizers import get_optimizer
+from .catalog.precisions import get_precision
+from .components import finetune as F
+from .components.finetune_method import parse_finetune
+from .components.optimizer import optimizer_state_bytes
+from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
 from .errors import UsageError
+from .models.hf import architecture_from_hf
+from .models.resolve import resolve_model
+from .peak import estimate_components, named_phase_totals
+from .units import format_bytes
 
 CASE = "case"
 MEASURED = "measured_peak_bytes"
@@ -64,18 +75,10 @@ def architecture_of(case: dict[str, Any]):
     """The Architecture the estimator reads for a case: the very HF config that was measured, or the layer list."""
     inputs = case["inputs"]
     if "layers" in inputs:
-        from .models.resolve import resolve_model
-
         return resolve_model({"input_shape": inputs["input_shape"], "layers": inputs["layers"]}, Path("."))
-    from .models.hf import architecture_from_hf
-
     arch = architecture_from_hf(dict(case["hf_config"]), origin=f"truth case {case['case_id']}",
                                 preset=str(inputs.get("model", "")))
     if inputs.get("finetune"):  # LoRA/QLoRA cases (truth/finetune/): the frozen base with its adapters
-        import dataclasses
-
-        from .components.finetune import parse_finetune
-
         arch = dataclasses.replace(arch, finetune=parse_finetune(inputs["finetune"], case["case_id"]))
     return arch
 
@@ -111,17 +114,11 @@ def _frame(case: dict[str, Any]) -> pd.DataFrame:
 
 def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
     """The estimator's figures for one measured case: peak, phase, components, per-phase totals, model states."""
-    from .catalog.optimizers import get_optimizer
-    from .catalog.precisions import get_precision
-    from .components import peak as peak_mod
-    from .components.optimizer import optimizer_state_bytes
-    from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
-
     arch = architecture_of(case)
     i = case["inputs"]
     frame = _frame(case)
     device = device_for_estimate(case)
-    comps = peak_mod.estimate_components(arch, i["mode"], frame, device=device)
+    comps = estimate_components(arch, i["mode"], frame, device=device)
     out: dict[str, Any] = {"peak_bytes": int(np.asarray(comps[C.PEAK_ALLOCATED])[0]),
                            "peak_phase": str(np.asarray(comps[C.PEAK_PHASE])[0])}
     for c in C.COMPONENTS:
@@ -129,13 +126,11 @@ def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
         out[c] = int(np.asarray(v)[0]) if np.ndim(v) else int(v)
     # per-phase maxima (the estimator may model one phase at several moments, e.g. backward start and end)
     phases: dict[str, int] = {}
-    for name, total in peak_mod.named_phase_totals(arch, i["mode"], frame, device=device):
+    for name, total in named_phase_totals(arch, i["mode"], frame, device=device):
         phases[name] = max(phases.get(name, -1), int(np.asarray(total)[0]))
     out["phases"] = phases
     prec = get_precision(i["precision"])
     if arch.finetune is not None and arch.finetune.adapters:
-        from .components import finetune as F
-
         ft, opt, impl = arch.finetune, get_optimizer(i["optimizer"]), i.get("optimizer_impl", "foreach")
         out["weights"] = F.weights_bytes(arch, prec, ft) + F.master_weights_bytes(arch, prec, ft)
         out["gradients"] = F.gradients_bytes(arch, prec, ft)
@@ -228,11 +223,8 @@ def summary(df: pd.DataFrame) -> dict[str, float]:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    from .units import format_bytes
-
     lines = [f"{'case':<62} {'device':<6} {'measured':>12} {'estimated':>12} {'error':>8}  phase (meas/est)  states"]
-    for r in df.itertuples(index=False):
-        r = r._asdict()
+    for r in df.to_dict("records"):
         est = format_bytes(r[ESTIMATED], "GiB", 3) if r[ESTIMATED] >= 0 else "n/a"
         err = f"{r[ERROR]:+.1%}" if r[ERROR] == r[ERROR] else "n/a"
         states = " ".join(f"{k[0]}{r.get(f'{k}_error'):+.2%}" for k in STATE_KINDS

@@ -10,16 +10,15 @@ The bound over-counts every term the estimator has (components/activations.py, F
 rounded up generously: per token and layer at most 64·h + 16·I·k (k = experts per token, at least 1) bytes,
 per token·token of context and head at most 16 bytes (scores, probabilities, mask, dropped probabilities in
 fp32), per token at most 64·V for logits and loss, at most 64 bytes per parameter for weights, gradients,
-master copy, optimizer state and step temporaries, and the whole doubled for margin. The s² term is counted only
-when eager attention is in the frame (flash kernels keep no s x s tensor on the GPU).
+master copy, optimizer state and step temporaries, and the whole doubled for margin. The b·s² term is counted only
+when eager attention is in the frame (flash kernels keep no s x s tensor per sequence on the GPU); a mask shared by
+the batch (Term.sq, bytes per s²) at most 16 bytes per s² and layer, always.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from . import columns as C
-from .components.peak import column_values
 from .errors import UsageError
 from .models.arch import Architecture
 
@@ -33,7 +32,8 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
         k = max(arch.experts_per_token, 1)
         per_token = arch.layers * (64 * arch.hidden + 16 * arch.intermediate * k) + 64 * arch.vocab
         per_token_token = arch.layers * max(arch.heads, 1) * 16 if eager else 0
-        acts = b * s * (per_token + s * per_token_token)
+        per_square = arch.layers * 16  # Term.sq: an s x s mask shared by the batch, at most one per layer
+        acts = b * s * (per_token + s * per_token_token) + s * s * per_square
     else:
         elements = arch.activation_elements_per_sample + arch.activation_elements_per_token * s
         elements += sum(r.output_elements for r in arch.layer_table)
@@ -41,44 +41,24 @@ def upper_bound_bytes(arch: Architecture, batch: int, seq_len: int, eager: bool 
     return 2 * (acts + 64 * params)
 
 
-_READ = (C.BATCH, C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS, C.ATTENTION)  # the columns the bound reads
-MAXIMA = _READ[:4]  # the integer columns whose largest values it takes
-
-
 def check_frame(arch: Architecture, frame: pd.DataFrame) -> None:
-    """UsageError naming the point when the frame's largest batch and sequence could overflow int64 bytes."""
-    cols = frame.columns
-    check_columns(arch, len(frame), {c: column_values(frame, c) for c in _READ if c in cols})
-
-
-def check_columns(arch: Architecture, n: int, columns: dict) -> None:
-    """check_frame on columns already read, {name: values} (more names are ignored): a missing batch or seq_len
-    counts as 1, missing decode or cache tokens as 0, a missing attention column as eager."""
-    if n == 0:
+    """UsageError naming the point when the frame's largest batch and sequence could overflow int64 bytes: a missing
+    batch or seq_len column counts as 1, missing decode or cache tokens as 0, a missing attention column as eager."""
+    if len(frame) == 0:
         return
-    top = {c: int(np.maximum.reduce(np.asarray(columns[c]))) for c in _READ[:4] if c in columns}
-    check_maxima(arch, top, columns.get(C.ATTENTION))
-
-
-def check_maxima(arch: Architecture, top: dict, attention=None) -> None:
-    """check_columns on the largest values already taken, {name: int} of batch, seq_len, decode_tokens and
-    cache_tokens (absent: as check_columns counts a missing column), and the attention column's values."""
-    b = top.get(C.BATCH, 1)
-    s = max(top.get(C.SEQ_LEN, 1) + top.get(C.DECODE_TOKENS, 0), top.get(C.CACHE_TOKENS, 0))
+    top = {c: int(frame[c].max()) if c in frame.columns else default
+           for c, default in ((C.BATCH, 1), (C.SEQ_LEN, 1), (C.DECODE_TOKENS, 0), (C.CACHE_TOKENS, 0))}
+    b = top[C.BATCH]
+    s = max(top[C.SEQ_LEN] + top[C.DECODE_TOKENS], top[C.CACHE_TOKENS])
     # the s² term only with eager attention (flash kernels keep no s x s tensor); the attention column is looked at
     # only when the bound with eager attention is too large
     if upper_bound_bytes(arch, b, s, eager=True) > LIMIT_BYTES and \
-            upper_bound_bytes(arch, b, s, _uses_eager(attention)) > LIMIT_BYTES:
+            upper_bound_bytes(arch, b, s, _uses_eager(frame)) > LIMIT_BYTES:
         raise UsageError(
             f"batch {b:,} x seq_len {s:,} for {arch.name} is beyond what nnmem-sweep computes exactly "
             f"(a bound of its bytes exceeds 2^62 B = 4 EiB, far past any GPU); lower the largest batch or seq_len")
 
 
-def _uses_eager(v) -> bool:
-    """Whether any row has eager attention (values of the attention column; None, no column, counts as eager)."""
-    if v is None:
-        return True
-    if isinstance(v, pd.Categorical):  # the codes: converting ~1,000 names to str cost ~450 us a call
-        cats = v.categories
-        return "eager" in cats and bool((v.codes == cats.get_loc("eager")).any())
-    return bool((np.asarray(v, dtype=object) == "eager").any())
+def _uses_eager(frame: pd.DataFrame) -> bool:
+    """Whether any row has eager attention (no attention column counts as eager)."""
+    return C.ATTENTION not in frame.columns or bool((frame[C.ATTENTION] == "eager").any())

@@ -7,6 +7,9 @@ Usage, next to the code that implements a formula:
 
     @formula("kv_cache_bytes", "2 · b · s · L · kv_heads · head_dim · bytes", KWON_2023, where="§3")
     def kv_cache_bytes(...): ...
+
+The registry is filled from below: every module that implements a formula imports this one, never the other way
+round; formulas.py imports every such module for the report's complete list.
 """
 from __future__ import annotations
 
@@ -57,7 +60,6 @@ def formula(name: str, expression: str, *sources: Source, where: str = "", note:
 
 
 def all_formulas() -> list[Formula]:
-    """Every registered formula, sorted by name (importing the component modules registers them)."""
-    import nnmem_sweep.components  # noqa: F401  (registers)
-
+    """Every formula registered so far, sorted by name: those of the modules imported (formulas.py imports every
+    module that registers one)."""
     return sorted(FORMULAS.values(), key=lambda f: f.name)

@@ -84,7 +84,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .runner import estimate_point, format_breakdown
+    from .estimate import estimate_point, format_breakdown
 
     row = estimate_point(
         model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,

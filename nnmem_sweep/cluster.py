@@ -3,7 +3,7 @@ memory per GPU fits with headroom, and the cheapest when the scenario gives pric
 
 The target is a global batch of sequences per optimizer step at one sequence length (or tokens per step, turned
 into sequences). For each GPU type the search builds one frame of every candidate layout and evaluates it with the
-same vectorised estimator as the grid (runner.estimate_frame: memory of the most loaded rank, host memory per node):
+same vectorised estimator as the grid (estimate.estimate_frame: memory of the most loaded rank, host memory per node):
 
     tensor_parallel  t in `search.tensor_parallel`, at most the GPUs of one node (TP stays inside NVLink)
     pipeline_parallel p in `search.pipeline_parallel`, at most the layers
@@ -28,7 +28,9 @@ import pandas as pd
 
 from . import columns as C
 from .errors import UsageError
+from .estimate import estimate_frame
 from .grid import product_frame
+from .parallel.layout import Layout, problems, seq_problem
 from .scenario import GPUSpec, Scenario
 
 DEFAULT_TP = (1, 2, 4, 8)
@@ -77,8 +79,6 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFrame:
     """Every candidate layout for one GPU type as an estimator frame (the batch column is the micro-batch)."""
-    from .parallel.layout import Layout, problems, seq_problem
-
     arch = sc.model
     G = search.global_batch
     node = search.gpus_per_node
@@ -153,8 +153,6 @@ OUTPUT_COLUMNS = (C.GPU, GPUS, NODES, C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.SEQU
 def cluster_options(sc: Scenario, search: ClusterSearch) -> pd.DataFrame:
     """cluster_options.csv: per GPU type and GPU count, the configuration kept by the ORDER rule among those that
     fit (GPU counts at which nothing fits are absent), with its memory per GPU and its cost."""
-    from .runner import estimate_frame
-
     kept = []
     for gpu in sc.gpus:
         frame = candidates(search, sc, gpu)

@@ -1,30 +1,211 @@
-"""The scenario blocks that came with parallelism and serving (issues 4-5): their semantic checks, after the schema.
+"""The semantic checks of every block of a scenario file: what the JSON Schema cannot say (a value against the
+model, the mode, the catalog or another block). Each `check_<block>` reads its block from the validated data,
+reports every problem to the Checker (config_check.py) at its key path, and returns the block's values for the
+Scenario (config.py assembles them):
 
-config.py reads the YAML, checks it against the JSON Schema and builds the Scenario; for the blocks below it calls
-the functions of this module, which check what the schema cannot (a value against the model, the mode or another
-block) and return the block's values, every problem added to the config._Checker at its key path:
-
-    _serving    serving:   the serving plan (serving.py): infer mode, a transformer, TP dividing the heads
-    _parallel   parallel:  the parallel axes, in the block or among the grid axes, each combination checked
-                           against parallel/layout.py's rules
-    _node       node:      GPUs per node and host memory (the parallel and cluster plans)
-    _finetune   finetune:  LoRA / QLoRA adapters (components/finetune.py), folded into the model
-    _cluster    cluster:   the cluster search (cluster.py)
-
-config.py imports this module inside config._scenario (this one imports config's checker and helpers).
+    check_grid       grid:       the axes, defaults per mode (AXIS_DEFAULTS), values that fit the mode, a static
+                                 cache that holds the prompt and the generated tokens
+    check_gpus       gpus:       catalog ids or inline GPUs, each once
+    check_overheads  overheads:  the runtime overheads (defaults in scenario.py)
+    check_model      model:      a preset, a config.json, explicit fields or a layer list (models/resolve.py)
+    check_report     report:     reference points that are grid values, table rows, the template folder
+    check_serving    serving:    the serving plan (serving.py): infer mode, a transformer, TP dividing the heads
+    check_parallel   parallel:   the parallel axes, in the block or among the grid axes, each combination checked
+                                 against parallel/layout.py's rules
+    check_node       node:       GPUs per node and host memory (the parallel and cluster plans)
+    check_finetune   finetune:   LoRA / QLoRA adapters (components/finetune.py), folded into the model
+    check_cluster    cluster:    the cluster search (cluster.py)
 """
 from __future__ import annotations
 
 import dataclasses
+from itertools import product
 from typing import Any
 
 from . import columns as C
-from .config import _as_list, _Checker, _dedupe, _locate
-from .errors import ScenarioError
+from .catalog import names
+from .catalog.gpus import get_gpu, unknown_gpu_message
+from .cluster import parse_cluster
+from .components import finetune as F
+from .components.finetune_method import parse_finetune
+from .config_check import Checker, as_list, dedupe
+from .config_yaml import join
+from .errors import ScenarioError, UsageError
+from .models.resolve import ModelSpecError, resolve_model
+from .parallel import layout as L
+from .paths import safe_stem
+from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, GPUSpec,
+                       Overheads)
 from .units import parse_size
 
+# Axis defaults per mode. None: the axis must be given.
+AXIS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "train": {
+        C.BATCH: None, C.SEQ_LEN: None, C.PRECISION: None, C.OPTIMIZER: None,
+        C.OPTIMIZER_IMPL: "foreach", C.CHECKPOINTING: "none", C.ATTENTION: "flash",
+        C.CACHE_TOKENS: 0, C.DECODE_TOKENS: 0,
+    },
+    "infer": {
+        C.BATCH: None, C.SEQ_LEN: None, C.PRECISION: None, C.OPTIMIZER: names.OPTIMIZER_NONE,
+        C.OPTIMIZER_IMPL: names.OPTIMIZER_NONE, C.CHECKPOINTING: "none", C.ATTENTION: "flash",
+        C.CACHE_TOKENS: 0, C.DECODE_TOKENS: 1,
+    },
+}
 
-def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
+
+def check_grid(data: dict, mode: str, ck: Checker) -> dict[str, tuple[Any, ...]]:
+    grid = data.get("grid") if isinstance(data.get("grid"), dict) else {}
+    out: dict[str, tuple[Any, ...]] = {}
+    for axis in C.GRID_AXES:
+        path = f"grid.{axis}"
+        if axis in grid:
+            values = as_list(grid[axis])
+            item = (lambda i: f"{path}[{i}]") if isinstance(grid[axis], list) else (lambda i: path)
+        else:
+            default = AXIS_DEFAULTS[mode][axis]
+            if default is None:
+                if axis == C.OPTIMIZER and "grid" in data and ck.clean("grid"):
+                    ck.add("grid", "missing required key 'optimizer' (train mode needs one)", key=True)
+                out[axis] = ()
+                continue
+            values, item = [default], (lambda i: path)
+        if not ck.clean(path):
+            out[axis] = dedupe(values)
+            continue
+        for i, v in enumerate(values):
+            where = item(i)
+            if axis == C.PRECISION and mode == "train" and v in names.INFER_ONLY_PRECISIONS:
+                ck.add(where, f"precision {v!r} stores quantised weights, which this tool models for infer mode "
+                              "only; set mode: infer or use one of "
+                              f"{', '.join(p for p in names.PRECISIONS if p not in names.INFER_ONLY_PRECISIONS)}")
+            elif axis in (C.OPTIMIZER, C.OPTIMIZER_IMPL) and mode == "train" and v == names.OPTIMIZER_NONE:
+                ck.add(where, f"{axis} 'none' is for infer mode only")
+            elif axis in (C.OPTIMIZER, C.OPTIMIZER_IMPL) and mode == "infer" and v != names.OPTIMIZER_NONE:
+                ck.add(where, f"{axis} {v!r} applies to train mode only (this scenario has mode: infer)")
+            elif axis == C.CHECKPOINTING and mode == "infer" and v != "none":
+                ck.add(where, f"checkpointing {v!r} applies to train mode only (this scenario has mode: infer)")
+            elif axis in (C.CACHE_TOKENS, C.DECODE_TOKENS) and mode == "train" and v != 0:
+                ck.add(where, f"{axis} applies to infer mode only (this scenario has mode: train)")
+        out[axis] = dedupe(values)
+    if mode == "infer" and all(ck.clean(f"grid.{a}") for a in (C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS)):
+        need = max(out[C.SEQ_LEN], default=0) + max(out[C.DECODE_TOKENS], default=0)
+        for i, tokens in enumerate(as_list(grid.get(C.CACHE_TOKENS, 0))):  # as written, so [i] is the user's
+            if 0 < tokens < need:
+                where = f"grid.{C.CACHE_TOKENS}" + (f"[{i}]" if isinstance(grid.get(C.CACHE_TOKENS), list) else "")
+                ck.add(where, f"a static cache of {tokens:,} tokens cannot hold seq_len + decode_tokens = "
+                              f"{need:,} tokens; use 0 (a dynamic cache) or at least {need:,}")
+    return out
+
+
+def check_gpus(data: dict, ck: Checker) -> tuple[GPUSpec, ...]:
+    out: list[GPUSpec] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(data.get("gpus") or [] if isinstance(data.get("gpus"), list) else []):
+        path = f"gpus[{i}]"
+        if not ck.clean(path):
+            continue
+        spec: GPUSpec | None = None
+        gpu_id = entry if isinstance(entry, str) else entry.get("id")
+        if gpu_id is not None:
+            try:
+                spec = get_gpu(gpu_id)
+            except ValueError:
+                ck.add(path if isinstance(entry, str) else f"{path}.id", unknown_gpu_message(gpu_id))
+                continue
+        elif "name" not in entry:
+            continue  # reported by the schema as a missing key
+        elif "memory" not in entry:  # {name: h100-sxm, price_usd: ...}: a catalog GPU named by its id
+            try:
+                spec = get_gpu(entry["name"])
+            except ValueError:
+                ck.add(f"{path}.name", unknown_gpu_message(entry["name"]) + "; or give memory: for a GPU not in "
+                                                                             "the catalog")
+                continue
+        else:
+            try:
+                memory = parse_size(entry["memory"])
+            except ValueError as e:
+                ck.add(f"{path}.memory", str(e))
+                continue
+            if memory == 0:
+                ck.add(f"{path}.memory", "must be more than 0 bytes")
+                continue
+            spec = GPUSpec(id=safe_stem(entry["name"]).lower(), name=entry["name"], memory_bytes=memory,
+                           source="given in the scenario")
+        if isinstance(entry, dict):
+            spec = dataclasses.replace(spec, price_usd=entry.get("price_usd"),
+                                       price_usd_per_hour=entry.get("price_usd_per_hour"))
+        if spec.id in seen:
+            ck.add(path, f"GPU {spec.id!r} is listed twice (also gpus[{seen[spec.id]}])")
+            continue
+        seen[spec.id] = i
+        out.append(spec)
+    return tuple(out)
+
+
+def check_overheads(data: dict, ck: Checker) -> Overheads:
+    given = data.get("overheads") if isinstance(data.get("overheads"), dict) else {}
+    sizes = {}
+    for key, default in (("cuda_context", DEFAULT_CUDA_CONTEXT), ("cublas_workspace", DEFAULT_CUBLAS_WORKSPACE)):
+        path = f"overheads.{key}"
+        sizes[key] = parse_size(default)
+        if key in given and ck.clean(path):
+            try:
+                sizes[key] = parse_size(given[key])
+            except ValueError as e:
+                ck.add(path, str(e))
+    reserve = given.get("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE)
+    return Overheads(cuda_context_bytes=sizes["cuda_context"], cublas_workspace_bytes=sizes["cublas_workspace"],
+                     allocator_reserve_fraction=float(reserve) if ck.clean("overheads.allocator_reserve") else 0.0)
+
+
+def check_model(data: dict, ck: Checker):
+    spec = data.get("model")
+    if not isinstance(spec, dict) or not ck.clean("model"):
+        return None
+    try:
+        return resolve_model(spec, ck.base_dir)
+    except ModelSpecError as e:
+        key = e.key_path or "model"
+        ck.add(key if key == "model" or key.startswith(("model.", "model[")) else join("model", key),
+               getattr(e, "message", str(e)))
+    except ValueError as e:
+        ck.add("model", str(e))
+    return None
+
+
+def needs_no_sequence(model) -> bool:
+    """Layer-list nets and per-sample params models have no sequence axis: seq_len defaults to 1."""
+    return model.kind == "layers" or (model.kind == "params" and not model.activation_elements_per_token)
+
+
+def check_report(data: dict, grid: dict[str, tuple[Any, ...]], ck: Checker) -> dict[str, Any]:
+    report = dict(data.get("report") or {}) if isinstance(data.get("report"), dict) else {}
+    # The report draws these points from the results: every axis but batch must be a value the grid has.
+    wanted = [("report.reference_seq_len", C.SEQ_LEN, report.get("reference_seq_len"))]
+    for i, point in enumerate(report.get("reference_points") or []):
+        if isinstance(point, dict):
+            wanted += [(f"report.reference_points[{i}].{a}", a, v) for a, v in point.items() if a != C.BATCH]
+    for path, axis, value in wanted:
+        if value is not None and grid.get(axis) and ck.clean(path) and value not in grid[axis]:
+            shown = ", ".join(map(str, grid[axis]))
+            ck.add(path, f"{value!r} is not in grid.{axis} ({shown})")
+    # parallel axes are rows of the tables only where the scenario has a parallel: block (else they do not exist)
+    rows = report.get("table_rows")
+    if isinstance(rows, list) and ck.clean("report.table_rows") and not isinstance(data.get("parallel"), dict):
+        for i, axis in enumerate(rows):
+            if axis in C.PARALLEL_AXES:
+                ck.add(f"report.table_rows[{i}]", f"{axis} is a parallel axis, but this scenario has no parallel: "
+                                                  f"block; add one (parallel: {{{axis}: [...]}}) or use a grid axis")
+    if "templates" in report and ck.clean("report.templates"):
+        folder = (ck.base_dir / report["templates"]).resolve()
+        if not folder.is_dir():
+            ck.add("report.templates", f"{report['templates']!r} is not a folder (looked for {folder})")
+        report["templates"] = str(folder)
+    return report
+
+
+def check_serving(data: dict, mode: str, model, ck: Checker) -> dict[str, Any]:
     given = data.get("serving")
     if not isinstance(given, dict) or not ck.clean("serving"):
         return {}
@@ -38,11 +219,11 @@ def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
     out: dict[str, Any] = dict(given)
     for key in ("kv_dtype", "tensor_parallel"):
         if key in out:
-            out[key] = _dedupe(_as_list(out[key]))
+            out[key] = dedupe(as_list(out[key]))
     heads, kv = (model.heads, model.kv_heads) if model is not None and model.kind == "transformer" else (0, 0)
     if heads and kv and ck.clean("serving.tensor_parallel"):
         listed = isinstance(given.get("tensor_parallel"), list)
-        for i, t in enumerate(_as_list(given.get("tensor_parallel", 1))):
+        for i, t in enumerate(as_list(given.get("tensor_parallel", 1))):
             if heads % t or (kv % t and t % kv):
                 ck.add("serving.tensor_parallel" + (f"[{i}]" if listed else ""),
                        f"tensor_parallel {t} must divide the {heads} attention heads and divide or be a multiple "
@@ -50,7 +231,7 @@ def _serving(data: dict, mode: str, model, ck: _Checker) -> dict[str, Any]:
     return out
 
 
-def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: _Checker) -> dict[str, tuple]:
+def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: Checker) -> dict[str, tuple]:
     """The parallel axes (every one, defaults filled in), swept in the `parallel:` block or among the `grid:` axes
     (issue 4 names them grid axes; not both for one axis), and their rules, each combination checked at load time
     (parallel/layout.py): the problem is reported at the value that breaks it."""
@@ -68,17 +249,13 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
         return {}
     prefix = {a: "grid" if a in in_grid else "parallel" for a in given}
     home = "parallel" if block else f"grid.{next(iter(in_grid))}"
-    from itertools import product
-
-    from .parallel import layout as L
-
-    out = {a: _dedupe(_as_list(given[a])) if a in given else (C.PARALLEL_DEFAULTS[a],) for a in C.PARALLEL_AXES}
+    out = {a: dedupe(as_list(given[a])) if a in given else (C.PARALLEL_DEFAULTS[a],) for a in C.PARALLEL_AXES}
     for a in C.PARALLEL_AXES:  # YAML booleans stay booleans (_dedupe would keep True as True; 1 is not a bool)
         if a in (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION):
             out[a] = tuple(bool(v) for v in out[a])
     if model is None:
         return out
-    raw = {a: _as_list(given[a]) if a in given else [C.PARALLEL_DEFAULTS[a]] for a in C.PARALLEL_AXES}
+    raw = {a: as_list(given[a]) if a in given else [C.PARALLEL_DEFAULTS[a]] for a in C.PARALLEL_AXES}
 
     def where(axis: str, value) -> str:
         if axis not in given:
@@ -89,7 +266,7 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
         return path
 
     seen: set[tuple[str, str]] = set()
-    seqs = [(i, s) for i, s in enumerate(_as_list((data.get("grid") or {}).get(C.SEQ_LEN, [])))
+    seqs = [(i, s) for i, s in enumerate(as_list((data.get("grid") or {}).get(C.SEQ_LEN, [])))
             if isinstance(s, int)] if ck.clean(f"grid.{C.SEQ_LEN}") else []
     seq_listed = isinstance((data.get("grid") or {}).get(C.SEQ_LEN), list)
     if not all(ck.clean(f"{prefix[a]}.{a}") for a in given):
@@ -111,9 +288,7 @@ def _parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck
     return out
 
 
-def _node(data: dict, ck: _Checker) -> dict[str, int]:
-    from .parallel import layout as L
-
+def check_node(data: dict, ck: Checker) -> dict[str, int]:
     given = data.get("node") if isinstance(data.get("node"), dict) else {}
     node = {C.GPUS_PER_NODE: int(given.get("gpus", L.DEFAULT_GPUS_PER_NODE)) if ck.clean("node.gpus")
             else L.DEFAULT_GPUS_PER_NODE, C.HOST_MEMORY: parse_size(L.DEFAULT_HOST_MEMORY)}
@@ -125,15 +300,12 @@ def _node(data: dict, ck: _Checker) -> dict[str, int]:
     return node
 
 
-def _finetune(data: dict, mode: str, model, parallel: dict, ck: _Checker):
+def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     """The `finetune:` block (components/finetune.py) folded into the model, so every estimator path sees it."""
     if "finetune" not in data or not ck.clean("finetune"):
         return model
-    from .components import finetune as F
-    from .errors import UsageError as _Usage
-
     try:
-        ft = F.parse_finetune(data["finetune"], lambda p: (ck.b.file, *(_locate(p, ck.b) or (None, None))))
+        ft = parse_finetune(data["finetune"], lambda p: (ck.b.file, *(ck.b.locate(p) or (None, None))))
     except ScenarioError as e:
         for p in e.problems:
             ck.add(p.key_path, p.message)
@@ -149,20 +321,18 @@ def _finetune(data: dict, mode: str, model, parallel: dict, ck: _Checker):
         return model
     try:
         F.adapter_params(model, ft)  # unsupported model families and unknown targets are one line each
-    except (_Usage, ValueError) as e:
+    except (UsageError, ValueError) as e:
         ck.add("finetune", str(e), key=True)
         return model
     return dataclasses.replace(model, finetune=ft)
 
 
-def _cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,
-             ck: _Checker):
+def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,
+             ck: Checker):
     """The `cluster:` block (cluster.py) as a ClusterSearch; its problems located at their keys."""
     given = data.get("cluster")
     if not isinstance(given, dict) or not ck.clean("cluster"):
         return None
-    from .cluster import parse_cluster
-
     target = data.get("target") if isinstance(data.get("target"), dict) and ck.clean("target") else {}
     search, problems = parse_cluster(given, grid, target, model, mode, node[C.GPUS_PER_NODE], node[C.HOST_MEMORY],
                                      parallel)

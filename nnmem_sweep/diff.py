@@ -31,9 +31,11 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
+from .config import parse_scenario_text
 from .errors import UsageError
 from .fit import MAX_BATCH_CAP
 from .grid import MAX_ROWS
+from .runner import run_scenario
 from .scenario import Scenario
 
 KEY = C.NON_BATCH_AXES + (C.GPU,)
@@ -208,8 +210,6 @@ def scenario_text_at_revision(config: str | Path, rev: str, option: str = "--aga
 
 
 def _parse(text: str, config: str | Path, rev: str) -> Scenario:
-    from .config import parse_scenario_text
-
     return parse_scenario_text(text, file=f"{rev}:{config}", base_dir=Path(config).parent)
 
 
@@ -244,12 +244,8 @@ class Changes:
 
 def changes_since(old: AtRevision, new_max_batch: pd.DataFrame, max_rows: int = MAX_ROWS) -> Changes:
     """Run CONFIG as it was at the revision and compare its max-batch table with `new_max_batch` (the run now)."""
-    from .runner import run_scenario
-
     return Changes(old, diff_max_batch(run_scenario(old.scenario, max_rows=max_rows), new_max_batch))
 
 
 def diff_scenarios(old: Scenario, new: Scenario, max_rows: int = MAX_ROWS) -> pd.DataFrame:
-    from .runner import run_scenario
-
     return diff_max_batch(run_scenario(old, max_rows=max_rows), run_scenario(new, max_rows=max_rows))

@@ -1,9 +1,9 @@
 """The largest batch that fits, per combination of the other axes and GPU, in closed form.
 
-Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py), so the estimator evaluated at
-b = 1 and b = 2 gives k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is
-g(P) = P + ⌈f·P⌉ + context + workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with
-g(P*) ≤ usable. Then
+Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py: c_j holds const + s·pos + s²·sq,
+what the whole batch shares; k_j the per-sample rest), so the estimator evaluated at b = 1 and b = 2 gives
+k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is g(P) = P + ⌈f·P⌉ + context +
+workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with g(P*) ≤ usable. Then
 
     b_max = min_j ⌊(P* − c_j) / k_j⌋          (phases with k_j = 0 only bound it when c_j > P*)
 
@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import columns as C
 from .components.overhead import overhead_bytes, usable_bytes
-from .components.peak import column_values, host_check, phase_totals_in_batch
+from .peak import host_check, phase_totals_in_batch
 from .models.arch import Architecture
 from .scenario import Overheads
 
@@ -43,7 +43,7 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     total_at_batch_1_bytes, gpu_memory_bytes, usable_bytes (and host_bytes with parallel columns: host memory per
     node, batch-independent; a point whose host_bytes exceed host_memory_bytes has max_batch 0)."""
     n = len(points)
-    mem = np.asarray(column_values(points, C.GPU_MEMORY), dtype=np.int64)
+    mem = points[C.GPU_MEMORY].to_numpy(dtype=np.int64)
     usable = usable_bytes(mem, headroom)
     one = np.ones(n, dtype=np.int64)
     # the columns read once for every batch tried below
@@ -88,7 +88,7 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), overheads)
 
     # one DataFrame built at once (a drop, a copy and five inserts cost ~1 ms on a small table)
-    out = {c: column_values(points, c) for c in points.columns if c not in (C.BATCH, C.GPU_MEMORY)}
+    out = {c: points[c].array for c in points.columns if c not in (C.BATCH, C.GPU_MEMORY)}
     out[C.MAX_BATCH] = bmax
     out[C.TOTAL_AT_MAX_BATCH] = np.where(bmax > 0, t_at, 0)
     out[C.TOTAL_AT_BATCH_1] = total1

@@ -13,7 +13,9 @@ import pandas as pd
 
 from . import columns as C
 from .errors import UsageError
+from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
 from .scenario import Scenario
+from .units import parse_size
 
 INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
             C.TENSOR_PARALLEL, C.CONTEXT, C.CONCURRENCY,  # these three: serving plans (serving.py)
@@ -53,9 +55,6 @@ def add_gpu_columns(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
     mem = np.array([by_id[x] for x in frame[C.GPU].cat.categories], dtype=np.int64)
     frame[C.GPU_MEMORY] = mem[frame[C.GPU].cat.codes.to_numpy()]
     if sc.parallel:
-        from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
-        from .units import parse_size
-
         n = len(frame)
         frame[C.GPUS_PER_NODE] = np.full(n, sc.node.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE), dtype=np.int64)
         frame[C.HOST_MEMORY] = np.full(n, sc.node.get(C.HOST_MEMORY, parse_size(DEFAULT_HOST_MEMORY)),

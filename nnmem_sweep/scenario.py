@@ -1,10 +1,18 @@
-"""The validated scenario: frozen dataclasses produced by config.load_scenario, consumed by everything else."""
+"""The validated scenario: frozen dataclasses produced by config.load_scenario, consumed by everything else, and the
+defaults a scenario takes where its file says nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 from .models.arch import Architecture
+
+# Defaults, documented in the schema's descriptions (and FORMULAS.md, "Runtime overheads").
+DEFAULT_MODE = "train"
+DEFAULT_HEADROOM = 0.05
+DEFAULT_CUDA_CONTEXT = "512 MiB"  # top of the 0.3-0.5 GiB seen with CUDA lazy loading
+DEFAULT_CUBLAS_WORKSPACE = "8519680 B"  # cuBLAS default workspace ":4096:2:16:8"
+DEFAULT_ALLOCATOR_RESERVE = 0.05
 
 
 @dataclass(frozen=True)

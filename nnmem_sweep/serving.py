@@ -32,6 +32,7 @@ from .components.kv import (KV_ELEMENT_BYTES, KV_SCALE_BYTES_PER_HEAD_TOKEN, VLL
                             kv_bytes_per_token_per_gpu, paged_tokens)
 from .components.weights import param_summary, weights_bytes
 from .errors import UsageError
+from .estimate import estimate_frame
 from .grid import product_frame
 from .models.arch import Architecture
 from .scenario import Scenario
@@ -97,8 +98,6 @@ def options(sc: Scenario) -> dict:
 
 def _activation_peak(sc: Scenario, precisions: tuple, tokens: int) -> np.ndarray:
     """Per precision: the temporaries of one prefill of `tokens` tokens (batch 1), from the inference estimator."""
-    from .runner import estimate_frame
-
     n = len(precisions)
     frame = pd.DataFrame({
         C.BATCH: np.ones(n, dtype=np.int64), C.SEQ_LEN: np.full(n, tokens, dtype=np.int64),

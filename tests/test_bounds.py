@@ -33,7 +33,7 @@ def test_huge_point_is_refused_cleanly_and_nothing_is_written(tmp_path):
 
 
 def test_bound_really_bounds_the_estimate_and_admits_long_flash_contexts():
-    from nnmem_sweep.runner import estimate_point
+    from nnmem_sweep.estimate import estimate_point
 
     arch = load_preset("llama-3.1-405b")
     row = estimate_point(model="llama-3.1-405b", mode="train", batch=8, seq_len=8192, precision="fp32",
@@ -46,7 +46,7 @@ def test_bound_really_bounds_the_estimate_and_admits_long_flash_contexts():
 
 @pytest.mark.parametrize("preset", ["gpt2", "bert-base", "mixtral-8x7b", "qwen2.5-0.5b"])
 def test_bound_is_above_the_estimate_for_other_families(preset):
-    from nnmem_sweep.runner import estimate_point
+    from nnmem_sweep.estimate import estimate_point
 
     row = estimate_point(model=preset, mode="train", batch=4, seq_len=512, precision="fp32", optimizer="adamw",
                          optimizer_impl="foreach", checkpointing="none", attention="eager", gpu="h100-sxm",

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nnmem_sweep import config
+from nnmem_sweep import config, config_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
@@ -49,7 +49,7 @@ def test_validate_mixed_good_and_bad_reports_both_and_exits_2() -> None:
 def test_schema_command_prints_the_schema() -> None:
     r = cli("schema")
     assert (r.returncode, r.stderr) == (0, "")
-    assert json.loads(r.stdout) == config.SCHEMA
+    assert json.loads(r.stdout) == config_schema.SCHEMA
     assert r.stdout == config.schema_text()
 
 

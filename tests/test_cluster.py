@@ -13,7 +13,8 @@ from nnmem_sweep import cluster as K
 from nnmem_sweep import columns as C
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.runner import estimate_frame, run_scenario
+from nnmem_sweep.estimate import estimate_frame
+from nnmem_sweep.runner import run_scenario
 
 PSI = 7_500_000_000  # ZeRO (Rajbhandari et al. 2019) Table 1's model: 7.5B parameters, K = 12 (mixed-precision Adam)
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from _helpers import load_edited
 from nnmem_sweep import columns as C
-from nnmem_sweep import config
+from nnmem_sweep import config, config_schema, config_yaml, scenario
 from nnmem_sweep.catalog import names
 from nnmem_sweep.catalog.gpus import get_gpu
 from nnmem_sweep.config import load_scenario, parse_scenario_text, schema_text
@@ -79,7 +79,7 @@ def test_several_errors_are_all_reported_at_once() -> None:
 def test_alias_bomb_stops_at_the_node_limit() -> None:
     # 9 levels of 9 aliases each would expand to 9**9 = 387,420,489 strings; the builder stops at MAX_NODES.
     got = problems_of(BAD / "billion-laughs.yaml")
-    assert got == [f"the document expands to more than {config.MAX_NODES:,} values (aliases counted at each use); "
+    assert got == [f"the document expands to more than {config_yaml.MAX_NODES:,} values (aliases counted at each use); "
                    "a scenario is small: is this an alias bomb?"]
 
 
@@ -317,14 +317,14 @@ def test_report_templates_must_exist(tmp_path: Path) -> None:
 
 
 def test_schema_is_valid_draft_2020_12_and_printed_pretty() -> None:
-    jsonschema.Draft202012Validator.check_schema(config.SCHEMA)
-    assert config.SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert json.loads(schema_text()) == config.SCHEMA
+    jsonschema.Draft202012Validator.check_schema(config_schema.SCHEMA)
+    assert config_schema.SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert json.loads(schema_text()) == config_schema.SCHEMA
     assert schema_text().startswith("{\n  ")
 
 
 def _enum(axis: str) -> list[str]:
-    return config.SCHEMA["properties"]["grid"]["properties"][axis]["else"]["enum"]
+    return config_schema.SCHEMA["properties"]["grid"]["properties"][axis]["else"]["enum"]
 
 
 def test_schema_vocabularies_match_names_py() -> None:
@@ -333,29 +333,29 @@ def test_schema_vocabularies_match_names_py() -> None:
     assert _enum("optimizer_impl") == [*names.OPTIMIZER_IMPLS, names.OPTIMIZER_NONE]
     assert _enum("checkpointing") == list(names.CHECKPOINTING)
     assert _enum("attention") == list(names.ATTENTION)
-    assert config.SCHEMA["properties"]["mode"]["enum"] == list(names.MODES)
+    assert config_schema.SCHEMA["properties"]["mode"]["enum"] == list(names.MODES)
     # the grid's axes, and the parallel axes (issue 4 names them grid axes; the parallel: block takes them too)
-    assert set(config.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES + C.PARALLEL_AXES)
-    assert all(config.SCHEMA["properties"]["grid"]["properties"][a]["else"]
-               == config.SCHEMA["properties"]["parallel"]["properties"][a]["else"] for a in C.PARALLEL_AXES)
+    assert set(config_schema.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES + C.PARALLEL_AXES)
+    assert all(config_schema.SCHEMA["properties"]["grid"]["properties"][a]["else"]
+               == config_schema.SCHEMA["properties"]["parallel"]["properties"][a]["else"] for a in C.PARALLEL_AXES)
     # table rows: the grid's non-batch axes, and the parallel axes (config refuses those without a parallel: block)
-    assert config.SCHEMA["properties"]["report"]["properties"]["table_rows"]["items"]["enum"] == list(
+    assert config_schema.SCHEMA["properties"]["report"]["properties"]["table_rows"]["items"]["enum"] == list(
         C.NON_BATCH_AXES + C.PARALLEL_AXES)
 
 
 def test_schema_documents_the_defaults_it_applies() -> None:
-    props = config.SCHEMA["properties"]
+    props = config_schema.SCHEMA["properties"]
     assert "512 MiB" in props["overheads"]["properties"]["cuda_context"]["description"]
     assert "8519680 B" in props["overheads"]["properties"]["cublas_workspace"]["description"]
     assert "0.05" in props["overheads"]["properties"]["allocator_reserve"]["description"]
     assert "0.05" in props["headroom"]["description"]
-    assert (config.DEFAULT_CUDA_CONTEXT, config.DEFAULT_CUBLAS_WORKSPACE) == ("512 MiB", "8519680 B")
-    assert config.DEFAULT_HEADROOM == config.DEFAULT_ALLOCATOR_RESERVE == 0.05
+    assert (scenario.DEFAULT_CUDA_CONTEXT, scenario.DEFAULT_CUBLAS_WORKSPACE) == ("512 MiB", "8519680 B")
+    assert scenario.DEFAULT_HEADROOM == scenario.DEFAULT_ALLOCATOR_RESERVE == 0.05
 
 
 def test_every_shipped_config_also_passes_a_plain_jsonschema_validator() -> None:
     # What an editor does with the $schema line: the raw YAML against the schema file.
-    validator = jsonschema.Draft202012Validator(config.SCHEMA)
+    validator = jsonschema.Draft202012Validator(config_schema.SCHEMA)
     for path in SHIPPED:
         assert list(validator.iter_errors(yaml.safe_load(path.read_text(encoding="utf-8")))) == [], path.name
 

@@ -19,6 +19,8 @@ from nnmem_sweep.catalog.optimizers import get_optimizer
 from nnmem_sweep.catalog.precisions import get_precision
 from nnmem_sweep.citations import FORMULAS
 from nnmem_sweep.components import finetune as F
+from nnmem_sweep.components import finetune_method as FM
+from nnmem_sweep.components.plan import NCOEF
 from nnmem_sweep.components import weights as W
 from nnmem_sweep.errors import ScenarioError, UsageError
 from nnmem_sweep.models.resolve import resolve_model
@@ -32,8 +34,8 @@ def _arch(preset: str):
     return resolve_model({"preset": preset}, Path("."))
 
 
-def _ft(**kw) -> F.Finetune:
-    return F.parse_finetune({"method": "lora", **kw})
+def _ft(**kw) -> FM.Finetune:
+    return FM.parse_finetune({"method": "lora", **kw})
 
 
 # ---------------------------------------------------------------- adapter parameters = what peft reports
@@ -58,18 +60,18 @@ def test_adapter_params_equal_peft_count(preset, spec, expected):
 @pytest.mark.parametrize("case", CASES, ids=[c["case_id"] for c in CASES])
 def test_adapter_params_equal_measured_trainable(case):
     # peft's get_nb_trainable_parameters()[0], recorded by the measurement
-    assert F.adapter_params(architecture_of(case), F.parse_finetune(case["inputs"]["finetune"])) == \
+    assert F.adapter_params(architecture_of(case), FM.parse_finetune(case["inputs"]["finetune"])) == \
         case["trainable_params"]
 
 
 # ---------------------------------------------------------------- measured phases
 
 def _phases(case) -> tuple[dict[str, int], dict[str, int]]:
-    """Estimated phase peaks: the same moments components/peak.py takes the maximum over (forward; each backward
-    start moment; each backward end moment; optimizer), and the model states."""
+    """Estimated phase peaks: the same moments the training plan (components/train_plan.py) takes the maximum over
+    (forward; each backward start moment; each backward end moment; optimizer), and the model states."""
     i = case["inputs"]
     arch, p = architecture_of(case), get_precision(i["precision"])
-    ft = F.parse_finetune(i["finetune"])
+    ft = FM.parse_finetune(i["finetune"])
     device = "cuda" if i.get("dropout_impl") == "native" else "cpu"  # native dropout keeps CUDA's bool masks
     opt, impl = get_optimizer(i["optimizer"]), i["optimizer_impl"]
     w, m, g = F.weights_bytes(arch, p, ft), F.master_weights_bytes(arch, p, ft), F.gradients_bytes(arch, p, ft)
@@ -99,8 +101,8 @@ def test_states_match_measured(case):
     assert states["weights"] == totals["param_bytes"]
     assert states["gradients"] == totals["grad_bytes"]
     # optimizer: the CPU run also keeps one fp32 `step` per adapter tensor (host-side on CUDA, left out)
-    n_tensors = sum(c for _, c in F.adapter_shapes(architecture_of(case),
-                                                   F.parse_finetune(case["inputs"]["finetune"])))
+    n_tensors = sum(c for _, c in FM.adapter_shapes(architecture_of(case),
+                                                   FM.parse_finetune(case["inputs"]["finetune"])))
     assert states["optimizer"] + 4 * n_tensors == totals["optimizer_state_bytes"]
 
 
@@ -178,7 +180,7 @@ def test_qlora_one_matrix_by_hand():
 
 def test_qlora_model_weights_by_hand():
     arch = _arch("llama-3.2-1b")
-    ft = F.parse_finetune({"method": "qlora"})  # r 64, all-linear
+    ft = FM.parse_finetune({"method": "qlora"})  # r 64, all-linear
     # per layer: q, o 2,163,712 each; k, v (512 × 2048) 540,928 each; gate, up, down (8192 × 2048) 8,654,848 each
     # -> 31,373,824 × 16 layers = 501,981,184 B of NF4 block linears
     # rest (embedding 128,256 × 2048, norms) 1,235,814,400 − 973,078,528 = 262,735,872 params × 4 B (fp32 after
@@ -190,8 +192,8 @@ def test_qlora_model_weights_by_hand():
 def test_qlora_activations_are_lora_plus_the_dequantized_down_projection():
     arch, p = _arch("llama-3.2-1b"), get_precision("bf16")
     spec = {"rank": 64, "alpha": 16, "dropout": 0.1, "targets": ["all-linear"]}
-    q = F.train_activations(arch, p, "flash", "none", F.parse_finetune({"method": "qlora", **spec}))
-    lo = F.train_activations(arch, p, "flash", "none", F.parse_finetune({"method": "lora", **spec}))
+    q = F.train_activations(arch, p, "flash", "none", FM.parse_finetune({"method": "qlora", **spec}))
+    lo = F.train_activations(arch, p, "flash", "none", FM.parse_finetune({"method": "lora", **spec}))
     assert q.saved == lo.saved and q.forward_temp == lo.forward_temp
     # MatMul4Bit.backward dequantizes the down projection (2048 × 8192) to bf16: 33,554,432 B
     assert q.backward_start_temp[1].const - lo.backward_start_temp[1].const == 2048 * 8192 * 2
@@ -205,8 +207,8 @@ def test_qlora_activations_are_lora_plus_the_dequantized_down_projection():
        targets=st.sampled_from([["q_proj", "v_proj"], ["all-linear"], ["o_proj", "down_proj"]]))
 def test_adapter_bytes_grow_with_rank_base_bytes_do_not(r, dr, method, prec, targets):
     arch, p = _arch("qwen2.5-0.5b"), get_precision(prec)
-    lo = F.parse_finetune({"method": method, "rank": r, "targets": targets})
-    hi = F.parse_finetune({"method": method, "rank": r + dr, "targets": targets})
+    lo = FM.parse_finetune({"method": method, "rank": r, "targets": targets})
+    hi = FM.parse_finetune({"method": method, "rank": r + dr, "targets": targets})
     assert F.adapter_params(arch, hi) > F.adapter_params(arch, lo)
     adapters = {ft: F.adapter_params(arch, ft) * 4 for ft in (lo, hi)}
     base = {ft: F.weights_bytes(arch, p, ft) - adapters[ft] for ft in (lo, hi)}
@@ -223,7 +225,7 @@ def test_adapter_bytes_grow_with_rank_base_bytes_do_not(r, dr, method, prec, tar
 @pytest.mark.parametrize("prec", ["fp32", "bf16", "bf16-mixed"])
 def test_lora_keeps_less_than_full_training(prec):
     arch, p = _arch("llama-3.2-1b"), get_precision(prec)
-    ft, full = _ft(rank=64, targets=["all-linear"]), F.FULL
+    ft, full = _ft(rank=64, targets=["all-linear"]), FM.FULL
     adamw = get_optimizer("adamw")
     assert F.gradients_bytes(arch, p, ft) < F.gradients_bytes(arch, p, full)
     assert F.optimizer_state_bytes(arch, p, adamw, "foreach", ft) < F.optimizer_state_bytes(arch, p, adamw,
@@ -245,23 +247,23 @@ def test_all_linear_fp32_adapters_on_a_bf16_model_save_more_than_full_training()
     layer = 2 * (4 * h + 4) + 2 * (2048 + 1024) + 2 * 2048 + 4 * 32 + 3 * 2 * i + 4 * (5 * h + 2048 + i) + 7 * 4 * r
     assert F.frozen_layer_saved(arch, p, ft, "flash").tok == layer
     assert F.train_activations(arch, p, "flash", "none", ft).saved.tok > \
-        F.train_activations(arch, p, "flash", "none", F.FULL).saved.tok
+        F.train_activations(arch, p, "flash", "none", FM.FULL).saved.tok
 
 
 def test_full_is_the_existing_model():
     arch, p = _arch("qwen2.5-0.5b"), get_precision("bf16")
-    assert F.weights_bytes(arch, p, F.FULL) == W.weights_bytes(arch, p)
+    assert F.weights_bytes(arch, p, FM.FULL) == W.weights_bytes(arch, p)
     from nnmem_sweep.components import activations as act
 
-    assert F.train_activations(arch, p, "flash", "none", F.FULL) == act.train_activations(arch, p, "flash", "none")
+    assert F.train_activations(arch, p, "flash", "none", FM.FULL) == act.train_activations(arch, p, "flash", "none")
 
 
 def test_states_have_the_training_plan_shapes():
     arch = _arch("qwen2.5-0.5b")
     precs = (get_precision("bf16"), get_precision("fp32"))
     w, m, g, s, t = F.finetune_states(arch, _ft(), precs, ("adamw", "sgd"), ("foreach", "fused"))
-    assert w.shape == m.shape == g.shape == (2, 5)
-    assert s.shape == t.shape == (2, 2, 2, 5)
+    assert w.shape == m.shape == g.shape == (2, NCOEF)
+    assert s.shape == t.shape == (2, 2, 2, NCOEF)
     # fused AdamW keeps a device `step` per adapter tensor: 4 tensors per layer × 24 layers × 4 B
     assert s[0, 0, 1, 0] - s[0, 0, 0, 0] == 4 * 24 * 4
     assert t[0, 0, 1, 0] == 0 and t[0, 0, 0, 0] == 540_672 * 4  # foreach: one fp32 temporary per adapter param
@@ -270,19 +272,19 @@ def test_states_have_the_training_plan_shapes():
 # ---------------------------------------------------------------- the YAML mapping and its schema
 
 def test_defaults_are_peft_and_qlora_paper():
-    assert F.parse_finetune(None) == F.FULL
-    assert F.parse_finetune({"method": "lora"}) == F.Finetune("lora", 8, 8, (), 0.0, "fp32")
-    assert F.parse_finetune({"method": "qlora"}) == F.Finetune("qlora", 64, 16, ("all-linear",), 0.1, "fp32")
+    assert FM.parse_finetune(None) == FM.FULL
+    assert FM.parse_finetune({"method": "lora"}) == FM.Finetune("lora", 8, 8, (), 0.0, "fp32")
+    assert FM.parse_finetune({"method": "qlora"}) == FM.Finetune("qlora", 64, 16, ("all-linear",), 0.1, "fp32")
     # no targets: peft's default for the model type
-    default = F.parse_finetune({"method": "lora"})
-    assert [t.name for t in F.targets_of(_arch("llama-3.2-1b"), default)] == ["q_proj", "v_proj"]
-    assert [t.name for t in F.targets_of(_arch("gpt2"), default)] == ["c_attn"]
+    default = FM.parse_finetune({"method": "lora"})
+    assert [t.name for t in FM.targets_of(_arch("llama-3.2-1b"), default)] == ["q_proj", "v_proj"]
+    assert [t.name for t in FM.targets_of(_arch("gpt2"), default)] == ["c_attn"]
 
 
 def test_bad_mapping_lists_every_problem_with_its_place():
     where = {"finetune.rank": ("s.yaml", 4, 9), "finetune.targets[1]": ("s.yaml", 5, 22)}
     with pytest.raises(ScenarioError) as e:
-        F.parse_finetune({"method": "lora", "rank": 0, "targets": ["q_proj", "qproj"], "colour": 1},
+        FM.parse_finetune({"method": "lora", "rank": 0, "targets": ["q_proj", "qproj"], "colour": 1},
                          lambda path: where.get(path, ("s.yaml", 3, 3)))
     got = {(p.key_path, p.line) for p in e.value.problems}
     assert got == {("finetune.rank", 4), ("finetune.targets[1]", 5), ("finetune.colour", 3)}
@@ -302,21 +304,21 @@ def test_bad_mapping_lists_every_problem_with_its_place():
 ])
 def test_bad_values_are_scenario_errors(node, key):
     with pytest.raises(ScenarioError) as e:
-        F.parse_finetune(node, "s.yaml")
+        FM.parse_finetune(node, "s.yaml")
     assert [p.key_path for p in e.value.problems] == [key]
 
 
 def test_schema_fragment_agrees_with_the_parser():
-    v = jsonschema.Draft202012Validator(F.FINETUNE_SCHEMA)
+    v = jsonschema.Draft202012Validator(FM.FINETUNE_SCHEMA)
     for good in ({"method": "lora"}, {"method": "qlora", "rank": 16, "targets": ["all-linear"], "dropout": 0.05},
                  {"method": "full"}):
         v.validate(good)
-        F.parse_finetune(good)
+        FM.parse_finetune(good)
     for bad in ({"method": "lora", "rank": 0}, {"method": "lora", "targets": []}, {"rank": 8},
                 {"method": "lora", "targets": ["qproj"]}):
         assert list(v.iter_errors(bad))
         with pytest.raises(ScenarioError):
-            F.parse_finetune(bad)
+            FM.parse_finetune(bad)
 
 
 def test_targets_the_model_lacks_and_unsupported_models_are_usage_errors():

@@ -12,7 +12,8 @@ from nnmem_sweep import columns as C
 from nnmem_sweep.components import finetune as F
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.runner import estimate_frame, run_scenario
+from nnmem_sweep.estimate import estimate_frame
+from nnmem_sweep.runner import run_scenario
 
 TRUTH = Path(__file__).parent / "data" / "truth" / "finetune"
 CASES = sorted(p for p in TRUTH.glob("*.json"))

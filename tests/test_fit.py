@@ -6,7 +6,8 @@ from nnmem_sweep import columns as C
 from nnmem_sweep.fit import MAX_BATCH_CAP
 from nnmem_sweep.grid import expand_grid
 from nnmem_sweep.models.presets import load_preset
-from nnmem_sweep.runner import estimate_frame, run_scenario
+from nnmem_sweep.estimate import estimate_frame
+from nnmem_sweep.runner import run_scenario
 from nnmem_sweep.scenario import GPUSpec, Overheads
 
 from components.tiny_models import TINY_GPT2, TINY_LLAMA, params_model, scenario

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nnmem_sweep import columns as C
 from nnmem_sweep.catalog.precisions import get_precision
 from nnmem_sweep.components import activations as act
-from nnmem_sweep.components.peak import estimate_components
+from nnmem_sweep.peak import estimate_components
 from nnmem_sweep.models.arch import Architecture
 from nnmem_sweep.models.presets import hand_modelled_ids, load_preset
 from nnmem_sweep.parallel.activations import first_stage_layer_micro_batches, layer_replicated, rank_term

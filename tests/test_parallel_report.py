@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.citations import all_formulas
+from nnmem_sweep.formulas import all_formulas
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.report import context
+from nnmem_sweep.report import appendix, assumptions, figures, points, summary, tables as report_tables
 from nnmem_sweep.report.format import AXIS_LABELS, axis_value
 from nnmem_sweep.runner import run_scenario
 
@@ -60,7 +60,7 @@ def csv_max_batch(mb: pd.DataFrame, **at) -> int:
 
 def test_every_table_cell_is_the_max_batch_of_its_own_layout(layouts):
     sc, mb = layouts.scenario, layouts.max_batch
-    tables, _ = context.max_batch_tables(sc, mb)
+    tables, _ = report_tables.max_batch_tables(sc, mb)
     (table,) = tables  # no table_rows: every varying axis is a row, GPUs are columns
     assert table["axis_headers"] == ["checkpointing", "TP", "ZeRO"]  # layouts in the order they are written
     assert [g["name"] for g in table["gpu_headers"]][0].startswith("A100")  # smallest first
@@ -78,7 +78,7 @@ def test_every_table_cell_is_the_max_batch_of_its_own_layout(layouts):
 
 def test_summary_names_the_layout_of_each_figure_and_agrees_with_the_table(layouts):
     sc, mb = layouts.scenario, layouts.max_batch
-    s = context.summary(sc, layouts.results, mb)
+    s = summary.summary(sc, layouts.results, mb)
     texts = [x["text"] for x in s["sentences"]]
     # per GPU (smallest first): the reference layout (the first listed: TP 1, ZeRO 1), then the layout with the most
     # room among the 4 (ties: fewest GPUs, then the lowest ZeRO stage)
@@ -97,7 +97,7 @@ def test_summary_names_the_layout_of_each_figure_and_agrees_with_the_table(layou
 
 def test_table_rows_may_name_parallel_axes_and_then_unnamed_ones_split_the_tables(layouts):
     sc = with_report(LAYOUTS, "report: {table_rows: [tensor_parallel]}\n")
-    tables, heat = context.max_batch_tables(sc, layouts.max_batch)
+    tables, heat = report_tables.max_batch_tables(sc, layouts.max_batch)
     # rows TP; tables per (checkpointing, ZeRO): the axes it does not name split as grid axes do
     assert [t["caption"] for t in tables] == ["checkpointing selective, ZeRO 1", "checkpointing selective, ZeRO 3",
                                               "checkpointing full, ZeRO 1", "checkpointing full, ZeRO 3"]
@@ -105,7 +105,7 @@ def test_table_rows_may_name_parallel_axes_and_then_unnamed_ones_split_the_table
     assert [[c["text"] for c in r["cells"]] for r in tables[1]["rows"]] == [["–", "1"], ["4", "8"]]
     # naming only grid axes: the layouts follow them as rows (one table, not a table per layout)
     sc = with_report(LAYOUTS, "report: {table_rows: [checkpointing]}\n")
-    tables, heat = context.max_batch_tables(sc, layouts.max_batch)
+    tables, heat = report_tables.max_batch_tables(sc, layouts.max_batch)
     assert len(tables) == 1 and tables[0]["axis_headers"] == ["checkpointing", "TP", "ZeRO"]
     # the heatmap: the layouts at the reference checkpointing, labelled by layout
     assert heat["rows"] == ["TP 1 · ZeRO 1", "TP 1 · ZeRO 3", "TP 4 · ZeRO 1", "TP 4 · ZeRO 3"]
@@ -126,20 +126,20 @@ def test_table_rows_naming_a_parallel_axis_without_a_parallel_block_is_located(r
 
 def test_charts_draw_the_reference_layout_and_each_knob_on_its_own(layouts):
     sc, res = layouts.scenario, layouts.results
-    point = context.reference_point(sc)
+    point = points.reference_point(sc)
     assert {k: point[k] for k in (C.TENSOR_PARALLEL, C.ZERO_STAGE, C.DATA_PARALLEL)} == \
         {C.TENSOR_PARALLEL: 1, C.ZERO_STAGE: 1, C.DATA_PARALLEL: 8}
-    bars, varied = context._bar_points(sc, point)
+    bars, varied = figures._bar_points(sc, point)
     assert [label for _, label in bars] == ["TP 1 · ZeRO 1", "TP 4 · ZeRO 1", "TP 1 · ZeRO 3"]
     assert varied == {C.TENSOR_PARALLEL, C.ZERO_STAGE}
-    usable = context._usable(res, sc)
-    svg, about = context._memory_vs_batch_chart(sc, res, point, usable)
+    usable = points.usable_by_gpu(res, sc)
+    svg, about = figures.memory_vs_batch_chart(sc, res, point, usable)
     assert about.endswith("selective checkpointing, TP 1 + SP · PP 1 · DP 8 · ZeRO 1")
     # the line is the reference layout's totals on the smallest GPU, batch 1, 2, 4 (not another layout's)
     ref = res[(res[C.GPU] == "a100-40gb") & (res[C.CHECKPOINTING] == "selective") & (res[C.TENSOR_PARALLEL] == 1)
               & (res[C.ZERO_STAGE] == 1)]
     assert len(ref) == 3
-    _, about = context._breakdown_chart(sc, res, point, usable)
+    _, about = figures.breakdown_chart(sc, res, point, usable)
     assert about == "Llama 3.1 8B training, batch 1, seq 4,096, bf16-master adamw, selective checkpointing, SP · PP 1 · DP 8"
 
 
@@ -155,32 +155,32 @@ def test_inference_layouts_name_tp_pp_dp_only():
         "  checkpointing: [selective, full]\n", "").replace(
         "  zero_stage: [1, 3]\n", "").replace("  sequence_parallel: true\n", "")
     sc = parse_scenario_text(text)
-    assert context.layout_text(sc, context.reference_point(sc)) == "TP 1 · PP 1 · DP 8"
+    assert points.layout_text(sc, points.reference_point(sc)) == "TP 1 · PP 1 · DP 8"
 
 
 def test_a_scenario_without_parallel_block_has_no_layout_text(layouts):
     text = LAYOUTS[:LAYOUTS.index("parallel:")] + LAYOUTS[LAYOUTS.index("gpus:"):]
     sc = parse_scenario_text(text)
-    assert context.layout_text(sc, context.reference_point(sc)) == "" and context.layout_note(sc) == ""
-    assert context.assumptions(sc)["groups"] == []
+    assert points.layout_text(sc, points.reference_point(sc)) == "" and report_tables.layout_note(sc) == ""
+    assert assumptions.assumptions(sc)["groups"] == []
 
 
 def test_parallel_assumptions_appear_with_the_parallel_block_and_leave_formulas(layouts):
-    groups = context.assumptions(layouts.scenario)["groups"]
+    groups = assumptions.assumptions(layouts.scenario)["groups"]
     assert [g["title"] for g in groups] == ["Parallelism and sharding"]
     items = groups[0]["items"]
     assert any(i.startswith("Every figure is per GPU, on the most loaded rank") for i in items)
     (comm,) = [i for i in items if i.startswith("Communication buffers, not counted: NCCL buffers")]
     assert "NCCL_BUFFSIZE" in comm and "https://docs.nvidia.com/deeplearning/nccl" in comm  # its sources, cited
     assert not any("Offload" in i for i in items)  # no layout offloads
-    names = [f["name"] for f in context.formulas(all_formulas())]
+    names = [f["name"] for f in appendix.formulas(all_formulas())]
     assert "parallel.assumptions.communication_buffers" not in names and "parallel.rank_states" in names
 
 
 def test_offload_assumption_names_the_node(layouts):
     text = LAYOUTS.replace("  zero_stage: [1, 3]\n", "  zero_stage: 3\n  offload: [none, optimizer]\n") + \
         "node: {gpus: 4, host_memory: 512 GiB}\n"
-    items = context.assumptions(parse_scenario_text(text))["groups"][0]["items"]
+    items = assumptions.assumptions(parse_scenario_text(text))["groups"][0]["items"]
     (off,) = [i for i in items if i.startswith("Offload")]
     assert "times 4 GPUs per node, against 512.0 GiB of RAM" in off
 
@@ -192,16 +192,16 @@ def test_finetune_and_cluster_assumptions_only_where_used():
         grid: {batch: 1, seq_len: 512, precision: bf16, optimizer: adamw}
         gpus: [h100-sxm]
         """)
-    groups = context.assumptions(parse_scenario_text(lora + "finetune: {method: lora, rank: 8}\n"))["groups"]
+    groups = assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: lora, rank: 8}\n"))["groups"]
     assert [g["title"] for g in groups] == ["Fine-tuning"]
     assert groups[0]["items"][1] == ("Adapters A (rank × in) and B (out × rank), without bias, on q_proj, v_proj of "
                                      "every layer, in fp32 (peft casts the adapters of a 16-bit model to fp32: "
                                      "autocast_adapter_dtype=True).")
     assert not any("QLoRA" in i for i in groups[0]["items"])
-    qlora = context.assumptions(parse_scenario_text(lora + "finetune: {method: qlora}\n"))["groups"][0]["items"]
+    qlora = assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: qlora}\n"))["groups"][0]["items"]
     assert any(i.startswith("QLoRA") and "not measured" in i for i in qlora)
-    assert context.assumptions(parse_scenario_text(lora + "finetune: {method: full}\n"))["groups"] == []
-    cluster = context.assumptions(parse_scenario_text(lora + "cluster: {global_batch: 8}\n"))["groups"]
+    assert assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: full}\n"))["groups"] == []
+    cluster = assumptions.assumptions(parse_scenario_text(lora + "cluster: {global_batch: 8}\n"))["groups"]
     assert [g["title"] for g in cluster] == ["How many GPUs"]
     assert "stands in for speed, which is not modelled" in cluster[0]["items"][0]
     assert "TP within a node (8 GPUs)" in cluster[0]["items"][1]
@@ -261,7 +261,7 @@ def test_target_speaks_of_layouts(layouts):
     # batch 4 at the reference layout (selective, TP 1, ZeRO 1) fits no GPU; with full checkpointing TP 4 ZeRO 3
     # both do (18 and 38; the most room)
     sc = parse_scenario_text(LAYOUTS + "target: {batch: 4, seq_len: 4096}\n")
-    t = context.summary(sc, layouts.results, layouts.max_batch)["target"]
+    t = summary.summary(sc, layouts.results, layouts.max_batch)["target"]
     assert t["text"].endswith("ZeRO 1) is met by none of the GPUs with this recipe and layout.")
     assert t["others"] == ("With another recipe or layout from the grid (the one with the most room): A100-SXM4-40GB "
                            "(full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 3); H100 SXM5 80GB (H100 80GB HBM3) "

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.components.peak import estimate_components
+from nnmem_sweep.peak import estimate_components
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError, UsageError
 from nnmem_sweep.models.presets import load_preset

@@ -1,4 +1,4 @@
-"""run_scenario, write_outputs, estimate_point and the breakdown table."""
+"""run_scenario, write_outputs (runner.py), estimate_point and the breakdown table (estimate.py)."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -6,7 +6,8 @@ import pytest
 from nnmem_sweep import columns as C
 from nnmem_sweep.cli import main
 from nnmem_sweep.errors import UsageError
-from nnmem_sweep.runner import estimate_point, format_breakdown, run_scenario, write_outputs
+from nnmem_sweep.estimate import estimate_point, format_breakdown
+from nnmem_sweep.runner import run_scenario, write_outputs
 from nnmem_sweep.scenario import GPUSpec, Overheads
 
 from components.tiny_models import TINY_LLAMA, scenario

@@ -1,2 +1,3 @@
-"""Pure vectorised memory formulas, one module per component. Importing this package registers their citations."""
-from . import activations, finetune, kv, optimizer, overhead, peak, terms, weights  # noqa: F401
+"""Pure vectorised memory formulas, one module per component (weights, optimizer, activations, kv, overhead,
+finetune, cpu_kernels), the Term they are written in (terms.py), and the plans built from them: the machinery
+(plan.py) and the plans of one GPU (train_plan.py, infer_plan.py)."""

@@ -1,4 +1,6 @@
 """Fine-tuning methods: full, LoRA and QLoRA, as the bytes a training step keeps (issue 4, "Fine-tuning methods").
+The method itself (what a scenario asks for, which linears carry adapters) is finetune_method.py; this module is the
+memory it costs.
 
 LoRA (Hu et al. 2021 §4.1) freezes the pretrained weights and trains, beside each targeted linear W (out × in), the
 product B·A with A (r × in) and B (out × r): `h = W x + (α/r) · B A dropout(x)`. peft's LoraLayer does this with
@@ -16,24 +18,22 @@ What a frozen base changes, checked against peft runs under MemTracker (tests/da
     input (the dropout output, or the fp32 copy peft casts, or the shared input itself) and A's output;
   - no embedding backward (frozen embedding), no weight gradients in the last layer's backward.
 
-Entry points with the shapes the training plan (components/peak.py) consumes:
-  finetune_states(arch, ft, precs, o_names, i_names) -> (W, M, G, S, T) as peak._states;
+Entry points with the shapes the training plan (components/train_plan.py) consumes:
+  finetune_states(arch, ft, precs, o_names, i_names) -> (W, M, G, S, T) as train_plan._states;
   train_activations(arch, p, attention, checkpointing, ft, device) -> activations.TrainActivations.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 
 from ..catalog.optimizers import BNB_OPTIM, DETTMERS_2021, SHAZEER_2018, TORCH_OPTIM, Optimizer, get_optimizer
 from ..catalog.precisions import DETTMERS_2023, Precision
 from ..citations import formula, source
-from ..errors import Problem, ScenarioError, UsageError
 from ..models.arch import Architecture
 from . import activations as act
 from . import optimizer as optim
+from .finetune_method import FULL, Finetune, adapter_shapes, block_linears, targets_of
+from .plan import consts
 from .terms import ZERO, Term
 from .weights import nf4_bytes, param_summary
 from . import weights as wts
@@ -43,200 +43,8 @@ PEFT = source("peft-0.21", "Hugging Face peft 0.21 (tuners/lora/layer.py LoraLay
               "tuners_utils.py cast_adapter_dtype; utils/other.py prepare_model_for_kbit_training)",
               "https://github.com/huggingface/peft/tree/main/src/peft")
 
-METHODS = ("full", "lora", "qlora")
-ADAPTER_DTYPES = ("fp32", "model")  # peft autocast_adapter_dtype=True (16-bit adapters upcast to fp32) | False
-ALL_LINEAR = "all-linear"  # peft's shortcut: every linear layer but the output layer
 FP32 = 4
 QLORA_REST_BYTES = 4  # prepare_model_for_kbit_training casts every non-quantised fp16/bf16 parameter to fp32
-
-# Linear modules a target name selects, per family: (input source, out features, in features) of one layer.
-# Input sources: "attn_in" (the attention norm's output), "attn_out" (attention output), "mlp_in" (the MLP norm's
-# output), "mlp_mid" (the input of the MLP's output projection).
-_LLAMA_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_GPT2_NAMES = ("c_attn", "c_proj", "c_fc")
-TARGET_NAMES = (*_LLAMA_NAMES, *_GPT2_NAMES, ALL_LINEAR)
-LORA_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "gpt2")
-
-
-@dataclass(frozen=True)
-class Finetune:
-    """A fine-tuning method. Defaults are peft's LoraConfig (r=8, lora_alpha=8, lora_dropout=0.0, the model type's
-    default targets) with get_peft_model's fp32 adapters; parse_finetune gives QLoRA the QLoRA paper's recipe
-    (r=64, α=16, dropout 0.1, every linear layer)."""
-
-    method: str = "full"
-    rank: int = 8
-    alpha: float = 8
-    targets: tuple[str, ...] = ()  # (): peft's default for the model (PEFT_DEFAULT_TARGETS)
-    dropout: float = 0.0
-    adapter_dtype: str = "fp32"
-
-    @property
-    def adapters(self) -> bool:
-        return self.method in ("lora", "qlora")
-
-
-FULL = Finetune()
-# peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, used when target_modules is None
-PEFT_DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"),
-                        "mixtral": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
-_DEFAULTS = {
-    "lora": {},
-    # QLoRA §4 / Appendix B: r = 64, α = 16, dropout 0.1 (models up to 13B), adapters on all linear block layers
-    "qlora": {"rank": 64, "alpha": 16, "dropout": 0.1, "targets": (ALL_LINEAR,)},
-}
-
-FINETUNE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "Fine-tuning method (issue 4): full (every weight trained), lora (frozen base + adapters) or "
-                   "qlora (NF4 frozen base + adapters). Defaults: peft LoraConfig (rank 8, alpha 8, dropout 0, "
-                   "q_proj/v_proj, fp32 adapters); qlora: rank 64, alpha 16, dropout 0.1, all-linear.",
-    "additionalProperties": False,
-    "required": ["method"],
-    "properties": {
-        "method": {"enum": list(METHODS)},
-        "rank": {"type": "integer", "minimum": 1, "description": "r: the adapters' inner dimension"},
-        "alpha": {"type": "number", "exclusiveMinimum": 0, "description": "lora_alpha (scaling α/r; no bytes)"},
-        "targets": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(TARGET_NAMES)},
-                    "description": "module names peft wraps (Llama-style or GPT-2 names), or all-linear; "
-                                   "default: peft's for the model type (q_proj, v_proj; GPT-2 c_attn)"},
-        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "description": "lora_dropout"},
-        "adapter_dtype": {"enum": list(ADAPTER_DTYPES),
-                          "description": "fp32 (peft's default upcast of 16-bit adapters) or the model's dtype"},
-    },
-}
-
-Locator = Callable[[str], tuple[str, "int | None", "int | None"]]
-
-
-def parse_finetune(node: Any, where: Locator | str = "<scenario>", path: str = "finetune") -> Finetune:
-    """The `finetune` mapping of a scenario as a Finetune; every problem found raised at once as a ScenarioError.
-    `where(key_path)` gives (file, line, column) of a key path, as config.py's builder knows it; a string is a
-    file name without positions. None (the key absent) is full fine-tuning."""
-    locate: Locator = (lambda p, f=where: (f, None, None)) if isinstance(where, str) else where
-    problems: list[Problem] = []
-
-    def bad(key: str, message: str) -> None:
-        p = f"{path}.{key}" if key else path
-        file, line, col = locate(p)
-        problems.append(Problem(file, line, col, p, message))
-
-    if node is None:
-        return FULL
-    if not isinstance(node, dict):
-        bad("", f"expected a mapping such as {{method: lora, rank: 16}}, got {type(node).__name__}")
-        raise ScenarioError(problems)
-    for key in node:
-        if key not in FINETUNE_SCHEMA["properties"]:
-            bad(str(key), f"unknown key {key!r} (allowed: {', '.join(FINETUNE_SCHEMA['properties'])})")
-    method = node.get("method", None)
-    if method not in METHODS:
-        bad("method", f"{method!r} is not one of: {', '.join(METHODS)}" if "method" in node else
-            f"missing required key 'method' ({', '.join(METHODS)})")
-        raise ScenarioError(problems)
-    if method == "full":
-        for key in node:
-            if key != "method" and key in FINETUNE_SCHEMA["properties"]:
-                bad(str(key), "applies to lora and qlora only (full fine-tuning trains every weight)")
-        if problems:
-            raise ScenarioError(problems)
-        return FULL
-    values: dict[str, Any] = {**{k: getattr(FULL, k) for k in ("rank", "alpha", "targets", "dropout",
-                                                                "adapter_dtype")}, **_DEFAULTS[method]}
-    if "rank" in node:
-        r = node["rank"]
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            bad("rank", f"must be a whole number ≥ 1, got {r!r}")
-        else:
-            values["rank"] = r
-    if "alpha" in node:
-        a = node["alpha"]
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not a > 0:
-            bad("alpha", f"must be a number > 0, got {a!r}")
-        else:
-            values["alpha"] = a
-    if "dropout" in node:
-        d = node["dropout"]
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
-            bad("dropout", f"must be a number in [0, 1), got {d!r}")
-        else:
-            values["dropout"] = float(d)
-    if "adapter_dtype" in node:
-        t = node["adapter_dtype"]
-        if t not in ADAPTER_DTYPES:
-            bad("adapter_dtype", f"{t!r} is not one of: {', '.join(ADAPTER_DTYPES)}")
-        else:
-            values["adapter_dtype"] = t
-    if "targets" in node:
-        ts = node["targets"]
-        ts = [ts] if isinstance(ts, str) else ts
-        if not isinstance(ts, list) or not ts:
-            bad("targets", "must be a non-empty list of module names, e.g. [q_proj, v_proj] or [all-linear]")
-        else:
-            unknown = [t for t in ts if t not in TARGET_NAMES]
-            for i, t in enumerate(ts):
-                if t in unknown:
-                    bad(f"targets[{i}]", f"{t!r} is not one of: {', '.join(TARGET_NAMES)}")
-            if len(set(map(str, ts))) != len(ts):
-                bad("targets", "lists the same module twice")
-            elif ALL_LINEAR in ts and len(ts) > 1:
-                bad("targets", "all-linear already selects every linear layer; list it alone")
-            elif not unknown:
-                values["targets"] = tuple(ts)
-    if problems:
-        raise ScenarioError(problems)
-    return Finetune(method=method, **values)
-
-
-# ---------------------------------------------------------------- adapter tensors
-
-@dataclass(frozen=True)
-class Target:
-    """One targeted linear of a layer: the module peft wraps."""
-
-    name: str
-    source: str  # which tensor it reads (attn_in, attn_out, mlp_in, mlp_mid)
-    out_f: int
-    in_f: int
-
-
-def _linears(arch: Architecture) -> list[tuple[str, Target]]:
-    """(target name, linear) for one block, in forward order."""
-    h, i = arch.hidden, arch.intermediate
-    hq, hkv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    if arch.family == "gpt2":  # Conv1D modules, wrapped by peft the same way (fan_in_fan_out)
-        return [("c_attn", Target("c_attn", "attn_in", hq + 2 * hkv, h)),
-                ("c_proj", Target("attn.c_proj", "attn_out", h, hq)),
-                ("c_fc", Target("c_fc", "mlp_in", i, h)),
-                ("c_proj", Target("mlp.c_proj", "mlp_mid", h, i))]
-    out = [("q_proj", Target("q_proj", "attn_in", hq, h)), ("k_proj", Target("k_proj", "attn_in", hkv, h)),
-           ("v_proj", Target("v_proj", "attn_in", hkv, h)), ("o_proj", Target("o_proj", "attn_out", h, hq))]
-    if not arch.num_experts:  # MoE experts are 3-D parameters, not nn.Linear: peft's LoRA does not wrap them
-        if arch.mlp == "gated":
-            out.append(("gate_proj", Target("gate_proj", "mlp_in", i, h)))
-        out += [("up_proj", Target("up_proj", "mlp_in", i, h)), ("down_proj", Target("down_proj", "mlp_mid", h, i))]
-    return out
-
-
-def _check(arch: Architecture, ft: Finetune) -> None:
-    if arch.kind != "transformer" or arch.family not in LORA_FAMILIES or arch.head != "causal_lm":
-        raise UsageError(f"finetune {ft.method} is modelled for causal-LM transformers ({', '.join(LORA_FAMILIES)}); "
-                         f"{arch.name or arch.family} is not one")
-
-
-def targets_of(arch: Architecture, ft: Finetune) -> tuple[Target, ...]:
-    """The linears of one block that carry adapters (every layer alike, as peft matches module-name suffixes)."""
-    _check(arch, ft)
-    linears = _linears(arch)
-    names = ft.targets or PEFT_DEFAULT_TARGETS[arch.family]
-    if ALL_LINEAR in names:
-        return tuple(t for _, t in linears)
-    chosen = tuple(t for name, t in linears if name in names)
-    missing = [n for n in names if n not in {name for name, _ in linears}]
-    if missing:
-        raise UsageError(f"finetune target(s) {', '.join(missing)} name no linear layer of {arch.name or arch.family}"
-                         f"; its linears: {', '.join(dict.fromkeys(n for n, _ in linears))}")
-    return chosen
 
 
 @formula("lora_adapter_params", "L · Σ_targets r · (in + out)  (A: r × in, B: out × r, no bias)", HU_2021, PEFT,
@@ -246,15 +54,6 @@ def adapter_params(arch: Architecture, ft: Finetune) -> int:
     if not ft.adapters:
         return 0
     return arch.layers * sum(ft.rank * (t.in_f + t.out_f) for t in targets_of(arch, ft))
-
-
-def adapter_shapes(arch: Architecture, ft: Finetune) -> list[tuple[int, int]]:
-    """(elements, how many) of every adapter tensor: A and B of each target in each layer."""
-    shapes: dict[int, int] = {}
-    for t in targets_of(arch, ft):
-        for n in (ft.rank * t.in_f, t.out_f * ft.rank):
-            shapes[n] = shapes.get(n, 0) + arch.layers
-    return sorted(shapes.items())
 
 
 def adapter_dtype_bytes(ft: Finetune, p: Precision) -> tuple[int, int, int, int]:
@@ -360,24 +159,18 @@ def optimizer_step_temporary_bytes(arch: Architecture, p: Precision, opt: Optimi
     return opt.forloop_temps * max(n for n, _ in adapter_shapes(arch, ft)) * s_bytes
 
 
-def _consts(values: list[int], shape: tuple[int, ...]) -> np.ndarray:
-    out = np.zeros((*shape, 5), dtype=np.int64)
-    out[..., 0] = np.array(values, dtype=np.int64).reshape(shape)
-    return out
-
-
 def finetune_states(arch: Architecture, ft: Finetune, precs: tuple[Precision, ...], o_names: tuple,
                     i_names: tuple) -> tuple[np.ndarray, ...]:
-    """W, M, G per precision as (nP, 5); optimizer state and step temporaries per (precision, optimizer, impl) as
-    (nP, nO, nI, 5): the arrays components/peak.py `_states` returns, for this fine-tuning method."""
+    """W, M, G per precision as (nP, NCOEF); optimizer state and step temporaries per (precision, optimizer, impl)
+    as (nP, nO, nI, NCOEF) coefficient arrays (components/plan.py): the arrays components/train_plan.py `_states` returns, for this fine-tuning method."""
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI = len(precs), len(opts), len(i_names)
-    W = _consts([weights_bytes(arch, p, ft) for p in precs], (nP,))
-    M = _consts([master_weights_bytes(arch, p, ft) for p in precs], (nP,))
-    G = _consts([gradients_bytes(arch, p, ft) for p in precs], (nP,))
-    S = _consts([optimizer_state_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+    W = consts([weights_bytes(arch, p, ft) for p in precs], (nP,))
+    M = consts([master_weights_bytes(arch, p, ft) for p in precs], (nP,))
+    G = consts([gradients_bytes(arch, p, ft) for p in precs], (nP,))
+    S = consts([optimizer_state_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
                 (nP, nO, nI))
-    T = _consts([optimizer_step_temporary_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
+    T = consts([optimizer_step_temporary_bytes(arch, p, o, i, ft) for p in precs for o in opts for i in i_names],
                 (nP, nO, nI))
     return W, M, G, S, T
 
@@ -511,7 +304,7 @@ def frozen_autocast_copies(arch: Architecture, p: Precision, ft: Finetune, check
     # the first layer's linears that read a tensor needing no grad: those up to and including the first adapter's
     order = ("attn_in", "attn_out", "mlp_in", "mlp_mid")
     first = min(order.index(t.source) for t in targets_of(arch, ft))
-    skipped = sum(t.out_f * t.in_f for _, t in _linears(arch) if order.index(t.source) <= first)
+    skipped = sum(t.out_f * t.in_f for _, t in block_linears(arch) if order.index(t.source) <= first)
     return (s.matmul - skipped) * p.act_bytes + adapters
 
 

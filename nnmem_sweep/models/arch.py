@@ -70,7 +70,7 @@ class Architecture:
 
     # where the description came from (preset file, hf config path, "explicit")
     origin: str = ""
-    # how the model is trained (scenario `finetune:`): a components.finetune.Finetune; None = every parameter trained.
+    # how the model is trained (scenario `finetune:`): a components.finetune_method.Finetune; None = every parameter trained.
     # Part of the architecture so that every estimator path (grid, max batch, stream, accuracy) sees the same model.
     finetune: Any = None
     # kind "derived": a models.derived.DerivedModel (the model source and its card); None otherwise

@@ -4,7 +4,5 @@ layout.py      the parallel layout of a grid point (a frozen dataclass) and its 
 states.py      model states per rank: tensor/pipeline/expert split, ZeRO sharding, offload to host memory
 activations.py activations per rank: Korthikanti et al. 2022 tensor/sequence/pipeline split, context parallel
 plan.py        the plans of frames with parallel layouts (training plan, inference per layout's rank model),
-               called by components/peak.py
-
-components/peak.py imports these (which registers their formulas) when a frame has parallel columns.
+               called by peak.py for frames with parallel columns
 """

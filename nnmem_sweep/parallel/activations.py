@@ -69,11 +69,14 @@ def layer_replicated(arch: Architecture, p: Precision, device: str = "cuda") -> 
 def rank_term(term: Term, replicated: Term, lay: Layout) -> Term:
     """`term` (over the full sequence, one GPU) as one rank's Term over s_l; `replicated` is its unsplit part."""
     t, tsp, cp = lay.tp, lay.t_sp, lay.cp
+    # sq (an s x s mask shared by the batch and the heads; 0 in every hand-modelled term, so not in the formula
+    # above yet): each rank keeps its s/cp query rows against all s keys, whole over TP: s_l²·t_sp²·cp
     return Term(const=replicated.const + _ceil(term.const - replicated.const, t),
                 pos=term.pos * tsp,
                 seq=replicated.seq + _ceil(term.seq - replicated.seq, t),
                 tok=replicated.tok + _ceil((term.tok - replicated.tok) * tsp, t),
-                s2=_ceil(term.s2 * tsp * tsp * cp, t))
+                s2=_ceil(term.s2 * tsp * tsp * cp, t),
+                sq=term.sq * tsp * tsp * cp)
 
 
 def _whole(term: Term, lay: Layout) -> Term:

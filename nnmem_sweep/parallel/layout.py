@@ -1,7 +1,7 @@
 """The parallel layout of a grid point, read from the frame's parallel columns (columns.PARALLEL_AXES).
 
 A frame names its layouts by combination: the estimator factorises the parallel columns jointly into a few unique
-`Layout`s and builds its plan once per layout (components/peak.py), so a grid of a million rows over four layouts
+`Layout`s and builds its plan once per layout (parallel/plan.py), so a grid of a million rows over four layouts
 costs four plan builds, not a million.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .. import columns as C
+from ..components.plan import codes
 from ..errors import UsageError
 from ..models.arch import Architecture
 
@@ -91,14 +92,13 @@ def _value(col: str, v):
         raise UsageError(f"{col} must be an integer, got {v!r}") from None
 
 
-def frame_layouts(frame: pd.DataFrame, codes_of) -> tuple[np.ndarray, tuple[Layout, ...]]:
-    """One layout code per row and the unique layouts, from the parallel columns present (absent: defaults).
-    `codes_of(frame, col) -> (codes, values)` factorises one column (peak._codes)."""
+def frame_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, tuple[Layout, ...]]:
+    """One layout code per row and the unique layouts, from the parallel columns present (absent: defaults)."""
     present = [a for a in C.PARALLEL_AXES if a in frame.columns]
     n = len(frame)
     if not present:
         return np.zeros(n, dtype=np.intp), (Layout(),)
-    per = [codes_of(frame, a) for a in present]
+    per = [codes(frame, a) for a in present]
     sizes = [max(len(v), 1) for _, v in per]
     if len(present) == 1:
         combo = np.asarray(per[0][0], dtype=np.intp)
@@ -191,7 +191,7 @@ def seq_problem(lay: Layout, seq_len: int) -> str | None:
 
 
 def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=()) -> None:
-    """UsageError (one line) for the first broken rule: frames built by hand (runner.estimate_frame)."""
+    """UsageError (one line) for the first broken rule: frames built by hand (estimate.estimate_frame)."""
     for lay in layouts:
         bad = problems(arch, lay, mode)
         if bad:

@@ -1,18 +1,15 @@
-"""The plans of frames with parallel layouts (issue 4), for components/peak.py.
+"""The plans of frames with parallel layouts (issue 4), for peak.py.
 
-peak.py builds a plan per (architecture, names) and evaluates it with numpy gathers; a frame with parallel columns
-(layout.py) adds one plan axis, its unique layouts. What lives where:
+A frame with parallel columns (layout.py) adds one plan axis, its unique layouts. This module builds:
 
-    components/peak.py  the plan machinery (_Plan, _TermTable, _cached ...), the single-GPU plans, inference phases,
-                        the entry points (estimate_components, phase_totals ..., host_check) and their dispatch
-                        (peak._prepare, peak._infer_any), which hand frames with layouts to the functions below
-    parallel/plan.py    the training plan over layouts (_parallel_train_plan, from states.py's per-rank states and
-                        activations.py's per-stage activations), its preparation (_prepare_train: layouts checked,
-                        seq_len split under sequence/context parallelism), and inference with layouts (_infer_key,
-                        _infer_layouts: each layout on its rank's model)
+    parallel_train_plan   the training plan over layouts (components/plan.Plan), from states.py's per-rank states and
+                          activations.py's per-stage activations; prepare_train checks the layouts and splits seq_len
+                          under sequence/context parallelism
+    infer_key, infer_layouts   inference with layouts: each layout's transformer phases (components/infer_plan.py)
+                          on its rank's model
 
-This module imports peak's machinery; peak imports this module inside the functions that use it (at call time,
-after both have loaded), so neither import is circular.
+peak.py hands frames with parallel columns to these; the single-GPU plans are components/train_plan.py and
+components/infer_plan.py.
 """
 from __future__ import annotations
 
@@ -22,8 +19,9 @@ import pandas as pd
 from .. import columns as C
 from ..catalog.optimizers import get_optimizer
 from ..components import activations as act
-from ..components.peak import (_cached, _codes, _combine, _consts, _infer_phases, _InferTables, _layer_net_train,
-                               _lift, _Plan, _precisions, _vec)
+from ..components.infer_plan import InferTables, infer_phases
+from ..components.plan import Plan, cached, codes, combine, consts, lift, precisions, terms_array
+from ..components.train_plan import layer_net_train
 from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
@@ -51,7 +49,7 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
                     for st in (0, 1):
                         for f in fields:
                             vals[st, f].append(getattr(pair[st], f) if (st == 0 or lay.pp > 1) else 0)
-    return [{f: _consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
+    return [{f: consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
 
 
 def _grads_flag(layouts, stage: int, in_flight: list[int]) -> np.ndarray:
@@ -61,26 +59,26 @@ def _grads_flag(layouts, stage: int, in_flight: list[int]) -> np.ndarray:
 
 def _host_table(st, sizes, dims) -> np.ndarray:
     host = np.maximum(st[0]["host"], st[1]["host"])  # the most loaded rank's
-    return np.ascontiguousarray(_lift(host, dims, sizes)[..., 0]).reshape(-1)
+    return np.ascontiguousarray(lift(host, dims, sizes)[..., 0]).reshape(-1)
 
 
-def _parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
-                         a_names: tuple, c_names: tuple, layouts: tuple) -> _Plan:
-    precs = _precisions(p_names, "train")
+def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
+                         a_names: tuple, c_names: tuple, layouts: tuple) -> Plan:
+    precs = precisions(p_names, "train")
     nP, nO, nI, nL = len(precs), len(o_names), len(i_names), len(layouts)
     st = _rank_state_tables(arch, precs, o_names, i_names, layouts)
     if arch.kind != "transformer":  # data parallel, ZeRO, offload: the states shrink, the activations do not
         sizes = (nP, nO, nI, nL)
         dims = (0, 1, 2, 3)
-        s0 = {k: _lift(v, dims, sizes) for k, v in st[0].items()}
+        s0 = {k: lift(v, dims, sizes) for k, v in st[0].items()}
         states = {C.WEIGHTS: s0["weights"], C.MASTER_WEIGHTS: s0["master"], C.OPTIMIZER_STATE: s0["optimizer"]}
         if arch.kind == "params":
-            A = _lift(_vec([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
+            A = lift(terms_array([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
             phases = [("backward", dict(states, **{C.GRADIENTS: s0["gradients"], C.ACTIVATIONS: A}))]
         else:
-            phases = _layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
+            phases = layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
                                       grads_share=s0["gradients"])
-        plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
+        plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
         plan.host = _host_table(st, sizes, dims)
         plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
         return plan
@@ -98,11 +96,11 @@ def _parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_name
                 for lay, r in zip(layouts, per):
                     ta = r[stage]
                     ts.append(fn(ta) if ta is not None else Term())
-            return _lift(_vec(ts, (nP, nA, nC, nL)), (0, 3, 4, 5), sizes)
+            return lift(terms_array(ts, (nP, nA, nC, nL)), (0, 3, 4, 5), sizes)
 
-        s_ = {k: _lift(v, sdims, sizes) for k, v in st[stage].items()}
+        s_ = {k: lift(v, sdims, sizes) for k, v in st[stage].items()}
         in_flight = [acts[0][j][2 + stage] for j in range(nL)]
-        live = _lift(_consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
+        live = lift(consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
         states = {C.WEIGHTS: s_["weights"], C.MASTER_WEIGHTS: s_["master"], C.OPTIMIZER_STATE: s_["optimizer"]}
         g = s_["gradients"]
         g_fwd = g * live[..., :1]  # gradients of earlier micro-batches while the next one runs forward
@@ -124,58 +122,58 @@ def _parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_name
         ]
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
-    plan = _Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
+    plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)
     plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
     return plan
 
 
-def _prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, codes: list,
-                   names: tuple, b, s):
-    """components/peak._prepare for a training frame with parallel columns: (plan, combination code, batch,
+def prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, axis_codes: list,
+                  names: tuple, b, s):
+    """peak._prepare for a training frame with parallel columns: (plan, combination code, batch,
     the rank's seq_len); the plan has one more axis, the frame's unique layouts."""
-    l_code, layouts = par_layout.frame_layouts(frame, _codes)
+    l_code, layouts = par_layout.frame_layouts(frame)
     par_layout.check(arch, layouts, mode)
     if arch.finetune is not None and arch.finetune.adapters:
         raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU only, not with "
                          "parallel: axes")
     if arch.kind != "transformer":
         names = names[:3]
-        codes = codes[:3]
-    plan = _cached(arch, ("train-parallel", device, *names, layouts),
-                   lambda: _parallel_train_plan(arch, device, *names, *(((),) * (5 - len(names))), layouts))
+        axis_codes = axis_codes[:3]
+    plan = cached(arch, ("train-parallel", device, *names, layouts),
+                  lambda: parallel_train_plan(arch, device, *names, *(((),) * (5 - len(names))), layouts))
     div = plan.seq_divisor[l_code]
     if (div > 1).any():
         if (s % div).any():
             r = int(np.flatnonzero(s % div)[0])
             raise UsageError(par_layout.seq_problem(layouts[l_code[r]], int(s[r])))
         s = s // div  # the rank's own tokens of each sequence
-    return plan, _combine(codes + [l_code], plan.sizes), b, s
+    return plan, combine(axis_codes + [l_code], plan.sizes), b, s
 
 
-def _infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, columns: dict | None, p_code: np.ndarray,
-               p_names: tuple, prefill_logits: str):
-    """components/peak._prepare for an inference frame with parallel columns: the key _infer_layouts reads,
+def infer_key(arch: Architecture, mode: str, frame: pd.DataFrame, p_code: np.ndarray, p_names: tuple,
+              prefill_logits: str):
+    """peak._prepare for an inference frame with parallel columns: the key infer_layouts reads,
     per layout the inference tables of its rank's model; None where every layout is one GPU or the model is
     not a transformer (peak then estimates the frame as it would without the columns)."""
-    l_code, layouts = par_layout.frame_layouts(frame, _codes)
+    l_code, layouts = par_layout.frame_layouts(frame)
     if any(lay != par_layout.Layout() for lay in layouts):
         par_layout.check(arch, layouts, mode)
         if arch.kind == "transformer":
-            _precisions(p_names, mode)
-            a_code, a_names = _codes(frame, C.ATTENTION, columns)
+            precisions(p_names, mode)
+            a_code, a_names = codes(frame, C.ATTENTION)
             keys = []
             for lay in layouts:
                 ra = par_states.infer_rank_arch(arch, lay.tp, lay.pp)
-                tables = _cached(ra, ("infer-tables", p_names, a_names, prefill_logits),
-                                 lambda ra=ra: _InferTables(ra, p_names, a_names, prefill_logits))
+                tables = cached(ra, ("infer-tables", p_names, a_names, prefill_logits),
+                                lambda ra=ra: InferTables(ra, p_names, a_names, prefill_logits))
                 keys.append((tables, p_code.astype(np.int64), a_code))
             return ("parallel", arch, layouts, l_code, keys)
     return None
 
 
-def _infer_layouts(arch, frame, key, b, s):
-    """components/peak._infer_phases per parallel layout on its rank's model (parallel/states.py
+def infer_layouts(arch, frame, key, b, s):
+    """components/infer_plan.infer_phases per parallel layout on its rank's model (parallel/states.py
     infer_rank_arch), the rows of each layout gathered back in place."""
     _, full, layouts, l_code, keys = key
     n = len(l_code)
@@ -189,7 +187,7 @@ def _infer_layouts(arch, frame, key, b, s):
         sub = frame.iloc[rows]
         rank_arch = par_states.infer_rank_arch(full, lay.tp, lay.pp)
         tb, p_code, a_code = k
-        totals, comps, names = _infer_phases(rank_arch, sub, (tb, p_code[rows], a_code[rows]), b[rows], s[rows])
+        totals, comps, names = infer_phases(rank_arch, sub, (tb, p_code[rows], a_code[rows]), b[rows], s[rows])
         # pipeline stages hold the embedding or the head, not both (a tied embedding: both stages a copy)
         delta = tb.head_bytes[p_code[rows]] if lay.pp > 1 and not full.tied_embeddings else 0
         if not totals_out:

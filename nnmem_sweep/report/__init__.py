@@ -1,7 +1,8 @@
 """The capacity-planning report: report.html (self-contained), report.pdf, results.csv, max_batch.csv.
 
-Flow, one direction: load_scenario -> run_scenario -> build_context (context.py, all arithmetic) -> render
-(render.py, jinja2 then weasyprint). Charts are hand-drawn SVG (charts.py); provenance.py says where it came from.
+Flow, one direction: load_scenario -> run_scenario -> build_context (context.py and the section modules it gathers,
+all arithmetic) -> render (render.py, jinja2 then weasyprint). Charts are hand-drawn SVG (charts.py); provenance.py
+says where it came from.
 """
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import accuracy, formulas
+from ..config import load_scenario
+from ..diff import changes_since as diff_since, config_at_revision
 from ..errors import Problem, ScenarioError
 from ..paths import atomic_write_bytes, atomic_write_text
+from ..runner import run_scenario, write_outputs
+from .context import build_context
+from .provenance import collect
+from .render import render_html, render_pdf
 
 AUTO = "auto"
 _REPO = Path(__file__).resolve().parents[2]
@@ -27,16 +35,12 @@ class _Progress:
 
 
 def load_formulas() -> list:
-    """Every registered formula (citations.all_formulas imports the modules that register them)."""
-    from .. import citations
-
-    return citations.all_formulas()
+    """Every formula the code implements (formulas.py imports every module that registers one)."""
+    return formulas.all_formulas()
 
 
 def load_validation(truth_dir: Path | None = None):
     """accuracy.compare over the committed measured cases, or None when there are none (section omitted)."""
-    from .. import accuracy
-
     folder = truth_dir or next((d for d in (Path("tests/data/truth"), _REPO / "tests/data/truth") if d.is_dir()), None)
     if folder is None or not any(folder.glob("*.json")):
         return None
@@ -65,10 +69,6 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
     `changes` (a diff.Changes) adds the "Changes since REV" section.
     """
-    from .context import build_context
-    from .provenance import collect
-    from .render import render_html, render_pdf
-
     say = progress if isinstance(progress, _Progress) else _Progress(progress)
     sc = result.scenario
     path = Path(config_path or sc.path)
@@ -94,10 +94,6 @@ def make_report(config_path: str | Path, out_dir: Path, max_rows: int = 20_000_0
     """Run the scenario and write report.html, report.pdf, results.csv and max_batch.csv into out_dir.
     `changes_since` (a git revision) adds the max-batch cells that changed since CONFIG was as committed there;
     a revision that is not one, or a config that did not exist at it, fails before anything runs."""
-    from ..config import load_scenario
-    from ..diff import changes_since as diff_since, config_at_revision
-    from ..runner import run_scenario, write_outputs
-
     say = _Progress(progress)
     say(f"loading {config_path}")
     sc = load_scenario(config_path)

@@ -8,8 +8,9 @@ import pandas as pd
 
 from .. import columns as C
 from ..scenario import Scenario
+from ..serving import options
 from . import charts
-from .context import level
+from .tables import level
 from .format import DASH, gib, percent, thousands
 
 MAX_ROWS = 24  # rows of a serving table (tensor_parallel x precision x kv_dtype); the CSV has them all
@@ -54,9 +55,7 @@ def section(sc: Scenario, plan: pd.DataFrame | None, by_concurrency: pd.DataFram
     """The section's context, or None when the run has no serving plan (training, non-transformers)."""
     if plan is None or by_concurrency is None or not len(plan):
         return None
-    from .. import serving
-
-    opt = serving.options(sc)
+    opt = options(sc)
     ref_ctx = int(reference.get(C.SEQ_LEN, 0)) + int(reference.get(C.DECODE_TOKENS, 0))
     contexts = sorted(int(c) for c in plan[C.CONTEXT].unique())
     if ref_ctx not in contexts:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.components.peak import estimate_components
+from nnmem_sweep.peak import estimate_components
 from nnmem_sweep.models.presets import load_preset
 
 CASES = [

@@ -5,7 +5,7 @@ import pytest
 
 from nnmem_sweep import columns as C
 from nnmem_sweep.components.kv import kv_cache_bytes
-from nnmem_sweep.components.peak import estimate_components, phase_totals
+from nnmem_sweep.peak import estimate_components, phase_totals
 from nnmem_sweep.errors import UsageError
 from nnmem_sweep.grid import expand_grid
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nnmem_sweep.report import charts
-from nnmem_sweep.report.context import level
+from nnmem_sweep.report.tables import level
 from nnmem_sweep.report.format import article, gib, percent
 from nnmem_sweep.units import GiB
 

@@ -2,7 +2,7 @@
 import pandas as pd
 
 from nnmem_sweep.accuracy import compare, covered, load_cases
-from nnmem_sweep.report.context import _with_coverage
+from nnmem_sweep.report.assumptions import _with_coverage
 
 from pathlib import Path
 

@@ -14,7 +14,7 @@ import pytest
 from nnmem_sweep import columns as C
 from nnmem_sweep.citations import Formula, Source
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.report import context, render_report
+from nnmem_sweep.report import assumptions, figures, points, summary, tables as report_tables, render_report
 from nnmem_sweep.scenario import GPUSpec
 from nnmem_sweep.units import MiB
 
@@ -39,7 +39,7 @@ def fixed(monkeypatch, tmp_path):
     """Everything the HTML depends on pinned: date, config path (relative, outside git), catalogs."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(context, "_catalog", lambda name, ids: CATALOG[name])
+    monkeypatch.setattr(assumptions, "_catalog", lambda name, ids: CATALOG[name])
     return tmp_path
 
 
@@ -124,17 +124,17 @@ def test_missing_template_folder_is_a_scenario_error(fixed, run):
 def test_summary_numbers_match_results(run):
     """Each sentence's batch and GiB agree with max_batch.csv, and results.csv flips from fits to not fits there."""
     sc = run.scenario
-    summ = context.summary(sc, run.results, run.max_batch)
+    summ = summary.summary(sc, run.results, run.max_batch)
     by_name = {g.name: g for g in sc.gpus}
     ref = {C.SEQ_LEN: 4096, C.PRECISION: "bf16-mixed", C.OPTIMIZER: "adamw", C.CHECKPOINTING: "none"}
     assert len(summ["sentences"]) == 3
     for s in summ["sentences"]:
         g = by_name[s["gpu"]]
-        mb = context._select(run.max_batch, {**ref, C.GPU: g.id}).iloc[0]
+        mb = points.select(run.max_batch, {**ref, C.GPU: g.id}).iloc[0]
         m = re.search(r"up to batch ([\d,]+) \(([\d.]+) of ([\d.]+) GiB usable\)", s["text"])
         assert int(m.group(1).replace(",", "")) == mb[C.MAX_BATCH]
         assert m.group(2) == f"{mb[C.TOTAL_AT_MAX_BATCH] / 2**30:.1f}"
-        rows = context._select(run.results, {**ref, C.GPU: g.id})
+        rows = points.select(run.results, {**ref, C.GPU: g.id})
         assert rows[rows[C.BATCH] <= mb[C.MAX_BATCH]][C.FITS].all()
         assert not rows[rows[C.BATCH] > mb[C.MAX_BATCH]][C.FITS].any()
 
@@ -144,7 +144,7 @@ def test_summary_hand_computed_l4(run):
     # fixed = 2·4e9 (weights + grads) + 8e9 (AdamW) + 536,870,912 + 8,519,680 = 16,545,390,592
     # per sample = 4096 · 200,000 = 819,200,000; (22,945,254,604 − 16,545,390,592) // 819,200,000 = 7
     # total at 7 = 16,545,390,592 + 5,734,400,000 = 22,279,790,592 B = 20.75 GiB -> "20.7"
-    summ = context.summary(run.scenario, run.results, run.max_batch)
+    summ = summary.summary(run.scenario, run.results, run.max_batch)
     assert summ["sentences"][0]["text"] == ("Toy 1B training, seq 4,096, bf16-mixed adamw: fits an L4 24GB up to "
                                             "batch 7 (20.7 of 21.4 GiB usable).")
     # target batch 8 at seq 4096: L4 (7) misses; A100 40GB and H100 meet it, smallest first
@@ -152,25 +152,25 @@ def test_summary_hand_computed_l4(run):
     # L4's roomiest recipe at seq 4096: bf16 sgd full, fixed = 2·2e9 + 4e9 + 545,390,592 = 8,545,390,592,
     # per sample 4096 · 20,000 = 81,920,000: (22,945,254,604 − 8,545,390,592) // 81,920,000 = 175 >= 8
     assert summ["target"]["others"].endswith("L4 24GB (bf16 sgd, full checkpointing).")
-    assert context._select(run.max_batch, {C.GPU: "l4", C.SEQ_LEN: 4096, C.PRECISION: "bf16", C.OPTIMIZER: "sgd",
+    assert points.select(run.max_batch, {C.GPU: "l4", C.SEQ_LEN: 4096, C.PRECISION: "bf16", C.OPTIMIZER: "sgd",
                                            C.CHECKPOINTING: "full"})[C.MAX_BATCH].item() == 175
 
 
 def test_does_not_fit_sentence(run):
     sc = make_scenario(gpus=(GPUSpec("t4", "T4 16GB", 15360 * MiB, "nvidia-smi"),))
     r = toy_run(sc)
-    text = context.summary(sc, r.results, r.max_batch)["sentences"][0]["text"]
+    text = summary.summary(sc, r.results, r.max_batch)["sentences"][0]["text"]
     # batch 1: 16,545,390,592 + 819,200,000 = 17,364,590,592 B = 16.17 GiB > 15 GiB · 0.95
     assert text == ("Toy 1B training, seq 4,096, bf16-mixed adamw: does not fit a T4 16GB even at batch 1 "
                     "(needs 16.2 GiB, 14.2 GiB usable).")
-    assert context.summary(sc, r.results, r.max_batch)["target"]["met"] is False
+    assert summary.summary(sc, r.results, r.max_batch)["target"]["met"] is False
 
 
 def test_wide_grid_splits_tables():
     gpus = tuple(GPUSpec(f"g{i}", f"GPU {i}", (16 + 8 * i) * 1024 * MiB, "test") for i in range(10))
     sc = make_scenario(gpus=gpus)
     r = toy_run(sc)
-    tables, _ = context.max_batch_tables(sc, r.max_batch)
+    tables, _ = report_tables.max_batch_tables(sc, r.max_batch)
     # 2 checkpointing values (split axis) x ceil(10 / 7) GPU chunks (10 columns - 3 axis columns = 7 GPUs a table)
     assert len(tables) == 4
     assert [len(t["gpu_headers"]) for t in tables] == [7, 3, 7, 3]
@@ -178,7 +178,7 @@ def test_wide_grid_splits_tables():
 
 
 def test_table_cells_and_frontier(run):
-    tables, heat = context.max_batch_tables(run.scenario, run.max_batch)
+    tables, heat = report_tables.max_batch_tables(run.scenario, run.max_batch)
     first = tables[0]
     assert first["caption"] == "checkpointing none"
     assert [g["name"] for g in first["gpu_headers"]] == ["L4 24GB", "A100 40GB", "H100 SXM5 80GB"]
@@ -297,12 +297,12 @@ def test_catalog_entries_read_the_catalog_fields():
 
     p = NS(name="bf16-master", weight_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4, act_bytes=2,
            quant_bits=0, quant="", stores="bf16 weights, fp32 master")
-    assert context._precision_entry(p) == {
+    assert assumptions._precision_entry(p) == {
         "id": "bf16-master", "stores": "bf16 weights, fp32 master",
         "detail": "weights 2 B, grads 2 B, master 4 B, optimizer state 4 B, activations 2 B"}
     o = NS(name="adamw", implementation="torch.optim.AdamW", state=("exp_avg", "exp_avg_sq"), layout="full",
            foreach_temps=1, forloop_temps=2, note="")
-    e = context._optimizer_entry(o)
+    e = assumptions._optimizer_entry(o)
     assert e["stores"].startswith("torch.optim.AdamW: exp_avg, exp_avg_sq (one tensor of Ψ")
     assert e["detail"] == "step() temporaries foreach: 1·Ψ, for-loop: 2× the largest tensor"
 
@@ -312,14 +312,14 @@ def test_models_without_a_sequence_do_not_mention_one():
 
     grid = {**make_scenario().grid, C.SEQ_LEN: (1,)}
     sc = make_scenario(model=Architecture(name="VGG-11", kind="layers", params=PARAMS), grid=grid)
-    text = context.describe_point(sc, context.reference_point(sc))
+    text = points.describe_point(sc, points.reference_point(sc))
     assert text == "VGG-11 training, bf16-mixed adamw"
 
 
 def test_target_uses_its_own_sequence_length(run):
     """report.reference_seq_len moves the summary, not the target: the target is judged at its own seq_len."""
     sc = replace(run.scenario, report={**run.scenario.report, "reference_seq_len": 1024})
-    summ = context.summary(sc, run.results, run.max_batch)
+    summ = summary.summary(sc, run.results, run.max_batch)
     assert summ["sentences"][0]["text"].startswith("Toy 1B training, seq 1,024, bf16-mixed adamw: fits an L4 24GB")
     assert summ["target"]["text"].startswith("Target (Toy 1B training, batch 8, seq 4,096, bf16-mixed adamw)")
     assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
@@ -327,7 +327,7 @@ def test_target_uses_its_own_sequence_length(run):
 
 def test_target_outside_the_grid_says_so(run):
     sc = replace(run.scenario, target={C.BATCH: 8, C.SEQ_LEN: 8192})
-    t = context.summary(sc, run.results, run.max_batch)["target"]
+    t = summary.summary(sc, run.results, run.max_batch)["target"]
     assert "seq len 8,192 is not in the grid" in t["text"] and t["met"] is False
 
 
@@ -335,8 +335,8 @@ def test_reference_points_choose_the_breakdown_bars(run):
     sc = replace(run.scenario, report={**run.scenario.report, "reference_batch": 2,
                                        "reference_points": [{C.PRECISION: "bf16", C.OPTIMIZER: "sgd"},
                                                             {C.BATCH: 16, C.CHECKPOINTING: "full"}]})
-    svg, about = context._breakdown_chart(sc, run.results, context.reference_point(sc),
-                                          context._usable(run.results, sc))
+    svg, about = figures.breakdown_chart(sc, run.results, points.reference_point(sc),
+                                          points.usable_by_gpu(run.results, sc))
     labels = re.findall(r'text-anchor="end">([^<]*)</text>', svg)
     assert labels == ["bf16 · sgd", "batch 16 · full"]
     # first bar: bf16 sgd at batch 2, seq 4096, no checkpointing: 2e9 + 2e9 + 4e9 + 2·4096·200,000 + overhead

@@ -1,12 +1,12 @@
-"""runner.estimate_frame builds its output block by block (pandas.api.internals.create_dataframe_from_blocks) for
-speed (issue 6); it must stay the frame pd.DataFrame(dict) builds: values, dtypes, column order and labels, index
-and CSV bytes. Extra arrays from estimate_components become columns after `fits`; "host_fits" is ANDed into fits."""
+"""estimate.estimate_frame's output frame: column order and dtypes, the input's index and columns carried through, no
+memory shared with the input, the int64 bound. Extra arrays from estimate_components become columns after `fits`;
+"host_fits" is ANDed into fits."""
 import numpy as np
 import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
-from nnmem_sweep import runner
+from nnmem_sweep import estimate
 from nnmem_sweep.grid import expand_grid
 from nnmem_sweep.scenario import GPUSpec, Overheads
 
@@ -22,19 +22,25 @@ def _grid(model, mode="train", **axes):
     return sc, expand_grid(sc)
 
 
-def _both(sc, frame, **kw):
-    fast = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom, **kw)
-    plain = runner._estimate_frame_plain(sc.model, sc.mode, frame, sc.overheads, sc.headroom,
-                                         kw.get("device", "cuda"), kw.get("prefill_logits", "last"))
-    return fast, plain
+OUT_COLUMNS = [*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS]
 
 
-def _assert_identical(fast, plain):
-    pd.testing.assert_frame_equal(fast, plain, check_exact=True)
-    assert list(fast.columns) == list(plain.columns) and fast.columns.dtype == plain.columns.dtype
-    assert list(fast.dtypes) == list(plain.dtypes)
-    assert fast.index.equals(plain.index) and type(fast.index) is type(plain.index)
-    assert fast.to_csv(lineterminator="\n") == plain.to_csv(lineterminator="\n")
+def _estimate(sc, frame, **kw):
+    return estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom, **kw)
+
+
+def _assert_consistent(out, frame):
+    """Inputs carried through unchanged (dtypes too), outputs int64 and adding up, on the input's index."""
+    assert out.index.equals(frame.index) and type(out.index) is type(frame.index)
+    for c in frame.columns:
+        if c != C.GPU_MEMORY:
+            pd.testing.assert_series_equal(out[c], frame[c])
+    ints = [c for c in OUT_COLUMNS if c not in (C.PEAK_PHASE, C.FITS)]
+    assert all(out[c].dtype == np.int64 for c in ints) and out[C.FITS].dtype == bool
+    assert isinstance(out[C.PEAK_PHASE].dtype, pd.CategoricalDtype)
+    assert (out[list(C.COMPONENTS)].sum(axis=1) == out[C.PEAK_ALLOCATED]).all()
+    assert (out[C.TOTAL] == out[C.PEAK_ALLOCATED] + out[C.OVERHEAD]).all()
+    assert (out[C.FITS] == (out[C.TOTAL] <= out[C.USABLE])).all()
 
 
 CASES = {
@@ -49,11 +55,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_block_built_frame_is_the_dict_built_frame(case):
+def test_output_columns_follow_the_inputs(case):
     sc, frame = CASES[case]()
-    fast, plain = _both(sc, frame)
-    _assert_identical(fast, plain)
-    assert list(fast.columns) == [c for c in frame.columns if c != C.GPU_MEMORY] + list(runner._OUT_COLUMNS)
+    out = _estimate(sc, frame)
+    _assert_consistent(out, frame)
+    assert list(out.columns) == [c for c in frame.columns if c != C.GPU_MEMORY] + OUT_COLUMNS
 
 
 def test_hand_made_frames_strings_other_dtypes_and_index():
@@ -66,8 +72,9 @@ def test_hand_made_frames_strings_other_dtypes_and_index():
         C.CACHE_TOKENS: [0, 0], C.DECODE_TOKENS: [0, 0], C.GPU: ["g", "g"], C.GPU_MEMORY: [100_000, 100_000],
         "rank": np.array([0, 1], dtype=np.int32), "note": [0.5, 1.5],
     }, index=[7, 3])
-    fast, plain = _both(sc, frame)
-    _assert_identical(fast, plain)
+    fast = _estimate(sc, frame)
+    _assert_consistent(fast, frame)
+    assert fast["rank"].dtype == np.int32 and fast["note"].tolist() == [0.5, 1.5]
     # llama fp32 batch 1 seq 8, foreach AdamW (test_runner): peak 34,208; overhead 100 + 10 + ceil(0.5 · 34,208)
     assert fast.loc[7, C.PEAK_ALLOCATED] == 34_208 and fast.loc[7, C.TOTAL] == 34_208 + 110 + 17_104
     assert fast.loc[7, C.USABLE] == 100_000 - 10_000 and bool(fast.loc[7, C.FITS])
@@ -75,16 +82,19 @@ def test_hand_made_frames_strings_other_dtypes_and_index():
 
 def test_empty_frame_and_a_slice_of_the_grid():
     sc, frame = CASES["llama train, eager and flash, two precisions"]()
-    for part in (frame.iloc[:0], frame.iloc[5:17]):
-        fast, plain = _both(sc, part)
-        _assert_identical(fast, plain)
-    assert len(runner.estimate_frame(sc.model, sc.mode, frame.iloc[:0], sc.overheads, sc.headroom)) == 0
+    whole = _estimate(sc, frame)
+    part = _estimate(sc, frame.iloc[5:17])
+    _assert_consistent(part, frame.iloc[5:17])
+    pd.testing.assert_frame_equal(part, whole.iloc[5:17])
+    empty = _estimate(sc, frame.iloc[:0])
+    assert len(empty) == 0 and list(empty.columns) == list(whole.columns)
+    assert list(empty.dtypes) == list(whole.dtypes)
 
 
 def test_output_shares_no_memory_with_the_input():
     sc, frame = CASES["llama train, eager and flash, two precisions"]()
     before = frame.copy(deep=True)
-    out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
     first = out.index[0]
     out.loc[first, C.PRECISION] = "bf16-mixed" if out.loc[first, C.PRECISION] == "fp32" else "fp32"
     out.loc[first, C.BATCH] = 999
@@ -92,9 +102,8 @@ def test_output_shares_no_memory_with_the_input():
     pd.testing.assert_frame_equal(frame, before)
 
 
-@pytest.mark.parametrize("path", ["blocks", "plain"])
-def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch, path):
-    real = runner.estimate_components
+def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch):
+    real = estimate.estimate_components
 
     def with_host(arch, mode, frame, device="cuda", **kw):
         comps = real(arch, mode, frame, device, **kw)
@@ -103,12 +112,9 @@ def test_extra_columns_pass_through_and_host_fits_is_anded_into_fits(monkeypatch
         comps["host_fits"] = np.arange(n) % 2 == 0  # every second row does not fit on the host
         return comps
 
-    monkeypatch.setattr(runner, "estimate_components", with_host)
+    monkeypatch.setattr(estimate, "estimate_components", with_host)
     sc, frame = _grid(TINY_LLAMA, batch=[1, 2])
-    if path == "plain":
-        out = runner._estimate_frame_plain(sc.model, sc.mode, frame, sc.overheads, sc.headroom, "cuda", "last")
-    else:
-        out = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
     assert list(out.columns[-2:]) == [C.FITS, "host_memory_bytes"] and "host_fits" not in out.columns
     assert out["host_memory_bytes"].dtype == np.int64
     assert out["host_memory_bytes"].tolist() == [0, 1000, 2000, 3000]
@@ -137,16 +143,15 @@ def test_int64_bound_reads_the_attention_column_only_to_admit_flash(categorical)
     # eager: 1,024 x 131,072 tokens x (per token ~2.4e8 + s x L x H x 16 = 131,072 x 126 x 128 x 16 ~ 3.4e10) x 2
     # ~ 9e18 > 2^62 ~ 4.6e18: refused; flash drops the s² term: ~6e16, computed
     with pytest.raises(UsageError, match=r"batch 1,024 x seq_len 131,072 for Llama 3.1 405B .* 2\^62"):
-        runner.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
-    out = runner.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
+        estimate.estimate_frame(arch, "train", frame("eager"), sc.overheads, sc.headroom)
+    out = estimate.estimate_frame(arch, "train", frame("flash"), sc.overheads, sc.headroom)
     assert out[C.PEAK_ALLOCATED].iloc[0] > 0 and not out[C.FITS].iloc[0]
 
 
 def test_a_frame_that_already_holds_output_columns_gets_them_overwritten_in_place():
     sc, frame = CASES["gpt2 train"]()
-    again = runner.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
-    fast, plain = _both(sc, again)  # re-estimating a results frame: its columns are overwritten where they stand
-    _assert_identical(fast, plain)
+    again = estimate.estimate_frame(sc.model, sc.mode, frame, sc.overheads, sc.headroom)
+    fast = _estimate(sc, again)  # re-estimating a results frame: its columns are overwritten where they stand
     assert list(fast.columns) == [c for c in again.columns if c != C.GPU_MEMORY] + [C.GPU_MEMORY]
     assert fast.columns.is_unique
     assert (fast[C.TOTAL] == again[C.TOTAL]).all()

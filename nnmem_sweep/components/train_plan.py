@@ -1,0 +1,131 @@
+"""The plan of a training step on one GPU (components/plan.py), from the component formulas: the peak as a moment,
+the largest of a few phase totals.
+
+The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads.
+
+    forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
+    backward start  W + M + S + saved activations + loss-backward temporaries; or + the last layer's MLP
+                    backward; or + one recomputed layer (checkpointing): each a moment of its own
+    backward end    W + M + S + G + inputs + gradient of the embedding output (+ the tied embedding's second
+                    gradient and their sum, a moment of its own)
+    optimizer       W + M + S + G + inputs + the step's temporaries
+
+During backward the saved activations shrink layer by layer while the gradients grow by the same layers' weights,
+so the live total moves roughly linearly between the two backward moments and its maximum is at one of them.
+The component columns are those of the winning phase, so they add up to the peak exactly; ties go to the earlier
+phase. params models follow the simple calculators' convention: one moment holding weights, master, gradients,
+optimizer state and activations together (FORMULAS.md worked examples). Layer nets get a forward moment, one
+backward moment per layer (what layers up to it still keep, the gradients of the layers after it) and the step.
+LoRA / QLoRA take their states and activations from components/finetune.py. parallel/plan.py builds the plan of
+frames with parallel layouts from the same pieces (layer_net_train).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import columns as C
+from ..catalog.optimizers import get_optimizer
+from ..catalog.precisions import Precision
+from ..models.arch import Architecture
+from . import activations as act
+from . import finetune
+from .finetune_method import FULL
+from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from .plan import Plan, consts, lift, precisions, terms_array
+from .terms import Term
+from .weights import gradients_bytes, master_weights_bytes, weights_bytes
+
+
+def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple):
+    """Model states: W, M, G per precision; optimizer state and step temporaries per (precision, optimizer,
+    impl); as (nP, NCOEF) and (nP, nO, nI, NCOEF) coefficient arrays (components/plan.py)."""
+    opts = [get_optimizer(o) for o in o_names]
+    nP, nO, nI = len(precs), len(opts), len(i_names)
+    W = consts([weights_bytes(arch, p) for p in precs], (nP,))
+    M = consts([master_weights_bytes(arch, p) for p in precs], (nP,))
+    G = consts([gradients_bytes(arch, p) for p in precs], (nP,))
+    S = consts([optimizer_state_bytes(arch, p, o, i) for p in precs for o in opts for i in i_names], (nP, nO, nI))
+    T = consts([optimizer_step_temporary_bytes(arch, p, o, i) for p in precs for o in opts for i in i_names],
+                (nP, nO, nI))
+    return W, M, G, S, T
+
+
+def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
+                a_names: tuple = (), c_names: tuple = ()) -> Plan:
+    precs = precisions(p_names, "train")
+    ft = arch.finetune or FULL
+    if ft.adapters:  # LoRA / QLoRA: frozen base, adapters trained (components/finetune.py)
+        W, M, G, S, T_opt = finetune.finetune_states(arch, ft, precs, o_names, i_names)
+    else:
+        W, M, G, S, T_opt = _states(arch, precs, o_names, i_names)
+    nP, nO, nI = len(precs), len(o_names), len(i_names)
+    if arch.kind != "transformer":
+        sizes = (nP, nO, nI)
+        w, m, g = (lift(x, (0,), sizes) for x in (W, M, G))
+        states = {C.WEIGHTS: w, C.MASTER_WEIGHTS: m, C.OPTIMIZER_STATE: S}
+        if arch.kind == "params":
+            A = lift(terms_array([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
+            phases = [("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: A}))]
+        else:
+            phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes)
+        return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases)
+
+    nA, nC = len(a_names), len(c_names)
+    sizes = (nP, nO, nI, nA, nC)
+    w, m, g = (lift(x, (0,), sizes) for x in (W, M, G))
+    s_, t_opt = (lift(x, (0, 1, 2), sizes) for x in (S, T_opt))
+    states = {C.WEIGHTS: w, C.MASTER_WEIGHTS: m, C.OPTIMIZER_STATE: s_}
+    terms = [finetune.train_activations(arch, p, a, c, ft, device) for p in precs for a in a_names for c in c_names]
+
+    def table(ts: list[Term]) -> np.ndarray:  # per (precision, attention, checkpointing)
+        return lift(terms_array(ts, (nP, nA, nC)), (0, 3, 4), sizes)
+
+    saved = table([t.saved for t in terms])
+    inputs = table([t.inputs for t in terms])
+    fwd_tmp = table([t.forward_temp for t in terms])
+    n_bwd = max(len(t.backward_start_temp) for t in terms)
+    # each backward moment its own phase: a max of affine terms is not affine in batch
+    bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
+                 for j in range(n_bwd)]
+    n_end = max(len(t.backward_end_temp) for t in terms)
+    bwd_end = [table([t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms])
+               for j in range(n_end)]
+    phases = [
+        ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
+        *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
+        *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+        ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
+    ]
+    return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING), sizes, phases)
+
+
+def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None):
+    """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer.
+    grads_share (parallel layouts): the rank's gradient bytes per combination; each moment's gradients are then
+    that share of the whole model's."""
+    nets = [act.layer_net_train(arch, p, device) for p in precs]
+    nP = len(precs)
+
+    def table(ts: list[Term]) -> np.ndarray:  # per precision
+        return lift(terms_array(ts, (nP,)), (0,), sizes)
+
+    saved = table([t.saved for t in nets])
+    inputs = table([t.inputs for t in nets])
+    fwd = table([t.forward_temp for t in nets])
+    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
+    # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
+    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
+    keep = [j for j in range(len(keys[0]))
+            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
+                       for i in range(len(keys[0])))]
+    for j in dict.fromkeys(keep):
+        grads = lift(consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
+        if grads_share is not None:  # ⌈moment's bytes · rank's gradient bytes / whole model's⌉, per combination
+            full = lift(consts([gradients_bytes(arch, p) for p in precs], (nP,)), (0,), sizes)
+            num = grads.astype(object) * grads_share.astype(object)  # Python ints: the product can pass 2^63
+            grads = (-((-num) // np.maximum(full, 1).astype(object))).astype(np.int64)
+        a = table([net.backward[j][1] for net in nets])
+        t = table([net.backward[j][2] for net in nets])
+        phases.append(("backward", dict(states, **{C.GRADIENTS: grads, C.ACTIVATIONS: a, C.TEMPORARY: t})))
+    phases.append(("optimizer", dict(states, **{C.GRADIENTS: G, C.ACTIVATIONS: inputs, C.TEMPORARY: T_opt})))
+    return phases

@@ -1,0 +1,193 @@
+"""The estimator's entry points: a frame of points -> every component, the peak, overheads and fits.
+
+- `estimate_frame(arch, mode, frame, overheads, headroom) -> DataFrame`: the pure estimator on any frame of points.
+  `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and `gpu_memory_bytes` (a `gpu`
+  column is carried through if present). Returns the frame with every component column, peak_allocated_bytes,
+  peak_phase, overhead_bytes, total_bytes, usable_bytes and fits (then any further per-row arrays the components
+  return, such as per-rank host memory; their "host_fits" is ANDed into fits). runner.run_scenario calls it on the
+  grid, serving.py and cluster.py on the points they search, and the accuracy comparison on measured points, with
+  device="cpu" where the measurement ran on the CPU (CPU dropout keeps a noise tensor of the input dtype where CUDA
+  keeps a 1-byte mask; nothing else differs).
+- `estimate_point(model=..., mode=..., batch=..., ...) -> pd.Series` and `format_breakdown(row) -> str` for
+  `nnmem-sweep estimate`.
+
+Rounding: usable = gpu_memory − ⌈headroom · gpu_memory⌉ (the margin is never smaller than asked);
+overhead = context + workspace + ⌈reserve_fraction · peak⌉.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .bounds import check_frame
+from .catalog import names
+from .catalog.gpus import get_gpu
+from .catalog.optimizers import get_optimizer
+from .catalog.precisions import get_precision
+from .components.overhead import overhead_bytes, usable_bytes
+from .peak import estimate_components
+from .errors import UsageError
+from .models.arch import Architecture
+from .models.hf import architecture_from_hf
+from .models.presets import load_preset, preset_ids
+from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, DEFAULT_HEADROOM,
+                       GPUSpec, Overheads)
+from .units import format_bytes, parse_size
+
+
+def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
+                   headroom: float, device: str = "cuda", *, prefill_logits: str = "last") -> pd.DataFrame:
+    """The estimator on any frame of points (see the module docstring). Pure: returns a new frame.
+    device="cpu" only for comparing with CPU measurements (dropout keeps noise tensors, not bool masks).
+    prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits).
+    Any further array estimate_components returns becomes an int64 column after `fits`; a boolean array under
+    "host_fits" is ANDed into `fits` instead."""
+    check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
+    comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
+    mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64, copy=True)  # the output shares no memory with the input
+    peak = np.asarray(comps[C.PEAK_ALLOCATED], dtype=np.int64)
+    over = overhead_bytes(peak, overheads)
+    total = peak + over
+    usable = usable_bytes(mem, headroom)
+    fits = total <= usable
+    host = comps.get(C.HOST_FITS)
+    if host is not None:
+        fits &= np.asarray(host, dtype=bool)
+    # the input columns but gpu_memory_bytes, which moves among the outputs; an output column the frame already
+    # holds (re-estimating results) is overwritten where it stands
+    out = {c: frame[c] for c in frame.columns if c != C.GPU_MEMORY}
+    for c in C.COMPONENTS:
+        out[c] = np.asarray(comps[c], dtype=np.int64) if c in comps else np.zeros(len(frame), dtype=np.int64)
+    out[C.PEAK_ALLOCATED] = peak
+    out[C.PEAK_PHASE] = comps[C.PEAK_PHASE]
+    out[C.OVERHEAD] = over
+    out[C.TOTAL] = total
+    out[C.GPU_MEMORY] = mem
+    out[C.USABLE] = usable
+    out[C.FITS] = fits
+    for k in comps:
+        if k not in _OWN_KEYS:
+            out[k] = np.asarray(comps[k], dtype=np.int64)
+    return pd.DataFrame(out, index=frame.index, copy=False)
+
+
+_OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.HOST_FITS))
+
+
+# ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`
+
+def _resolve_model(model: str | Architecture) -> Architecture:
+    if isinstance(model, Architecture):
+        return model
+    path = Path(model)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            return architecture_from_hf(json.loads(path.read_text(encoding="utf-8")), origin=str(path))
+        except (ValueError, KeyError) as e:
+            raise UsageError(f"--model {model}: {e}") from None
+    try:
+        return load_preset(model)
+    except (ValueError, KeyError, FileNotFoundError):
+        raise UsageError(f"unknown model {model!r}: give a preset id ({', '.join(preset_ids())}) "
+                         "or a path to a config.json") from None
+
+
+def _resolve_gpu(gpu: str | GPUSpec) -> GPUSpec:
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    try:
+        return get_gpu(gpu)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def default_overheads() -> tuple[Overheads, float]:
+    ov = Overheads(parse_size(DEFAULT_CUDA_CONTEXT), parse_size(DEFAULT_CUBLAS_WORKSPACE),
+                   float(DEFAULT_ALLOCATOR_RESERVE))
+    return ov, float(DEFAULT_HEADROOM)
+
+
+def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int = 1, seq_len: int = 2048,
+                   precision: str = "bf16-mixed", optimizer: str | None = "adamw",
+                   optimizer_impl: str | None = "foreach", checkpointing: str = "none", attention: str = "flash",
+                   gpu: str | GPUSpec = "h100-sxm", cache_tokens: int | None = None,
+                   decode_tokens: int | None = None, overheads: Overheads | None = None,
+                   headroom: float | None = None) -> pd.Series:
+    """One row of the estimator for the given values; bad names raise UsageError (one line)."""
+    if mode not in names.MODES:
+        raise UsageError(f"unknown mode {mode!r}; use train or infer")
+    arch = _resolve_model(model)
+    spec = _resolve_gpu(gpu)
+    get_precision(precision)
+    if mode == "infer":
+        optimizer, optimizer_impl = names.OPTIMIZER_NONE, names.OPTIMIZER_NONE
+    else:
+        get_optimizer(optimizer)
+        if optimizer_impl not in names.OPTIMIZER_IMPLS:
+            raise UsageError(f"unknown optimizer_impl {optimizer_impl!r}; use {', '.join(names.OPTIMIZER_IMPLS)}")
+    if checkpointing not in names.CHECKPOINTING:
+        raise UsageError(f"unknown checkpointing {checkpointing!r}; use {', '.join(names.CHECKPOINTING)}")
+    if attention not in names.ATTENTION:
+        raise UsageError(f"unknown attention {attention!r}; use {', '.join(names.ATTENTION)}")
+    for label, v in (("batch", batch), ("seq_len", seq_len)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise UsageError(f"{label} must be a positive integer, got {v!r}")
+    cache_tokens = 0 if cache_tokens is None else cache_tokens
+    decode_tokens = (1 if mode == "infer" else 0) if decode_tokens is None else decode_tokens
+    if cache_tokens < 0 or decode_tokens < 0:
+        raise UsageError("cache_tokens and decode_tokens must not be negative")
+    if overheads is None or headroom is None:
+        d_ov, d_head = default_overheads()
+        overheads = overheads or d_ov
+        headroom = d_head if headroom is None else headroom
+    frame = pd.DataFrame({
+        C.BATCH: [batch], C.SEQ_LEN: [seq_len], C.PRECISION: [precision], C.OPTIMIZER: [optimizer],
+        C.OPTIMIZER_IMPL: [optimizer_impl], C.CHECKPOINTING: [checkpointing], C.ATTENTION: [attention],
+        C.CACHE_TOKENS: [cache_tokens], C.DECODE_TOKENS: [decode_tokens], C.GPU: [spec.id],
+        C.GPU_MEMORY: [spec.memory_bytes],
+    })
+    row = estimate_frame(arch, mode, frame, overheads, headroom).iloc[0].copy()
+    row[C.MODEL] = arch.name
+    row[C.MODE] = mode
+    row["gpu_name"] = spec.name
+    return row
+
+
+def format_breakdown(row: pd.Series) -> str:
+    """A readable table: every component (GiB and exact bytes), the peak phase, total, capacity, fits and margin."""
+    labels = {
+        C.WEIGHTS: "weights", C.MASTER_WEIGHTS: "master weights", C.GRADIENTS: "gradients",
+        C.OPTIMIZER_STATE: "optimizer state", C.ACTIVATIONS: "activations", C.KV_CACHE: "KV cache",
+        C.TEMPORARY: "temporaries",
+    }
+    lines = []
+    head = f"{row.get(C.MODEL, '')}  {row.get(C.MODE, '')}  batch {row[C.BATCH]}  seq {row[C.SEQ_LEN]}  " \
+           f"{row[C.PRECISION]}"
+    if row.get(C.MODE) == "train":
+        head += f"  {row[C.OPTIMIZER]} ({row[C.OPTIMIZER_IMPL]})  checkpointing {row[C.CHECKPOINTING]}"
+    else:
+        head += f"  cache_tokens {row[C.CACHE_TOKENS]}  decode_tokens {row[C.DECODE_TOKENS]}"
+    head += f"  attention {row[C.ATTENTION]}"
+    lines.append(head)
+    lines.append(f"{'component':<36}{'GiB':>12}{'bytes':>22}")
+
+    def line(label: str, v: int) -> str:
+        return f"{label:<36}{format_bytes(int(v), 'GiB', 3)[:-4]:>12}{int(v):>22,}"
+
+    for c in C.COMPONENTS:
+        lines.append(line(labels[c], row[c]))
+    lines.append(line(f"peak allocated (at {row[C.PEAK_PHASE]})", row[C.PEAK_ALLOCATED]))
+    lines.append(line("overhead (context, cuBLAS, reserve)", row[C.OVERHEAD]))
+    lines.append(line("total", row[C.TOTAL]))
+    gpu = row.get("gpu_name", row.get(C.GPU, ""))
+    lines.append(line("GPU capacity (as the device reports)", row[C.GPU_MEMORY]))
+    lines.append(line("usable (after headroom)", row[C.USABLE]))
+    margin = int(row[C.USABLE]) - int(row[C.TOTAL])
+    verdict = f"fits, {format_bytes(margin, 'GiB', 3)} to spare" if row[C.FITS] else \
+        f"does NOT fit: {format_bytes(-margin, 'GiB', 3)} short"
+    lines.append(f"{verdict}  on {gpu}")
+    return "\n".join(lines)

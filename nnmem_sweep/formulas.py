@@ -1,0 +1,29 @@
+"""Every formula the code implements, for the report's "Formulas and sources" section.
+
+Formulas register themselves where they are implemented (citations.formula / citations.source, beside the code),
+so the list is complete only once every such module is imported: this module imports them all (a test checks that
+none is missing) and `all_formulas()` returns them, sorted by name. citations.py itself imports nothing of ours.
+"""
+from __future__ import annotations
+
+import importlib
+
+from . import citations, serving  # noqa: F401  (serving: registers)
+from .catalog import optimizers, precisions  # noqa: F401  (register)
+from .components import activations, cpu_kernels, finetune, kv, optimizer, overhead, weights  # noqa: F401
+from .models import count, layers  # noqa: F401  (register)
+from .parallel import activations as parallel_activations, states as parallel_states  # noqa: F401
+from .allocator import rules  # noqa: F401  (registers)
+from .throughput import defaults, flops, inference, training  # noqa: F401  (register)
+
+# allocator/__init__ exports a function named `replay`, so its module is imported by name
+replay = importlib.import_module(".allocator.replay", __package__)
+
+REGISTERING_MODULES = (serving, optimizers, precisions, activations, cpu_kernels, finetune, kv, optimizer, overhead,
+                       weights, count, layers, parallel_activations, parallel_states, replay, rules, defaults, flops,
+                       inference, training)
+
+
+def all_formulas() -> list[citations.Formula]:
+    """Every formula of every module above, sorted by name."""
+    return citations.all_formulas()

@@ -1,0 +1,186 @@
+"""The report's Assumptions section: the precision and optimizer recipes the scenario uses (with whether a measured
+case covers them), the runtime overheads and headroom, the GPUs' capacities, and the assumptions of the blocks it
+uses (parallelism, fine-tuning, cluster search)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import columns as C
+from ..accuracy import covered
+from ..catalog import optimizers, precisions
+from ..citations import FORMULAS
+from ..components.finetune_method import targets_of
+from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
+from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
+from ..scenario import Scenario
+from ..units import parse_size
+from .format import DASH, gib, percent
+from .points import axis_values, gpu_order
+
+
+def _bytes_or_dash(value: Any) -> str:
+    return DASH if not value else f"{value} B"
+
+
+def _precision_entry(p: Any) -> dict[str, str]:
+    """A precisions.Precision as the report shows it: bytes per element of each kind of tensor, and its `stores`."""
+    g = (lambda k: getattr(p, k, None))
+    per = [f"weights {_bytes_or_dash(g('weight_bytes'))}", f"grads {_bytes_or_dash(g('grad_bytes'))}",
+           f"master {_bytes_or_dash(g('master_bytes'))}", f"optimizer state {_bytes_or_dash(g('state_bytes'))}",
+           f"activations {_bytes_or_dash(g('act_bytes'))}"]
+    if g("quant_bits"):
+        per.append(f"quantised weights {g('quant_bits')} bits ({g('quant')})")
+    return {"id": str(g("name")), "stores": str(g("stores") or ""), "detail": ", ".join(per)}
+
+
+_LAYOUTS = {"full": "one tensor of Ψ elements each, in the parameter's dtype",
+            "factored": "a row and a column vector per matrix (factored second moment)",
+            "8bit": "uint8 per element plus an fp32 absmax per 2,048-element block"}
+
+
+def _optimizer_entry(o: Any) -> dict[str, str]:
+    """An optimizers.Optimizer: its state tensors, their layout and the temporaries of one step()."""
+    g = (lambda k: getattr(o, k, None))
+    state = ", ".join(g("state") or ()) or "no state"
+    layout = _LAYOUTS.get(str(g("layout")), str(g("layout") or ""))
+    stores = f"{state} ({layout})" if g("state") else state
+    temps = [f"foreach: {g('foreach_temps') or 0}·Ψ", f"for-loop: {g('forloop_temps') or 0}× the largest tensor"]
+    note = str(g("note") or "")
+    return {"id": str(g("name")), "stores": f"{g('implementation') or ''}: {stores}".lstrip(": "),
+            "detail": "step() temporaries " + ", ".join(temps) + (f". {note}" if note else "")}
+
+
+def _catalog(module_name: str, ids: list[str]) -> list[dict[str, str]]:
+    """Entries of catalog/precisions.py or catalog/optimizers.py for the ids the scenario uses ([] when one of them
+    is not in the catalog, e.g. inference's optimizer "none")."""
+    table = precisions.PRECISIONS if module_name == "precisions" else optimizers.OPTIMIZERS
+    if not all(i in table for i in ids):
+        return []
+    entry = _precision_entry if module_name == "precisions" else _optimizer_entry
+    return [entry(table[i]) for i in ids]
+
+
+def _with_coverage(entries: list[dict[str, Any]], measured: set[str] | None) -> list[dict[str, Any]]:
+    """Mark each recipe entry with whether a committed measured case exercises it ("" when nothing is known)."""
+    return [e | {"measured": "" if measured is None else ("yes" if e["id"] in measured else "not yet")}
+            for e in entries]
+
+
+def _stated(name: str) -> str:
+    """An assumption registered as data beside the code it qualifies (a citations.formula named '*.assumptions.*',
+    e.g. parallel/states.py's communication buffers): its statement, where it comes from, its note and sources."""
+    f = FORMULAS.get(name)
+    if f is None:
+        return ""
+    text = f.expression + (f" ({f.where})." if f.where else ".")
+    if f.note:
+        text += f" {f.note}" + ("" if f.note.endswith(".") else ".")
+    if f.sources:
+        text += " Sources: " + "; ".join(f"{src.title}, {src.ref}" for src in f.sources) + "."
+    return text
+
+
+def _parallel_assumptions(sc: Scenario) -> list[str]:
+    axes = axis_values(sc)
+    items = ["Every figure is per GPU, on the most loaded rank (the first or the last pipeline stage, whichever holds "
+             "more); batch is the micro-batch of one data-parallel rank. Only memory is modelled: a layout that fits "
+             "may still be slow (communication, pipeline bubbles)."]
+    if sc.mode == "train":
+        items += [
+            "Parameters per rank (Megatron-LM): attention and MLP matrices and the vocabulary-parallel embedding and "
+            "head are split over TP, norms and row-parallel biases are replicated; a pipeline stage holds ⌈L/PP⌉ "
+            "layers, the first stage the embedding, the last the final norm and the head.",
+            "ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer state, "
+            "stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank; ZeRO-3 adds two gathered "
+            "copies of the largest unit (a transformer block, the embedding or the head: the one in use and the "
+            "prefetched one).",
+            "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
+            "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
+            "min(PP, micro-batches) micro-batches in flight."]
+        if any(axes[C.FP32_GRAD_ACCUMULATION]):
+            items.append("fp32 grads: Megatron-style fp32 main gradients replace the 16-bit ones (4 bytes per "
+                         "parameter, 18 per parameter with bf16-master and Adam).")
+        if any(v != "none" for v in axes[C.OFFLOAD]):
+            per_node = sc.node.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE)
+            host = sc.node.get(C.HOST_MEMORY, parse_size(DEFAULT_HOST_MEMORY))
+            items.append(f"Offload (ZeRO-Offload): the rank's fp32 master weights, optimizer state and fp32 gradient "
+                         f"partition (with optimizer+params the 16-bit weights too) live in host memory and the CPU "
+                         f"runs the step in place; host memory per node is the rank's times {per_node} GPUs per node, "
+                         f"against {gib(host)} of RAM, and a layout over it does not fit. The CPU step's speed is "
+                         f"not modelled.")
+    else:
+        items.append("Inference over TP and PP: each rank runs a smaller model (heads/TP, KV heads/TP, the MLP and "
+                     "vocabulary split over TP, ⌈L/PP⌉ layers), so its weights, KV cache and prefill transients are "
+                     "those of that model; DP replicas hold the same bytes.")
+    stated = _stated("parallel.assumptions.communication_buffers")
+    if stated:
+        items.append(f"Communication buffers, {stated}")
+    return items
+
+
+def _finetune_assumptions(sc: Scenario) -> list[str]:
+    ft = getattr(sc.model, "finetune", None)
+    if ft is None or not ft.adapters:
+        return []
+    name = "QLoRA" if ft.method == "qlora" else "LoRA"
+    targets = ", ".join(t.name for t in targets_of(sc.model, ft))
+    dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
+             if ft.adapter_dtype == "fp32" else "the model's dtype (autocast_adapter_dtype=False)")
+    items = [
+        f"{name} (Hu et al. 2021): the base weights are frozen, so they have no gradients, master copy or optimizer "
+        f"state; the optimizer is given the adapters only.",
+        f"Adapters A (rank × in) and B (out × rank), without bias, on {targets} of every layer, in {dtype}.",
+        "Activations of the frozen base are still stored where the backward pass to the adapters needs them: a "
+        "frozen linear saves no input of its own, a frozen RMSNorm keeps its fp32 input, and nothing before the "
+        "first adapter is saved. LoRA figures are checked against peft runs measured with PyTorch's MemTracker."]
+    if ft.method == "qlora":
+        items.append("QLoRA (Dettmers et al. 2023): the block linears are stored in NF4 with double-quantised block "
+                     "scales, the other parameters in fp32 as prepare_model_for_kbit_training leaves them. Modelled "
+                     "from the published format and the libraries' source, not measured: bitsandbytes' 4-bit "
+                     "kernels need a CUDA device.")
+    return items
+
+
+def _cluster_assumptions(sc: Scenario) -> list[str]:
+    search = sc.cluster
+    if search is None:
+        return []
+    return [
+        "Cluster options keep, for each GPU type and GPU count, one layout that fits, by a stated rule: the least "
+        "recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest micro-batch. The rule "
+        "stands in for speed, which is not modelled.",
+        f"The search keeps TP within a node ({search.gpus_per_node} GPUs), turns sequence parallelism on whenever "
+        f"TP > 1 and splits the global batch as micro-batch × DP × accumulation steps (the pipeline's micro-batches "
+        f"when PP > 1); the recipe is the grid's first values.",
+        "Costs are the price of the GPUs (or per hour) as given in the scenario, not the cost per token trained."]
+
+
+def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
+    o = sc.overheads
+    cov = None
+    if validation_table is not None:
+        cov = {axis: covered(validation_table, axis) for axis in (C.PRECISION, C.OPTIMIZER)}
+    return {
+        "precisions": _with_coverage(
+            _catalog("precisions", [str(v) for v in sc.grid.get(C.PRECISION, ()) if v is not None]),
+            cov and cov[C.PRECISION]),
+        "optimizers": _with_coverage(
+            _catalog("optimizers", [str(v) for v in sc.grid.get(C.OPTIMIZER, ()) if v is not None]),
+            cov and cov[C.OPTIMIZER]),
+        "coverage_known": cov is not None,
+        "attention": ", ".join(str(v) for v in sc.grid.get(C.ATTENTION, ())),
+        "checkpointing": ", ".join(str(v) for v in sc.grid.get(C.CHECKPOINTING, ())),
+        "optimizer_impl": ", ".join(str(v) for v in sc.grid.get(C.OPTIMIZER_IMPL, ())),
+        "cuda_context": gib(o.cuda_context_bytes, 2),
+        "cublas_workspace": f"{o.cublas_workspace_bytes:,} bytes",
+        "allocator_reserve": percent(o.allocator_reserve_fraction),
+        "headroom": percent(sc.headroom),
+        "gpus": [{"name": g.name, "memory": gib(g.memory_bytes, 2), "bytes": f"{g.memory_bytes:,}",
+                  "source": g.source} for g in gpu_order(sc)],
+        "model": {"name": sc.model.name, "params": f"{sc.model.params:,}", "origin": sc.model.origin or sc.model.preset},
+        # what the parallel model, the fine-tuning model and the cluster search rely on: only for the blocks used
+        "groups": [{"title": title, "items": items} for title, items in (
+            ("Parallelism and sharding", _parallel_assumptions(sc) if sc.parallel else []),
+            ("Fine-tuning", _finetune_assumptions(sc)),
+            ("How many GPUs", _cluster_assumptions(sc))) if items],
+    }
