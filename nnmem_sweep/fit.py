@@ -1,8 +1,9 @@
 """The largest batch that fits, per combination of the other axes and GPU, in closed form.
 
 Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py: c_j holds const + s·pos + s²·sq,
-what the whole batch shares; k_j the per-sample rest), so the estimator evaluated at b = 1 and b = 2 gives
-k_j = T_j(2) − T_j(1) and c_j = T_j(1) − k_j for every row at once. The overhead is g(P) = P + ⌈f·P⌉ + context +
+what the whole batch shares; k_j the per-sample rest), so the estimator evaluated at b = 2 and b = 3 gives
+k_j = T_j(3) − T_j(2) and c_j = T_j(2) − 2·k_j for every row at once (a derived model's batch 1 may be a program of
+its own, so its line is taken from batches 2 and 3; the check below settles batch 1). The overhead is g(P) = P + ⌈f·P⌉ + context +
 workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with g(P*) ≤ usable. Then
 
     b_max = min_j ⌊(P* − c_j) / k_j⌋          (phases with k_j = 0 only bound it when c_j > P*)
@@ -48,8 +49,11 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     one = np.ones(n, dtype=np.int64)
     # the columns read once for every batch tried below
     totals_of = phase_totals_in_batch(arch, mode, points, prefill_logits=prefill_logits)
-    ph1, total1 = _totals_at(totals_of, one, overheads)
+    _, total1 = _totals_at(totals_of, one, overheads)
+    # the slope from batches 2 and 3: a derived model's batch 1 may be a program of its own (components/derived.py),
+    # which the check below settles; for every other model these give the same line as batches 1 and 2
     ph2, _ = _totals_at(totals_of, 2 * one, overheads)
+    ph3, _ = _totals_at(totals_of, 3 * one, overheads)
 
     # P*: the largest peak whose total fits (_with_overhead is nondecreasing).
     fixed = int(overheads.cuda_context_bytes) + int(overheads.cublas_workspace_bytes)
@@ -61,10 +65,10 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
         pstar = np.where(_with_overhead(pstar + 1, overheads) <= usable, pstar + 1, pstar)
 
     bmax = np.full(n, MAX_BATCH_CAP, dtype=np.int64)
-    for t1, t2 in zip(ph1, ph2):
-        happens = t1 >= 0
-        k = t2 - t1
-        c = t1 - k
+    for t2, t3 in zip(ph2, ph3):
+        happens = t2 >= 0
+        k = t3 - t2
+        c = t2 - 2 * k
         with np.errstate(divide="ignore", invalid="ignore"):
             bound = np.where(k > 0, np.floor_divide(pstar - c, np.where(k > 0, k, 1)), MAX_BATCH_CAP)
         bound = np.where((k <= 0) & (c > pstar), -1, bound)

@@ -6,7 +6,8 @@ the entry points that evaluate it.
                            (fit.py), named_phase_totals with the phase names
     host_check             host memory per node of frames with parallel layouts (offload), batch-independent
 
-A frame is answered by one of: the training plan of one GPU (components/train_plan.py), the inference plan of layer
+A frame is answered by one of: the traced moments of a derived model (components/derived.py), the training plan of
+one GPU (components/train_plan.py), the inference plan of layer
 nets and params models or the phases of transformer inference (components/infer_plan.py), or, for frames with
 parallel columns (issue 4), the plans over parallel layouts (parallel/plan.py). The plans themselves, their
 evaluation and their cache are components/plan.py.
@@ -18,6 +19,7 @@ import pandas as pd
 
 from . import columns as C
 from .components import activations as act
+from .components import derived
 from .components.infer_plan import InferTables, infer_phases, infer_plan
 from .components.plan import Plan, cached, codes, combine, ints, pick_phases, precisions
 from .components.train_plan import train_plan
@@ -34,6 +36,8 @@ def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, devi
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
     CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
     prefill that computes the logits of every prompt position."""
+    if arch.kind == "derived":  # the model's own traced moments (components/derived.py)
+        return derived.frame_components(arch, mode, frame, device)
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return pick_phases(*_infer_any(arch, frame, k, b, s), len(frame))
@@ -65,6 +69,8 @@ def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.n
 def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                  prefill_logits: str = "last") -> list[np.ndarray]:
     """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
+    if arch.kind == "derived":
+        return derived.frame_phase_totals(arch, mode, frame, device)(ints(frame, C.BATCH))[0]
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return _infer_any(arch, frame, k, b, s)[0]
@@ -75,6 +81,9 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
                           prefill_logits: str = "last"):
     """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
     batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
+    if arch.kind == "derived":
+        totals_at = derived.frame_phase_totals(arch, mode, frame, device)
+        return lambda b: totals_at(b)[0]
     plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False, prefill_logits=prefill_logits)
 
     def at(b: np.ndarray) -> list[np.ndarray]:
@@ -89,6 +98,9 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
 def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                        prefill_logits: str = "last") -> list[tuple[str, np.ndarray]]:
     """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
+    if arch.kind == "derived":
+        totals, names = derived.frame_phase_totals(arch, mode, frame, device)(ints(frame, C.BATCH))
+        return list(zip(names, totals))
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         totals, _, names = _infer_any(arch, frame, k, b, s)

@@ -20,13 +20,16 @@ kv_cache, temporary = the rest; master and optimizer state from the catalogs.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from .. import columns as C
+from .. import derive
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..citations import formula, source
 from ..errors import UsageError
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
+from .plan import cached, codes, combine, ints, precisions
 from .weights import master_weights_bytes, weights_bytes
 
 DERIVED = source("nnmem-derived", "nnmem_sweep derived plans: the model's own code traced under FakeTensorMode at "
@@ -196,13 +199,11 @@ def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: 
 
 
 def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, device: str, progress: bool):
-    from .. import derive
-
     if checkpointing == "selective":
         raise UsageError("checkpointing 'selective' is Megatron's recipe (recompute attention only); a model derived "
                          "from its transformers code checkpoints whole layers: use none or full")
     try:
-        return derive.plan(arch.derived.source, mode, precision, attention, checkpointing, device, progress)
+        return derive.get_plan(arch.derived.source, mode, precision, attention, checkpointing, device, progress)
     except derive.DerivationError as e:
         raise UsageError(f"{arch.name}: {e}") from None
 
@@ -245,3 +246,123 @@ def infer_inputs(arch, precs: tuple[Precision, ...], a_names: tuple, device: str
             recipes[p_i * len(a_names) + a_i] = plan
             W.append(recipe_weights(arch, plan, prec))
     return recipes, np.array(W, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- frames (peak.py's entry points)
+
+TRAIN_PHASES = ("forward", "backward", "optimizer")
+INFER_PHASES = ("prefill", "decode")
+
+
+def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = True):
+    """(mode's recipes, states or W', recipe code per row, state code per row, b, s, decode_tokens)."""
+    b = ints(frame, C.BATCH) if read_batch else None
+    s = ints(frame, C.SEQ_LEN) if C.SEQ_LEN in frame.columns else np.ones(len(frame), dtype=np.int64)
+    p_code, p_names = codes(frame, C.PRECISION)
+    precs = precisions(p_names, mode)
+    a_code, a_names = codes(frame, C.ATTENTION)
+    if mode == "train":
+        o_code, o_names = codes(frame, C.OPTIMIZER)
+        i_code, i_names = codes(frame, C.OPTIMIZER_IMPL)
+        c_code, c_names = codes(frame, C.CHECKPOINTING)
+        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names),
+                                 lambda: train_inputs(arch, precs, o_names, i_names, a_names, c_names, device,
+                                                      progress=True))
+        nA, nC = len(a_names), len(c_names)
+        key = (p_code.astype(np.int64) * nA + a_code) * nC + c_code
+        state = combine([p_code, o_code, i_code, a_code, c_code],
+                        (len(p_names), len(o_names), len(i_names), nA, nC))
+        return recipes, states, key, state, b, s, None
+    if mode != "infer":
+        raise UsageError(f"unknown mode {mode!r}; use train or infer")
+    if C.CACHE_TOKENS in frame.columns and (ints(frame, C.CACHE_TOKENS) > 0).any():
+        raise UsageError(f"{arch.name}: a preallocated cache (cache_tokens) is modelled for hand-modelled families; "
+                         "a derived model runs generate()'s dynamic cache (leave cache_tokens at 0)")
+    recipes, W = cached(arch, ("derived-infer", device, p_names, a_names),
+                        lambda: infer_inputs(arch, precs, a_names, device, progress=True))
+    key = p_code.astype(np.int64) * len(a_names) + a_code
+    dec = ints(frame, C.DECODE_TOKENS) if C.DECODE_TOKENS in frame.columns else np.zeros(len(frame), np.int64)
+    return recipes, W, key, key, b, s, dec
+
+
+def frame_components(arch, mode: str, frame: pd.DataFrame, device: str = "cuda") -> dict[str, object]:
+    """Component columns, peak_allocated_bytes and peak_phase for every row (peak.estimate_components)."""
+    recipes, states, key, state, b, s, dec = _read(arch, mode, frame, device)
+    if mode == "train":
+        out = train_rows(b, s, recipes, states, key, state)
+        names = TRAIN_PHASES
+    else:
+        out = infer_rows(b, s, dec, recipes, states[state], key)
+        names = INFER_PHASES
+    code = out.pop("phase_code")
+    out[C.PEAK_PHASE] = pd.Categorical.from_codes(code, dtype=pd.CategoricalDtype(list(names)))
+    return out
+
+
+def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+    """`at(b) -> (totals, names)`: every moment that can be a row's peak, as a phase of its own (-1 on rows where
+    it does not apply: another recipe, another region), affine in b for the rows' sequence lengths. fit.py solves
+    each for the largest batch; the list is the same at every b (moments are kept by the rows' sequence range
+    and every batch of their region)."""
+    recipes, states, key, state, _, s, dec = _read(arch, mode, frame, device, read_batch=False)
+    n = len(s)
+    phases = []  # (recipe key, region, moments kept, kind) per group
+    for k, plan in recipes.items():
+        mine = key == k
+        if not mine.any():
+            continue
+        for r in plan.regions:
+            if mode == "train":
+                sel = [(s, ("forward", "backward"), mine)]
+            else:
+                s_dec = s + np.maximum(dec, 1) - 1
+                sel = [(s, ("prefill", "forward"), mine), (s_dec, ("decode",), mine & (dec >= 1))]
+            for phase_s, names, rows_sel in sel:
+                ms = [m for m in r.moments if m.phase in names]
+                in_s = rows_sel & ((phase_s <= r.s_hi) if r.s_hi is not None else True)
+                if not ms or not in_s.any():
+                    continue
+                sv = phase_s[in_s]
+                keep = prune(_moment_table(ms, _TRACED), r.b_lo, r.b_hi or 2**31 - 1, int(sv.min()), int(sv.max()))
+                phases.append((k, r, [ms[i] for i in keep], phase_s, rows_sel))
+            if mode == "train":
+                phases.append((k, r, None, s, mine))  # the optimizer step
+
+    def at(b: np.ndarray):
+        b = np.broadcast_to(np.asarray(b, dtype=np.int64), (n,))
+        totals, labels = [], []
+        for k, r, ms, phase_s, rows_sel in phases:
+            region = rows_sel & _first_region(recipes[k], r, b, phase_s)
+            x = _features(b, phase_s)
+            if mode == "train":
+                W, M, S, T, G = (states[v][state] for v in ("W", "M", "S", "T", "G"))
+                base = W + M + S
+                if ms is None:
+                    vals = [base + G + T + np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")),
+                                                     dtype=np.int64) @ x]
+                    names = ["optimizer"]
+                else:
+                    vals = list(_values(ms, _TRACED, x) + base)
+                    names = [m.phase for m in ms]
+            else:
+                W = states[state]
+                at_s = _features(b, s)
+                vals = list(_values(ms, _TRACED, x) + _values(ms, ("input",), at_s - x) + W)
+                names = [m.phase for m in ms]
+            for v, name in zip(vals, names):
+                totals.append(np.where(region, v, -1))
+                labels.append(name)
+        return totals, labels
+
+    return at
+
+
+def _first_region(plan, r, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Rows whose first region (plan order) is r."""
+    left = np.ones(len(b), dtype=bool)
+    for reg in plan.regions:
+        here = left & reg.holds(b, s)
+        if reg is r:
+            return here
+        left &= ~here
+    return np.zeros(len(b), dtype=bool)

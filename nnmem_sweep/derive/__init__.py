@@ -2,8 +2,9 @@
 any importable torch.nn.Module factory, the estimator's moments come from traces of the real code at small probe
 shapes (derivation.py), not from a hand-written model of the family.
 
-    card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
-    plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments per region
+    get_card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
+    get_plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments
+                      per region
 
 Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
 """
@@ -13,7 +14,7 @@ from .card import ModelCard
 from .derivation import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
-__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "card", "plan", "MISSING_EXTRA"]
+__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "MISSING_EXTRA"]
 
 MISSING_EXTRA = ("deriving a model from its own code needs torch and transformers: "
                  "pip install -e '.[measure]' (or `make install-measure`)")
@@ -26,7 +27,7 @@ def _need_torch() -> None:
         raise DerivationError(MISSING_EXTRA)
 
 
-def card(source: ModelSource) -> ModelCard:
+def get_card(source: ModelSource) -> ModelCard:
     from . import cache
     from .card import model_card
 
@@ -37,7 +38,7 @@ def card(source: ModelSource) -> ModelCard:
     return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make))
 
 
-def plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
+def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
          device: str = "cuda", progress: bool = False) -> DerivedPlan:
     from . import cache
     from .derivation import derive, from_json, to_json

@@ -77,7 +77,7 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
 def build(source: ModelSource, probe_case: dict[str, Any]):
     """The model of a case; call inside FakeTensorMode. A model transformers or the factory cannot build raises
     DerivationError (one line)."""
-    from ..measure.build import build_model, case_config, default_dtype, model_dtype
+    from ..workload.build import build_model, case_config, default_dtype, model_dtype
 
     cfg, _ = case_config(probe_case)
     try:

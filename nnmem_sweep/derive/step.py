@@ -107,8 +107,8 @@ def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
 def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], device: str) -> StepTrace:
     """Trace `case` (a measure case at the probe's batch and sequence) on `model` (built for it, inside the
     FakeTensorMode it was built in, which the caller has entered)."""
-    from ..measure.build import make_workload, run_contexts
-    from ..measure.tracker import run_steps
+    from ..workload.build import make_workload, run_contexts
+    from ..workload.steps import run_steps
 
     train = case["mode"] == "train"
     w = make_workload(case, cfg, model, None)

@@ -13,7 +13,8 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from .build import measure_case, model_config
+from ..workload.build import model_config
+from .build import measure_case
 
 LAYER_KEY = {"gpt2": "n_layer"}
 HIDDEN_KEY = {"gpt2": "n_embd"}

@@ -12,7 +12,7 @@ import yaml
 from .. import columns as C
 from ..errors import UsageError
 from ..paths import atomic_write_text
-from .build import OPTIMIZERS, PRECISIONS
+from ..workload.build import OPTIMIZERS, PRECISIONS
 from .tracker import CATEGORIES
 
 MEASURED_PEAK = "measured_peak_bytes"

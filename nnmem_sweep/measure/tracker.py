@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+
+from ..workload.steps import Workload, run_steps, storage_bytes
 
 # MemTracker's category names (_MemRefType values) -> our short names, in report order.
 CATEGORY_NAMES = {
@@ -169,108 +171,6 @@ class PhaseTracker(MemTracker):
         return "none"
 
 
-@contextlib.contextmanager
-def unpacked_sequences():
-    """transformers' packed-sequence check reads tensor data; under fake tensors it guesses "packed" and builds
-    a 4-D mask a real run never allocates (MEASURING.md pitfall 1). Our inputs are never packed: answer None,
-    exactly what the real check returns for them, in fake and real runs alike."""
-    try:
-        import transformers.masking_utils as mu
-    except ImportError:  # pragma: no cover
-        yield
-        return
-    original = mu.find_packed_sequence_indices
-    mu.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        mu.find_packed_sequence_indices = original
-
-
-def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (tied weights counted once)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        seen[id(st)] = int(st.nbytes())
-    return sum(seen.values())
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    return storage_bytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
-
-@dataclass
-class Workload:
-    """What to run: built by the caller (inside the fake mode when fake)."""
-
-    model: torch.nn.Module
-    inputs: dict[str, Any]
-    mode: str  # train | infer
-    optimizer: torch.optim.Optimizer | None = None
-    autocast_dtype: torch.dtype | None = None
-    steps: int = 2
-    decode_tokens: int = 0
-    logits_to_keep: int = 1  # infer prefill: 1 as generate() passes; 0 keeps every position's logits
-    loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
-    kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
-
-
-class Phases(Protocol):
-    """What `run_steps` reports to: a context manager around each phase, and a call after each step or request
-    part (MemTracker resets its per-module records there). PhaseTracker is one; the derive package's event recorder
-    is another."""
-
-    def phase(self, name: str, step: int) -> contextlib.AbstractContextManager: ...
-
-    def step_done(self) -> None: ...
-
-    # optional: `saw_cache(cache)` is called after each phase of a generative request with its KV cache (the derive
-    # package tells cache storages from the rest with it)
-
-
-def _autocast(dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=dtype)
-
-
-def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
-    """Run the workload itself, phase by phase: `w.steps` training steps (forward keeping only the loss, backward,
-    optimizer step, zero_grad(set_to_none=True); without an optimizer, forward and backward only, the gradients
-    left in place), or one inference request (see `_run_infer`). Returns the totals it can read afterwards
-    (gradients, optimizer state, KV cache bytes)."""
-    totals: dict[str, int] = {}
-    if w.mode == "train":
-        w.model.train()
-        for step in range(1, w.steps + 1):
-            with rec.phase("forward", step):
-                with _autocast(w.autocast_dtype):
-                    if w.loss_fn is not None:
-                        loss = w.loss_fn(w.model, w.inputs)
-                    else:
-                        out = w.model(**w.inputs)
-                        loss = out.loss
-                        del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
-            with rec.phase("backward", step):
-                loss.backward()
-                del loss
-            totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
-            if w.optimizer is None:  # the derive package's probe: forward and backward of one step, grads kept
-                rec.step_done()
-                continue
-            with rec.phase("optimizer", step):
-                w.optimizer.step()
-                w.optimizer.zero_grad(set_to_none=True)
-            rec.step_done()  # module stats are per step; the module hooks need them within one
-        if w.optimizer is not None:
-            totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)
-        return totals
-    return _run_infer(w, rec)
-
-
 def run_workload(w: Workload) -> dict[str, Any]:
     """Run the workload under a PhaseTracker; return peaks, splits and totals (plain ints and strings)."""
     tracker = PhaseTracker()
@@ -304,80 +204,3 @@ def run_workload(w: Workload) -> dict[str, Any]:
         "attention_ops": {k: v for k, v in sorted(tracker.ops.items())
                           if "attention" in k or "softmax" in k},
     }
-
-
-def _generate_step(forward: Callable[[], Any]) -> torch.Tensor:
-    """One generate() step: the forward, the last position's logits upcast to fp32 (as generate() does before
-    choosing a token), the outputs dropped, the next token chosen."""
-    out = forward()
-    logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-    del out
-    token = logits.argmax(dim=-1, keepdim=True)
-    del logits
-    return token
-
-
-def cache_bytes(cache: Any) -> int:
-    """Bytes of the keys and values a transformers cache holds (every layer, sliding-window layers included)."""
-    return storage_bytes(t for layer in cache.layers
-                         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)))
-
-
-def _run_infer(w: Workload, rec: Phases) -> dict[str, int]:
-    """One request. Generative models as generate() runs them without the sampling loop:
-      - causal LM: prefill with logits_to_keep=1 (w.logits_to_keep; 0 computes the logits of every prompt position)
-        into a DynamicCache, then one-token decode steps;
-      - encoder-decoder: the encoder once (its output is kept for every step, as generate() keeps
-        `encoder_outputs`), then the decoder "prefill" of the start token, which fills an EncoderDecoderCache
-        (self-attention and cross-attention K/V), then one-token decode steps; the prefill phase spans both;
-    logits of the last position upcast to fp32 before choosing a token. Other models (classifiers, masked LMs,
-    `module:` nets): one no_grad forward, phase "forward"."""
-    from transformers import DynamicCache
-
-    w.model.eval()
-    out_totals: dict[str, int] = {}
-    with torch.no_grad():
-        if w.kind not in ("causal_lm", "seq2seq"):
-            with rec.phase("forward", 1):
-                out = w.model(w.inputs["x"]) if w.kind == "module" else w.model(**w.inputs)
-                del out
-            rec.step_done()
-            return out_totals
-        text = w.model.config.get_text_config(decoder=True)
-        if w.kind == "seq2seq":
-            from transformers import EncoderDecoderCache
-
-            cache = EncoderDecoderCache(DynamicCache(config=text), DynamicCache(config=text))
-            saw = getattr(rec, "saw_cache", lambda cache: None)
-            with rec.phase("prefill", 1):
-                encoded = w.model.get_encoder()(**w.inputs)
-                start = torch.full((w.inputs["input_ids"].shape[0], 1), int(w.model.config.decoder_start_token_id),
-                                   dtype=torch.long)
-                token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=start,
-                                                       past_key_values=cache, use_cache=True))
-                saw(cache)
-            rec.step_done()
-            for i in range(w.decode_tokens):
-                with rec.phase("decode", i + 1):
-                    token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=token,
-                                                           past_key_values=cache, use_cache=True))
-                    saw(cache)
-                rec.step_done()
-            out_totals["self_attention_cache_bytes"] = cache_bytes(cache.self_attention_cache)
-            out_totals["cross_attention_cache_bytes"] = cache_bytes(cache.cross_attention_cache)
-            out_totals["kv_cache_bytes"] = sum(out_totals.values())
-            return out_totals
-        cache = DynamicCache(config=text)
-        saw = getattr(rec, "saw_cache", lambda cache: None)
-        with rec.phase("prefill", 1):
-            token = _generate_step(lambda: w.model(**w.inputs, past_key_values=cache, use_cache=True,
-                                                   logits_to_keep=w.logits_to_keep))
-            saw(cache)
-        rec.step_done()
-        for i in range(w.decode_tokens):
-            with rec.phase("decode", i + 1):
-                token = _generate_step(lambda: w.model(input_ids=token, past_key_values=cache, use_cache=True))
-                saw(cache)
-            rec.step_done()  # one module record per forward call
-        out_totals["kv_cache_bytes"] = cache_bytes(cache)
-    return out_totals

@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 from nnmem_sweep.catalog.precisions import get_precision  # noqa: E402
 from nnmem_sweep.components import derived as D  # noqa: E402
 from nnmem_sweep.measure.build import measure_case  # noqa: E402
-from nnmem_sweep.models.derived import architecture_from_source, hf_source  # noqa: E402
+from nnmem_sweep.derive.arch import architecture_from_source, hf_source  # noqa: E402
 
 TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,

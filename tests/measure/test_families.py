@@ -11,8 +11,9 @@ torch = pytest.importorskip("torch", reason="the [measure] extra (torch) is not 
 pytest.importorskip("transformers", reason="the [measure] extra (transformers) is not installed")
 pytest.importorskip("torchvision", reason="the [measure] extra (torchvision) is not installed")
 
-from nnmem_sweep.measure.build import build_model, case_config, default_dtype, measure_case  # noqa: E402
-from nnmem_sweep.measure.inputs import input_kind, make_inputs  # noqa: E402
+from nnmem_sweep.measure.build import measure_case  # noqa: E402
+from nnmem_sweep.workload.build import build_model, case_config, default_dtype  # noqa: E402
+from nnmem_sweep.workload.inputs import input_kind, make_inputs  # noqa: E402
 
 # Tiny members of each family: the published configs' structural switches, widths of a few dozen.
 TINY = {
@@ -209,8 +210,8 @@ def test_run_steps_drives_any_recorder(family, mode, events):
     # the derive package traces the very workload measure runs: build_model, make_workload, run_contexts, run_steps
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nnmem_sweep.measure.build import build_optimizer, make_workload, model_dtype, run_contexts
-    from nnmem_sweep.measure.tracker import run_steps
+    from nnmem_sweep.workload.build import build_optimizer, make_workload, model_dtype, run_contexts
+    from nnmem_sweep.workload.steps import run_steps
 
     case = _case(family, mode)
     cfg, _ = case_config(case)

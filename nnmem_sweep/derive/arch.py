@@ -1,4 +1,4 @@
-"""Models whose estimate is derived from their own code (issue 12): an Architecture of kind "derived".
+"""Models whose estimate is derived from their own code (issue 12): the Architecture of kind "derived".
 
 Any Hugging Face config whose model_type has no hand-written reader (models/hf.py), any preset of such a family,
 and any importable torch.nn.Module factory (`model: {module: "torchvision.models:resnet50", kwargs: {...},
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .arch import Architecture
+from ..models.arch import Architecture
+from .source import ModelSource
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,9 @@ class DerivedModel:
 def architecture_from_source(source, name: str = "", preset: str = "", origin: str = "") -> Architecture:
     """The Architecture of a derived model. Raises derive.DerivationError (one line) when the model cannot be
     built or the card cannot be read (e.g. torch missing and nothing cached)."""
-    from .. import derive
+    from . import get_card
 
-    card = derive.card(source)
+    card = get_card(source)
     f = dict(card.fields)
     display = name or (source.spec.get("_name") if source.kind == "hf" else "") or card.class_name
     return Architecture(
@@ -45,13 +46,9 @@ def architecture_from_source(source, name: str = "", preset: str = "", origin: s
 
 def hf_source(cfg: dict[str, Any], origin: str) -> Any:
     """A ModelSource for a config.json dict (our `_nnmem` key removed)."""
-    from ..derive import ModelSource
-
     d = {k: v for k, v in cfg.items() if k != "_nnmem"}
     return ModelSource.of("hf", d, origin)
 
 
 def module_source(spec: dict[str, Any], origin: str) -> Any:
-    from ..derive import ModelSource
-
     return ModelSource.of("module", spec, origin)
