@@ -25,6 +25,8 @@ from .components import finetune as F
 from .components.finetune_method import parse_finetune
 from .components.optimizer import optimizer_state_bytes
 from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
+from .derive.arch import architecture_from_source
+from .derive.source import ModelSource
 from .errors import UsageError
 from .models.hf import architecture_from_hf
 from .models.resolve import resolve_model
@@ -54,9 +56,9 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 
-def load_cases(truth_dir: str | Path, derived: bool = False) -> list[dict[str, Any]]:
-    """Every *.json case in `truth_dir` and its subfolders, sorted by case id; only the hand-modelled ones
-    (`hand_modelled_case`) unless `derived`."""
+def load_cases(truth_dir: str | Path, derived: bool = True) -> list[dict[str, Any]]:
+    """Every *.json case in `truth_dir` and its subfolders, sorted by case id; without `derived`, only the
+    hand-modelled ones (`hand_modelled_case`)."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -71,16 +73,35 @@ def load_cases(truth_dir: str | Path, derived: bool = False) -> list[dict[str, A
     return sorted(cases, key=lambda r: r["case_id"])
 
 
-def architecture_of(case: dict[str, Any]):
-    """The Architecture the estimator reads for a case: the very HF config that was measured, or the layer list."""
+def architecture_of(case: dict[str, Any], derived: bool = False):
+    """The Architecture the estimator reads for a case: the very HF config that was measured, the layer list or the
+    `module:` factory; planned from the model's own code (derive/) for the families without a hand model, and for
+    any HF case with `derived` (to compare the two paths)."""
     inputs = case["inputs"]
     if "layers" in inputs:
         return resolve_model({"input_shape": inputs["input_shape"], "layers": inputs["layers"]}, Path("."))
+    if derived or not hand_modelled_case(case):
+        return derived_architecture(case)
     arch = architecture_from_hf(dict(case["hf_config"]), origin=f"truth case {case['case_id']}",
                                 preset=str(inputs.get("model", "")))
     if inputs.get("finetune"):  # LoRA/QLoRA cases (truth/finetune/): the frozen base with its adapters
         arch = dataclasses.replace(arch, finetune=parse_finetune(inputs["finetune"], case["case_id"]))
     return arch
+
+
+def derived_architecture(case: dict[str, Any]):
+    """A case's model as the derive package plans it (its HF config, with the head the case ran, or its module)."""
+    inputs = case["inputs"]
+    if "module" in inputs:
+        spec = {k: inputs[k] for k in ("module", "kwargs", "input_shape") if k in inputs}
+        spec["num_classes"] = int((inputs.get("kwargs") or {}).get("num_classes", 1000))
+        source = ModelSource.of("module", spec, f"truth case {case['case_id']}")
+    else:
+        cfg = dict(case["hf_config"])
+        source = ModelSource.of("hf", cfg, f"truth case {case['case_id']}", int(inputs.get("decoder_seq_len") or 0))
+    if inputs.get("finetune"):
+        raise UsageError("LoRA is modelled for hand-modelled families only")
+    return architecture_from_source(source, name=str(inputs.get("model", "")))
 
 
 def device_for_estimate(case: dict[str, Any]) -> str:
@@ -112,9 +133,10 @@ def _frame(case: dict[str, Any]) -> pd.DataFrame:
     })
 
 
-def estimate_case(case: dict[str, Any]) -> dict[str, Any]:
-    """The estimator's figures for one measured case: peak, phase, components, per-phase totals, model states."""
-    arch = architecture_of(case)
+def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]:
+    """The estimator's figures for one measured case: peak, phase, components, per-phase totals, model states
+    (`derived`: planned from the model's own code even where a hand model exists)."""
+    arch = architecture_of(case, derived)
     i = case["inputs"]
     frame = _frame(case)
     device = device_for_estimate(case)
@@ -160,14 +182,17 @@ def covered(table: pd.DataFrame | None, axis: str) -> set[str]:
     return set(table.loc[table["within_tolerance"].astype(bool), axis].astype(str))
 
 
-def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
+def compare(cases: list[dict[str, Any]], derived: bool = False) -> pd.DataFrame:
     """One row per case: measured vs estimated peak (and per phase and per model state), relative errors,
-    the case's tolerances and whether it is within them."""
+    the case's tolerances and whether it is within them; `source` says which path estimated it (hand: the
+    estimator's formulas; derived: the model's own traced code). `derived`: every HF case by the derived path."""
     rows = []
     for case in cases:
         m = case["measured"]
         i = case["inputs"]
         row: dict[str, Any] = {CASE: case["case_id"], "model": i.get("model", ""), C.MODE: i["mode"],
+                               "source": "derived" if (derived and "layers" not in i) or not hand_modelled_case(case)
+                               else "hand",
                                "attention_kernel": m.get("attention_kernel", ""),
                                "estimated_attention": attention_for_estimate(case),
                                "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
@@ -175,7 +200,7 @@ def compare(cases: list[dict[str, Any]]) -> pd.DataFrame:
         # the recipe the case exercises, so a report can say which of its own recipes a measurement covers
         row.update({axis: str(i.get(axis, default)) for axis, default in COVERAGE_AXES.items()})
         try:
-            est = estimate_case(case)
+            est = estimate_case(case, derived)
         except Exception as e:  # noqa: BLE001 - one case the estimator cannot take must not hide the others
             row.update({ESTIMATED: -1, ERROR: float("nan"), "estimated_phase": "", "estimate_error": str(e)})
             rows.append(row)
@@ -242,11 +267,15 @@ def accuracy_cli(truth_dir: str | Path) -> int:
         raise UsageError(f"no measured cases in {truth_dir}; regenerate them with `nnmem-sweep truth`")
     df = compare(cases)
     print(format_table(df))
+    for label, part in (("hand-modelled", df[df["source"] == "hand"]), ("derived from the model's code",
+                                                                        df[df["source"] == "derived"])):
+        if len(part):
+            s = summary(part)
+            print(f"\n{label}: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
+                  f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within "
+                  "tolerance")
     s = summary(df)
-    skipped = len(load_cases(truth_dir, derived=True)) - len(cases)
-    if skipped:
-        print(f"\n{skipped} measured cases of families without a hand model (issue 12) are not compared here")
-    print(f"\n{s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
+    print(f"\nall: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
           f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
           "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")
     sys.stdout.flush()

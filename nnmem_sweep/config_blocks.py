@@ -31,7 +31,9 @@ from .components.finetune_method import parse_finetune
 from .config_check import Checker, as_list, dedupe
 from .config_yaml import join
 from .errors import ScenarioError, UsageError
-from .models.resolve import ModelSpecError, resolve_model
+from .derive import DerivationError
+from .derive.arch import architecture_of
+from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .paths import safe_stem
 from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, GPUSpec,
@@ -164,7 +166,14 @@ def check_model(data: dict, ck: Checker):
     if not isinstance(spec, dict) or not ck.clean("model"):
         return None
     try:
-        return resolve_model(spec, ck.base_dir)
+        model = resolve_model(spec, ck.base_dir)
+        if isinstance(model, DerivedModelSpec):  # planned from its own code: the model is built (or its card read)
+            try:
+                return architecture_of(model)
+            except DerivationError as e:
+                ck.add(model.key_path, str(e))
+                return None
+        return model
     except ModelSpecError as e:
         key = e.key_path or "model"
         ck.add(key if key == "model" or key.startswith(("model.", "model[")) else join("model", key),

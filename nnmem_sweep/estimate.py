@@ -16,7 +16,6 @@ overhead = context + workspace + ⌈reserve_fraction · peak⌉.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +30,11 @@ from .catalog.precisions import get_precision
 from .components.overhead import overhead_bytes, usable_bytes
 from .peak import estimate_components
 from .errors import UsageError
+from .derive import DerivationError
+from .derive.arch import architecture_of
 from .models.arch import Architecture
-from .models.hf import architecture_from_hf
-from .models.presets import load_preset, preset_ids
+from .models.presets import preset_ids
+from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, DEFAULT_HEADROOM,
                        GPUSpec, Overheads)
 from .units import format_bytes, parse_size
@@ -81,19 +82,22 @@ _OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.HOST_FIT
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`
 
 def _resolve_model(model: str | Architecture) -> Architecture:
+    """--model: a preset id or Hugging Face id, a config.json, or a model folder holding one."""
     if isinstance(model, Architecture):
         return model
     path = Path(model)
-    if path.suffix == ".json" and path.is_file():
-        try:
-            return architecture_from_hf(json.loads(path.read_text(encoding="utf-8")), origin=str(path))
-        except (ValueError, KeyError) as e:
-            raise UsageError(f"--model {model}: {e}") from None
+    spec = {"hf_config": str(path.resolve())} if (path.suffix == ".json" and path.is_file()) or \
+        (path.is_dir() and (path / "config.json").is_file()) else {"preset": model}
     try:
-        return load_preset(model)
-    except (ValueError, KeyError, FileNotFoundError):
-        raise UsageError(f"unknown model {model!r}: give a preset id ({', '.join(preset_ids())}) "
-                         "or a path to a config.json") from None
+        arch = resolve_model(spec, Path("."))
+        return architecture_of(arch) if isinstance(arch, DerivedModelSpec) else arch
+    except ModelSpecError as e:
+        if "preset" in spec and "unknown model preset" in e.message:
+            raise UsageError(f"unknown model {model!r}: give a preset id or Hugging Face id "
+                             f"({', '.join(preset_ids())}), a config.json or a model folder") from None
+        raise UsageError(f"--model {model}: {e.message}") from None
+    except DerivationError as e:
+        raise UsageError(f"--model {model}: {e}") from None
 
 
 def _resolve_gpu(gpu: str | GPUSpec) -> GPUSpec:

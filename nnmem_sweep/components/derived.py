@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import columns as C
 from .. import derive
+from ..derive import derivation
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..citations import formula, source
@@ -174,28 +175,34 @@ def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: 
 
 def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: np.ndarray,
                keys: np.ndarray) -> dict[str, np.ndarray]:
-    """Inference rows: the largest prefill (or single forward) moment at (b, s) and, where decode_tokens >= 1,
-    decode moment at (b, s + decode_tokens − 1), each in the region that holds its own sequence length.
+    """Inference rows: the largest moment of the prefill (or a single forward) at (b, s), the first decode step at
+    (b, s) where decode_tokens >= 1, and the last step at (b, s + decode_tokens − 2) where decode_tokens >= 2 (the
+    traced second step at that cache length), each in the region that holds its own sequence length.
     W: per row the recipe's weights (W'); keys: per row the recipe code. Phase codes: 0 prefill, 1 decode."""
     best = _Best(len(b))
-    s_dec = s + np.maximum(dec, 1) - 1
+    at_s = _features(b, s)
     for key, plan in recipes.items():
         mine = keys == key
-        for phase_s, phases, sel in ((s, ("prefill", "forward"), mine), (s_dec, ("decode",), mine & (dec >= 1))):
-            for r, rows in _regions(plan, b, phase_s, sel):
-                moments = [m for m in r.moments if m.phase in phases]
+        for phase in INFER_MOMENTS:
+            phase_s = derivation.phase_length(phase, s, dec)
+            for r, rows in _regions(plan, b, phase_s, mine & derivation.happens(phase, dec)):
+                moments = [m for m in r.moments if m.phase == phase]
                 if not moments:
                     continue
                 moments = _kept(moments, b[rows], phase_s[rows])
                 x = _features(b[rows], phase_s[rows])
                 parts = {c: _values(moments, ks, x) for c, ks in _INFER_PARTS.items()}
                 # the prompt's ids stay at s while the cache grows
-                parts[C.TEMPORARY] += _values(moments, ("input",), _features(b[rows], s[rows]) - x)
+                parts[C.TEMPORARY] += _values(moments, ("input",), at_s[:, rows] - x)
                 parts[C.WEIGHTS] = parts[C.WEIGHTS] + W[rows]
                 totals = sum(parts.values())
-                codes = np.array([1 if m.phase == "decode" else 0 for m in moments], dtype=np.int8)
+                codes = np.full(len(moments), 0 if phase in ("prefill", "forward") else 1, dtype=np.int8)
                 best.offer(rows, totals, parts, codes)
     return best.result()
+
+
+# the inference moments in the order of a request (ties go to the earlier)
+INFER_MOMENTS = ("forward", "prefill", "decode", "decode+")
 
 
 def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, device: str, progress: bool):
@@ -306,7 +313,7 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
     and every batch of their region)."""
     recipes, states, key, state, _, s, dec = _read(arch, mode, frame, device, read_batch=False)
     n = len(s)
-    phases = []  # (recipe key, region, moments kept, kind) per group
+    groups = []  # (recipe key, region, moments kept (None: the optimizer step), their sequence length, rows)
     for k, plan in recipes.items():
         mine = key == k
         if not mine.any():
@@ -315,8 +322,8 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
             if mode == "train":
                 sel = [(s, ("forward", "backward"), mine)]
             else:
-                s_dec = s + np.maximum(dec, 1) - 1
-                sel = [(s, ("prefill", "forward"), mine), (s_dec, ("decode",), mine & (dec >= 1))]
+                sel = [(derivation.phase_length(p, s, dec), (p,), mine & derivation.happens(p, dec))
+                       for p in INFER_MOMENTS]
             for phase_s, names, rows_sel in sel:
                 ms = [m for m in r.moments if m.phase in names]
                 in_s = rows_sel & ((phase_s <= r.s_hi) if r.s_hi is not None else True)
@@ -324,14 +331,14 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
                     continue
                 sv = phase_s[in_s]
                 keep = prune(_moment_table(ms, _TRACED), r.b_lo, r.b_hi or 2**31 - 1, int(sv.min()), int(sv.max()))
-                phases.append((k, r, [ms[i] for i in keep], phase_s, rows_sel))
+                groups.append((k, r, [ms[i] for i in keep], phase_s, rows_sel))
             if mode == "train":
-                phases.append((k, r, None, s, mine))  # the optimizer step
+                groups.append((k, r, None, s, mine))  # the optimizer step
 
     def at(b: np.ndarray):
         b = np.broadcast_to(np.asarray(b, dtype=np.int64), (n,))
         totals, labels = [], []
-        for k, r, ms, phase_s, rows_sel in phases:
+        for k, r, ms, phase_s, rows_sel in groups:
             region = rows_sel & _first_region(recipes[k], r, b, phase_s)
             x = _features(b, phase_s)
             if mode == "train":
@@ -348,7 +355,7 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
                 W = states[state]
                 at_s = _features(b, s)
                 vals = list(_values(ms, _TRACED, x) + _values(ms, ("input",), at_s - x) + W)
-                names = [m.phase for m in ms]
+                names = [m.phase.rstrip("+") for m in ms]
             for v, name in zip(vals, names):
                 totals.append(np.where(region, v, -1))
                 labels.append(name)

@@ -10,14 +10,35 @@ Both are cached on disk (cache.py); the first derivation needs torch and transfo
 """
 from __future__ import annotations
 
+import contextlib
+
 from .card import ModelCard
 from .derivation import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
-__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "MISSING_EXTRA"]
+__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "shipping",
+           "MISSING_EXTRA"]
 
 MISSING_EXTRA = ("deriving a model from its own code needs torch and transformers: "
                  "pip install -e '.[measure]' (or `make install-measure`)")
+
+
+_SHIP_TO: list = []  # where `shipping()` also writes every card and plan looked up
+
+
+@contextlib.contextmanager
+def shipping(root):
+    """Within it, every card and plan looked up (found or derived) is also written under `root` as a shipped plan
+    (`nnmem-sweep derive --ship`: the plans a scenario or the truth catalog needs, for users without torch)."""
+    _SHIP_TO.append(root)
+    try:
+        yield
+    finally:
+        _SHIP_TO.pop()
+
+
+def _ship_to():
+    return _SHIP_TO[-1] if _SHIP_TO else None
 
 
 def _need_torch() -> None:
@@ -35,11 +56,11 @@ def get_card(source: ModelSource) -> ModelCard:
         _need_torch()
         return model_card(source).to_json()
 
-    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make))
+    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make, _ship_to()))
 
 
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
-         device: str = "cuda", progress: bool = False) -> DerivedPlan:
+             device: str = "cuda", progress: bool = False) -> DerivedPlan:
     from . import cache
     from .derivation import derive, from_json, to_json
 
@@ -54,4 +75,4 @@ def get_plan(source: ModelSource, mode: str, precision: str, attention: str, che
         _need_torch()
         return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
-    return from_json(cache.lookup(source.digest(), what, make))
+    return from_json(cache.lookup(source.digest(), what, make, _ship_to()))

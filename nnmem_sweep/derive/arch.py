@@ -52,3 +52,13 @@ def hf_source(cfg: dict[str, Any], origin: str) -> Any:
 
 def module_source(spec: dict[str, Any], origin: str) -> Any:
     return ModelSource.of("module", spec, origin)
+
+
+def architecture_of(req) -> Architecture:
+    """The Architecture of a models.resolve.DerivedModelSpec (raises DerivationError, one line)."""
+    source = ModelSource.of(req.kind, req.spec, req.origin, req.decoder_seq_len)
+    if req.decoder_seq_len and not req.spec.get("is_encoder_decoder"):
+        from .source import DerivationError
+
+        raise DerivationError("decoder_seq_len applies to encoder-decoder models (config is_encoder_decoder: true)")
+    return architecture_from_source(source, name=req.name, preset=req.preset, origin=req.origin)

@@ -11,6 +11,7 @@ NNMEM_SWEEP_REDERIVE=1 skips 1 and 2.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -49,34 +50,47 @@ def key(source_digest: str, what: tuple, vers: dict[str, str | None]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
+           ship_to: Path | None = None) -> dict[str, Any]:
     """The stored document for (source, what), or make() it and store it. Documents are JSON dicts; each gets a
-    "derived_with" entry (the versions, the format)."""
+    "derived_with" entry (the versions, the format). ship_to: also write it there as a shipped plan."""
     vers = versions()
-    fresh = os.environ.get("NNMEM_SWEEP_REDERIVE") == "1"
     path = cache_dir() / f"{key(source_digest, what, vers)}.json"
-    if not fresh:
-        for candidate in (path, SHIPPED / source_digest[:16] / f"{_name(what)}.json"):
-            doc = _read(candidate)
-            if doc is not None and doc.get("derived_with", {}).get("format") == FORMAT:
-                return doc
-    doc = make()
-    doc["derived_with"] = {"format": FORMAT, **vers}
-    _write(path, doc)
+    doc = None
+    if os.environ.get("NNMEM_SWEEP_REDERIVE") != "1":
+        for candidate in (path, shipped_path(source_digest, what)):
+            found = _read(candidate)
+            if found is not None and found.get("derived_with", {}).get("format") == FORMAT:
+                doc = found
+                break
+    if doc is None:
+        doc = make()
+        doc["derived_with"] = {"format": FORMAT, **vers}
+        _write(path, doc)
+    if ship_to is not None:
+        ship(source_digest, what, doc, ship_to)
     return doc
 
 
+def shipped_path(source_digest: str, what: tuple, root: Path = SHIPPED) -> Path:
+    return root / source_digest[:16] / f"{_name(what)}.json.gz"
+
+
 def ship(source_digest: str, what: tuple, doc: dict[str, Any], root: Path = SHIPPED) -> Path:
-    """Write a document where lookup() finds shipped plans (used by `make derive`)."""
-    path = root / source_digest[:16] / f"{_name(what)}.json"
-    _write(path, doc)
+    """Write a document where lookup() finds shipped plans (`nnmem-sweep derive --ship`, `make derive`): gzip,
+    with a fixed mtime, so the same plan is the same bytes."""
+    path = shipped_path(source_digest, what, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))
     return path
 
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+        return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    except (OSError, ValueError, EOFError):
         return None
 
 

@@ -99,19 +99,22 @@ def _first_difference(a: step.StepTrace, b: step.StepTrace) -> str:
 
 
 # the phases whose moments make a plan, per workload: (phase, step) spans of the trace
-PHASES = {"train": (("forward", 1), ("backward", 1)), "infer": (("prefill", 1), ("decode", 1)),
+# An inference plan has the prefill, the first decode step (at the prompt's length: where a sliding-window cache is
+# still the prefill's, not yet cut to the window) and a later step ("decode+", the second traced step: every step k
+# >= 2 is it at a cache k - 2 tokens longer, checked against the third).
+PHASES = {"train": (("forward", 1), ("backward", 1)), "infer": (("prefill", 1), ("decode", 1), ("decode+", 2)),
           "infer-forward": (("forward", 1),)}
 # config fields whose value is a sequence length where a model's program may change (an explicit mask is built, a
 # sliding-window cache stops growing, a chunked attention starts a new chunk, long-context RoPE switches)
 THRESHOLD_FIELDS = ("sliding_window", "attention_chunk_size", "original_max_position_embeddings", "chunk_size",
                     "local_window_size")
-MAX_REGIONS = 4  # sequence ranges with programs of their own
+MAX_REGIONS = 8  # changes of program or size rule along the sequence
 
 
 def _phases(st: step.StepTrace, mode: str) -> list[tuple[str, int, int]]:
     spans = {(name, k): (lo, hi) for name, k, lo, hi in st.trace.spans}
     key = mode if mode == "train" or ("prefill", 1) in spans else "infer-forward"
-    return [(name, *spans[name, k]) for name, k in PHASES[key]]
+    return [(name, *spans[name.rstrip("+"), k]) for name, k in PHASES[key]]
 
 
 def _region(st: step.StepTrace, coef, b_lo, b_hi, s_lo, s_hi, mode: str) -> Region:
@@ -123,24 +126,25 @@ def _region(st: step.StepTrace, coef, b_lo, b_hi, s_lo, s_hi, mode: str) -> Regi
 
 
 def _check_decode_steps(st: step.StepTrace, coef, label: str) -> None:
-    """A request's second decode step must be its first at a cache one token longer, the prompt's ids unchanged:
+    """A request's third decode step must be its second at a cache one token longer, the prompt's ids unchanged:
     the assumption that lets the plan evaluate the last step of a long generation at cache length
-    s + decode_tokens - 1 (the inputs, the prompt's ids, at s)."""
+    s + decode_tokens - 2 from the second step (moments are allocations: frees in between are not compared)."""
     spans = {(name, k): (lo, hi) for name, k, lo, hi in st.trace.spans}
-    if ("decode", 2) not in spans:
+    if ("decode", 3) not in spans:
         return
-    (a0, a1), (b0, b1) = spans["decode", 1], spans["decode", 2]
+    (a0, a1), (b0, b1) = spans["decode", 2], spans["decode", 3]
     if a1 - a0 != b1 - b0:
-        raise src.DerivationError(f"{label}: the second decode step runs a different program than the first")
+        raise src.DerivationError(f"{label}: the third decode step runs a different program than the second")
     live = M.live_by_kind(st.trace.events, st.alloc_kind, coef)
     grown = sum(v for k, v in live.items() if k != step.INPUT)
-    x1, x2 = grown[a0:a1], grown[b0:b1]
-    # step 2 at (b, s) == step 1 at (b, s + 1): substitute s -> s + 1 in step 1's polynomials
+    allocs = st.trace.events[a0:a1, 1] > 0
+    x1, x2 = grown[a0:a1][allocs], grown[b0:b1][allocs]
+    # step 3 at (b, s) == step 2 at (b, s + 1): substitute s -> s + 1 in step 2's polynomials
     c0, cs, cb, cbs, cbs2, css = (x1[:, i] for i in range(6))
     shifted = np.stack([c0 + cs + css, cs + 2 * css, cb + cbs + cbs2, cbs + 2 * cbs2, cbs2, css], axis=1)
-    same_inputs = np.array_equal(live[step.INPUT][a0:a1], live[step.INPUT][b0:b1])
+    same_inputs = np.array_equal(live[step.INPUT][a0:a1][allocs], live[step.INPUT][b0:b1][allocs])
     if not (same_inputs and np.array_equal(shifted, x2)):
-        raise src.DerivationError(f"{label}: a later decode step is not the first at a longer cache "
+        raise src.DerivationError(f"{label}: a later decode step is not the one before it at a longer cache "
                                   "(the cache does not grow by one token per step)")
 
 
@@ -173,29 +177,84 @@ class _Probe:
                 and not len(solve.check(shape, step.alloc_sizes(t), coef)))
 
 
-def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, far: int, s_check_lo: int) -> list[Region]:
-    """Regions of (b, s) with s in [s_lo, s_hi]: the general one (b >= 2, or b >= 1 where batch 1 is the same
-    program) and, where batch 1 differs, its own (b = 1)."""
-    top = far if s_hi is None else s_hi
-    s_probes = [s_lo + d for d in (0, 32, 64)]
+def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: int) -> tuple[list[Region], int]:
+    """Regions of (b, s) with s from s_lo on, where the program is the same up to `top` (s_hi: None when it holds
+    beyond the longest probe): the general one (b >= 2, or b >= 1 where batch 1 is the same program) and, where
+    batch 1 differs, its own (b = 1). Returns them and the last sequence length they cover, which is below `top`
+    where the sizes stop following the polynomial although the program is the same (a cache capped at a window)."""
+    width = top - s_lo
+    if width < 4:  # a few sequence lengths between two changes of program: each its own region, polynomial in b
+        regions: list[Region] = []
+        for s in range(s_lo, top + 1):
+            regions += _fixed_s(probe, s)
+        return regions, top
+    d = min(32, width // 2)
+    s_probes = [s_lo, s_lo + d, s_lo + 2 * d]
     shapes = [(b, s) for s in s_probes for b in B_PROBES]
-    checks = sorted({(4, max(top, s_probes[-1])), (2, s_check_lo)})
-    for sh in shapes + checks:
+    for sh in shapes:
         probe(*sh)
-    coef = _solve_region(probe.traces, shapes, checks, None, probe.label)
+    coef = _solve_region(probe.traces, shapes, [], None, probe.label)
     base = probe.traces[shapes[0]]
+    if s_check < s_lo and not probe.agrees((2, s_check), base, coef):
+        raise src.DerivationError(f"{probe.label}: at (b, s) = (2, {s_check}) the sizes are not what the probes "
+                                  f"{shapes} predict")
+    last = top
+    if top > s_probes[-1] and not probe.agrees((4, top), base, coef):
+        last = _breakpoint(probe, s_probes[-1], top, base, coef, [])
+        s_hi = last
     if probe.mode == "infer":
         _check_decode_steps(base, coef, probe.label)
-    lo = min(s_check_lo, s_lo)
-    if probe.agrees((1, s_probes[0]), base, coef):
-        return [_region(base, coef, 1, None, lo, s_hi, probe.mode)]
+    lo = min(s_check, s_lo)
+    if probe.agrees((1, s_probes[0]), base, coef) and probe.agrees((1, last), base, coef):
+        return [_region(base, coef, 1, None, lo, s_hi, probe.mode)], last
     ones = [(1, s) for s in s_probes]
-    one_checks = [(1, max(top, s_probes[-1]))]
+    one_checks = [(1, last)] if last > s_probes[-1] else []
     for sh in ones + one_checks:
         probe(*sh)
     coef1 = _solve_region(probe.traces, ones, one_checks, (0, 1, 5), f"{probe.label}, batch 1")
     return [_region(probe.traces[ones[0]], coef1, 1, 1, lo, s_hi, probe.mode),
-            _region(base, coef, 2, None, lo, s_hi, probe.mode)]
+            _region(base, coef, 2, None, lo, s_hi, probe.mode)], last
+
+
+def _fixed_s(probe: _Probe, s: int) -> list[Region]:
+    """One sequence length: the sizes as polynomials in b (1, b) from batches 2 and 3, checked at 4 (batch 1 its own
+    region where it is another program)."""
+    shapes, checks = [(2, s), (3, s)], [(4, s)]
+    for sh in shapes + checks:
+        probe(*sh)
+    coef = _solve_region(probe.traces, shapes, checks, (0, 2), probe.label)
+    base = probe.traces[shapes[0]]
+    if probe.agrees((1, s), base, coef):
+        return [_region(base, coef, 1, None, s, s, probe.mode)]
+    coef1 = _solve_region(probe.traces, [(1, s)], [], (0,), f"{probe.label}, batch 1")
+    return [_region(probe.traces[1, s], coef1, 1, 1, s, s, probe.mode),
+            _region(base, coef, 2, None, s, s, probe.mode)]
+
+
+def _program_end(probe: _Probe, s_lo: int, far: int, hints: list[int]) -> int:
+    """The largest s in [s_lo, far] at which the step (b = 2) runs the program it runs at s_lo (one change point
+    between two lengths that agree is assumed: a config threshold where one fits, else bisection)."""
+    sig = probe(2, s_lo).trace.signature()
+
+    def same(s: int) -> bool:
+        return probe(2, s).trace.signature() == sig
+
+    if same(far):
+        return far
+    lo, hi = s_lo, far
+    for h in hints:
+        if lo < h < hi:
+            if same(h):
+                lo = h
+            else:
+                hi = h
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if same(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _breakpoint(probe: _Probe, lo: int, hi: int, base, coef, hints: list[int]) -> int:
@@ -219,6 +278,10 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
     inference request's prefill and first decode step."""
     t0 = time.perf_counter()
     probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
+    if mode == "infer" and getattr(getattr(probe.model, "config", None), "is_encoder_decoder", False):
+        raise src.DerivationError(f"{probe.label}: an encoder-decoder's request is measured (`nnmem-sweep measure`) "
+                                  "but not derived: its decoder cache grows with the generated tokens, not with the "
+                                  "prompt; training is derived")
     notes: list[str] = []
     if not source.sequence:
         shapes, checks = [(2, 1), (3, 1)], [(4, 1)]
@@ -234,29 +297,23 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
                        _region(base, coef, 2, None, 1, None, mode)]
     else:
         far = _far(source)
-        hints = sorted({int(v) for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
-                        if isinstance(v, int) and not isinstance(v, bool)} |
-                       {int(v) - 1 for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
-                        if isinstance(v, int) and not isinstance(v, bool)})
+        hints = sorted({int(v) + d for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
+                        if isinstance(v, int) and not isinstance(v, bool) for d in (-1, 0, 1)})
         regions, s_lo, s_check = [], S_PROBES[0], S_SHORT
-        while True:
-            # the range [s_lo, far]: one program? else split where it changes, and go on above
-            shapes = [(b, s) for s in (s_lo, s_lo + 32, s_lo + 64) for b in B_PROBES]
-            for sh in shapes:
-                probe(*sh)
-            try:
-                coef = _solve_region(probe.traces, shapes, [], None, probe.label)
-                ok_far = probe.agrees((2, far), probe.traces[shapes[0]], coef)
-            except src.DerivationError:
-                ok_far = False
-                coef = None
-            if ok_far or coef is None or len(regions) + 1 >= MAX_REGIONS:
-                regions += _regions_in(probe, s_lo, None, far, s_check)
+        while True:  # from s_lo on: how far the program stays the same, its regions there, then on above them
+            top = _program_end(probe, s_lo, far, hints)
+            here, last = _regions_in(probe, s_lo, None if top == far else top, top, s_check)
+            if last < top:
+                notes.append(f"the sizes follow another rule above sequence {last}")
+            elif top < far:
+                notes.append(f"the program changes above sequence {top}")
+            regions += here
+            if last >= far:
                 break
-            top = _breakpoint(probe, s_lo + 64, far, probe.traces[shapes[0]], coef, hints)
-            notes.append(f"the program changes above sequence {top}")
-            regions += _regions_in(probe, s_lo, top, far, s_check)
-            s_lo, s_check = top + 1, top + 1
+            if len(notes) >= MAX_REGIONS:
+                raise src.DerivationError(f"{probe.label}: the program changes more than {MAX_REGIONS} times "
+                                          f"between sequence {S_PROBES[0]} and {far}")
+            s_lo = s_check = last + 1
     base = probe.traces[(2, S_PROBES[0]) if source.sequence else (2, 1)]
     kinds = base.alloc_kind
     sizes = step.alloc_sizes(base)
@@ -282,18 +339,30 @@ def region_of(plan: DerivedPlan, b: int, s: int) -> Region:
     raise ValueError(f"no region holds batch {b}, sequence {s}")
 
 
+def phase_length(phase: str, s, decode_tokens):
+    """The sequence length a moment of `phase` is evaluated at: the prompt's, or for the later decode steps the
+    cache length of the last one (s + decode_tokens - 2)."""
+    return s + decode_tokens - 2 if phase == "decode+" else s
+
+
+def happens(phase: str, decode_tokens):
+    """Whether a request with `decode_tokens` generated tokens has the phase."""
+    return decode_tokens >= {"decode": 1, "decode+": 2}.get(phase, 0)
+
+
 def evaluate(plan: DerivedPlan, b: int, s: int, decode_tokens: int = 1) -> tuple[int, M.Moment]:
-    """The largest traced moment at (b, s) (training: no optimizer state; inference: a decode moment at the cache
-    length of the last step, s + decode_tokens - 1): total bytes and the moment. For checks and tests; the
-    estimator evaluates whole columns (components/derived.py)."""
+    """The largest traced moment at (b, s) (training: no optimizer state; inference: the prefill, the first decode
+    step and the last one): total bytes and the moment. For checks and tests; the estimator evaluates whole
+    columns (components/derived.py)."""
     best, top = None, None
     at_s = solve.features([b], [s])[0]
-    for phase_s, phases in ((s, ("forward", "backward", "prefill")), (s + decode_tokens - 1, ("decode",))):
-        if "decode" in phases and decode_tokens < 1:
+    for phase in ("forward", "backward", "prefill", "decode", "decode+"):
+        if not happens(phase, decode_tokens):
             continue
+        phase_s = phase_length(phase, s, decode_tokens)
         x = solve.features([b], [phase_s])[0]
         for m in region_of(plan, b, phase_s).moments:
-            if m.phase in phases:
+            if m.phase == phase:
                 inputs = np.asarray(m.live[step.INPUT], dtype=np.int64)
                 v = int((m.total() - inputs) @ x + inputs @ at_s)  # the prompt's ids stay at s
                 if top is None or v > top:

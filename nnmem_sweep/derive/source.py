@@ -35,17 +35,19 @@ class ModelSource:
     kind: str
     spec_json: str
     origin: str = ""
+    decoder_seq_len: int = 0  # encoder-decoders: a fixed decoder length (0: the encoder's, s)
 
     @classmethod
-    def of(cls, kind: str, spec: dict[str, Any], origin: str = "") -> "ModelSource":
-        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin)
+    def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0) -> "ModelSource":
+        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len))
 
     @property
     def spec(self) -> dict[str, Any]:
         return json.loads(self.spec_json)
 
     def digest(self) -> str:
-        return hashlib.sha256(f"{self.kind}\n{self.spec_json}".encode()).hexdigest()
+        extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
+        return hashlib.sha256(f"{self.kind}\n{self.spec_json}{extra}".encode()).hexdigest()
 
     @property
     def sequence(self) -> bool:
@@ -65,7 +67,9 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
                          "attention": attention, "checkpointing": checkpointing,
                          "optimizer": "none", "optimizer_impl": "foreach", "decode_tokens": 0}
     if device == "cuda":
-        c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (measure/build.py native_dropout)
+        c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (workload/build.py native_dropout)
+    if source.decoder_seq_len:
+        c["decoder_seq_len"] = source.decoder_seq_len
     spec = source.spec
     if source.kind == "hf":
         c["hf_config"] = spec

@@ -4,7 +4,7 @@ The workload is `measure`'s own (measure/build.py make_workload, measure/tracker
 inputs, loss and generate() loop, recorded by a trace.Recorder instead of MemTracker. Differences, both stated in
 the report: the optimizer is not run (its state and step temporaries come from the optimizer catalog,
 components/optimizer.py, as for hand-modelled families; the traced step starts with the gradients set to None, as
-zero_grad(set_to_none=True) leaves them), and a request runs two decode steps (every later step is the first at a
+zero_grad(set_to_none=True) leaves them), and a request runs three decode steps (every step after the first is the second at a
 longer cache).
 
 CUDA's kernels where the CPU's differ (MEASURING.md): dropout keeps a 1-byte mask (F.dropout routed to
@@ -26,7 +26,7 @@ from .trace import Recorder, Trace
 
 # what a storage is, decided after the step
 PARAM, BUFFER, INPUT, GRAD, ACT, TEMP, KV = "param", "buffer", "input", "grad", "act", "temp", "kv"
-DECODE_STEPS = 2
+DECODE_STEPS = 3  # the first, a later one, and one to check the later one by
 
 
 @dataclass
@@ -107,11 +107,12 @@ def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
 def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], device: str) -> StepTrace:
     """Trace `case` (a measure case at the probe's batch and sequence) on `model` (built for it, inside the
     FakeTensorMode it was built in, which the caller has entered)."""
-    from ..workload.build import make_workload, run_contexts
+    from ..workload.build import default_dtype, make_workload, model_dtype, run_contexts
     from ..workload.steps import run_steps
 
     train = case["mode"] == "train"
-    w = make_workload(case, cfg, model, None)
+    with default_dtype(model_dtype(case["precision"])):  # inputs in the model's dtype, as measure makes them
+        w = make_workload(case, cfg, model, None)
     w.steps = 1
     if not train:
         w.decode_tokens = DECODE_STEPS

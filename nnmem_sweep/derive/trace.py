@@ -190,5 +190,33 @@ class Recorder(TorchDispatchMode):
         return out
 
     def trace(self) -> Trace:
-        ev = np.array(self._events, dtype=np.int64).reshape(-1, 2)
-        return Trace(ev, list(self._ops), dict(self._marks), dict(self._external), list(self._spans))
+        events, ops = _canonical(self._events, self._ops)
+        ev = np.array(events, dtype=np.int64).reshape(-1, 2)
+        return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans))
+
+
+def _canonical(events: list[tuple[int, int]], ops: list[str]) -> tuple[list, list]:
+    """The frees between two allocations in the order of the allocations they free. Their order can follow Python's
+    set and dict iteration over objects (autocast's weight cache, checkpointing's saved tensors), which differs
+    from run to run; the live bytes at every allocation, and so every moment, do not depend on it."""
+    ordinal: dict[int, int] = {}  # storage id -> ordinal of its (latest) allocation
+    out_e, out_o = [], []
+    run: list[tuple[int, tuple[int, int], str]] = []
+    allocs = 0
+    for e, op in zip(events, ops):
+        if e[1] < 0:
+            run.append((ordinal[e[0]], e, op))
+            continue
+        if run:
+            run.sort(key=lambda r: r[0])
+            out_e += [r[1] for r in run]
+            out_o += [r[2] for r in run]
+            run = []
+        ordinal[e[0]] = allocs
+        allocs += 1
+        out_e.append(e)
+        out_o.append(op)
+    run.sort(key=lambda r: r[0])
+    out_e += [r[1] for r in run]
+    out_o += [r[2] for r in run]
+    return out_e, out_o
