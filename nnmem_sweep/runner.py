@@ -2,8 +2,9 @@
 
 Library entry points:
 - `run_scenario(sc, max_rows, progress) -> RunResult` (scenario, results, max_batch, elapsed_s).
-- `write_outputs(result, out_dir) -> [results.csv, max_batch.csv]`, written atomically; infer scenarios of
-  transformers add the serving plan (serving.py): max_concurrency.csv and max_context.csv.
+- `write_outputs(result, out_dir, fmt) -> [results.csv, max_batch.csv, ..., run.json]`, one set that replaces the
+  folder's previous one (outputs.py); infer scenarios of transformers add the serving plan (serving.py):
+  max_concurrency.csv and max_context.csv; `run_to_folder` locks the folder first, then runs and writes.
 - `estimate_frame(arch, mode, frame, overheads, headroom) -> DataFrame`: the pure estimator on any hand-made frame
   of points. `frame` needs the grid axes (columns.GRID_AXES; strings or categoricals, ints) and
   `gpu_memory_bytes` (a `gpu` column is carried through if present). Returns the frame with every component
@@ -35,10 +36,11 @@ from .components.overhead import overhead_bytes, usable_bytes
 from .components.peak import ROWS, estimate_components
 from .errors import UsageError
 from .fit import max_batch
-from .grid import MAX_ROWS, add_gpu_columns, expand_grid, point_axes, product_frame
+from .grid import MAX_ROWS, add_gpu_columns, checked_size, expand_grid, point_axes, product_frame
 from .models.arch import Architecture
-from .paths import atomic_write_text
+from .outputs import OutputSet
 from .scenario import GPUSpec, Overheads, Scenario
+from .tablefile import csv_bytes, extension, write_table
 from .units import format_bytes, parse_size
 
 try:  # pandas >= 2.3; pd.DataFrame(dict) otherwise
@@ -334,16 +336,34 @@ def plan_tables(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def csv_text(frame: pd.DataFrame) -> str:
-    """A table as the CSV every output file uses: no index, '\\n' line ends."""
-    return frame.to_csv(index=False, lineterminator="\n")
+def write_tables(result: RunResult, dest: OutputSet, fmt: str = "csv") -> None:
+    """results and max_batch as `fmt` (csv or parquet), then the run's plan tables (always CSV: a few rows each),
+    into an open output set. Every CSV through tablefile's one writer."""
+    ext = extension(fmt)
+    for stem, frame in (("results", result.results), ("max_batch", result.max_batch)):
+        with dest.open(stem + ext) as f:
+            write_table(frame, f, fmt)
+    for name, frame in zip(PLAN_FILES, (result.serving, result.serving_context, result.cluster)):
+        if frame is not None:
+            dest.write_bytes(name, csv_bytes(frame))
 
 
-def write_outputs(result: RunResult, out_dir: Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    tables = [("results.csv", result.results), ("max_batch.csv", result.max_batch),
-              *zip(PLAN_FILES, (result.serving, result.serving_context, result.cluster))]
-    return [atomic_write_text(out_dir / name, csv_text(frame)) for name, frame in tables if frame is not None]
+def write_outputs(result: RunResult, out_dir: Path, fmt: str = "csv") -> list[Path]:
+    """The run's tables and run.json as one set that replaces out_dir's previous one (outputs.OutputSet)."""
+    with OutputSet(out_dir, result.scenario, command="run") as s:
+        write_tables(result, s, fmt)
+    return s.paths
+
+
+def run_to_folder(sc: Scenario, out_dir: Path, *, fmt: str = "csv", max_rows: int = MAX_ROWS,
+                  progress: bool = False) -> list[Path]:
+    """`nnmem-sweep run`: the folder is locked and checked before the grid runs (a second run into it, or a
+    folder holding a user's files, is refused at once), and an oversized grid is refused before either."""
+    extension(fmt)
+    checked_size(sc, max_rows)
+    with OutputSet(out_dir, sc, command="run") as s:
+        write_tables(run_scenario(sc, max_rows=max_rows, progress=progress), s, fmt)
+    return s.paths
 
 
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`
