@@ -212,19 +212,20 @@ def test_a_folder_holding_a_users_file_is_refused_and_left_alone(configs, out, c
 def test_a_folder_from_before_run_json_is_replaced_with_its_stale_report(configs, tmp_path):
     out = tmp_path / "parent" / "out"
     out.mkdir(parents=True)
-    for name in ("results.csv", "max_batch.csv", "report.html", "report.pdf"):
+    # an earlier version's files, a temporary file one of its killed writes left, a file browser's litter
+    for name in ("results.csv", "max_batch.csv", "report.html", "report.pdf", ".report.pdf.k2j3.tmp", ".DS_Store"):
         (out / name).write_text("written by an earlier version")
     assert main(["run", str(configs["new"]), "--out", str(out), "-q"]) == 0
     assert sorted(os.listdir(out)) == ["max_batch.csv", "results.csv", "run.json"]
 
 
 def test_an_exception_while_rendering_keeps_the_old_set(configs, out, monkeypatch, capsys):
-    from nnmem_sweep.report import render
+    from nnmem_sweep.report import pdfproc
 
-    def broken(html):
+    def broken(self, html):
         raise RuntimeError("weasyprint failed")
 
-    monkeypatch.setattr(render, "render_pdf", broken)
+    monkeypatch.setattr(pdfproc.PdfProcess, "render", broken)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
     before = files_of(out)
     with pytest.raises(RuntimeError, match="weasyprint failed") as caught:

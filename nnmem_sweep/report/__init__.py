@@ -72,13 +72,14 @@ def tables_run_id(result: Any, sha256: str) -> str:
 
 
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
-                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True,
+                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: Any = True,
                   changes: Any = None, run_id: str | None = None, provenance: Any = None) -> list[Path]:
     """Write report.html and report.pdf for a RunResult (scenario, results, max_batch).
 
     `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
     `changes` (a diff.Changes) adds the "Changes since REV" section. `run_id` and `provenance` come from the output
-    set the report belongs to (make_report); on its own the report computes both (tables_run_id).
+    set the report belongs to (make_report); on its own the report computes both (tables_run_id). `pdf`: False for
+    the HTML only, True to render the PDF here, or a function HTML -> PDF bytes (make_report's pdfproc child).
     """
     from .context import build_context
     from .provenance import collect
@@ -105,7 +106,7 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     if pdf:
         checkpoint("pdf")
         say("rendering PDF")
-        written.append(atomic_write_bytes(out_dir / "report.pdf", render_pdf(html)))
+        written.append(atomic_write_bytes(out_dir / "report.pdf", pdf(html) if callable(pdf) else render_pdf(html)))
     return written
 
 
@@ -121,22 +122,24 @@ def make_report(config_path: str | Path, out_dir: Path, max_rows: int = 20_000_0
     from ..grid import checked_size
     from ..outputs import OutputSet, checkpoint
     from ..runner import run_scenario, write_tables
+    from .pdfproc import PdfProcess
 
     say = _Progress(progress)
-    say(f"loading {config_path}")
-    sc = load_scenario(config_path)
-    old = None if changes_since is None else config_at_revision(config_path, changes_since)
-    checked_size(sc, max_rows)
-    with OutputSet(out_dir, sc, command="report", config_path=config_path) as out:
-        say("running the grid")
-        result = run_scenario(sc, max_rows=max_rows, progress=progress)
-        changes = None
-        if old is not None:
-            say(f"running the grid as committed at {changes_since}")
-            changes = diff_since(old, result.max_batch, max_rows=max_rows)
-        checkpoint("tables")
-        write_tables(result, out)
-        render_report(result, out.folder, config_path, progress=say, changes=changes, run_id=out.run_id(),
-                      provenance=out.provenance)
+    with PdfProcess() as pdf:  # first: weasyprint loads in the child while this process does the rest
+        say(f"loading {config_path}")
+        sc = load_scenario(config_path)
+        old = None if changes_since is None else config_at_revision(config_path, changes_since)
+        checked_size(sc, max_rows)
+        with OutputSet(out_dir, sc, command="report", config_path=config_path) as out:
+            say("running the grid")
+            result = run_scenario(sc, max_rows=max_rows, progress=progress)
+            changes = None
+            if old is not None:
+                say(f"running the grid as committed at {changes_since}")
+                changes = diff_since(old, result.max_batch, max_rows=max_rows)
+            checkpoint("tables")
+            write_tables(result, out)
+            render_report(result, out.folder, config_path, progress=say, changes=changes, run_id=out.run_id(),
+                          provenance=out.provenance, pdf=pdf.render)
     say(f"wrote {', '.join(p.name for p in out.paths)} in {out.out} (run {out.run_id()})")
     return out.paths
