@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -64,6 +65,8 @@ TOOL = "nnmem-sweep"
 # What the versions before run.json wrote into an output folder: such a folder may be replaced too.
 LEGACY_FILES = frozenset({"results.csv", "max_batch.csv", "max_concurrency.csv", "max_context.csv",
                           "cluster_options.csv", "report.html", "report.pdf", "measured.csv"})
+# What a file browser leaves in any folder it shows: replaced with the rest, never a reason to refuse.
+LITTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PAUSE_ENV, RESUME_ENV = "NNMEM_TEST_PAUSE_AT", "NNMEM_TEST_RESUME"
@@ -182,6 +185,12 @@ def read_run_json(folder: Path) -> dict | None:
     return data if isinstance(data, dict) and data.get("tool") == TOOL else None
 
 
+def _leftover_temps(folder: Path, name: str) -> list[str]:
+    """The middle and end of `.NAME.XXXXXXXX.tmp` files the per-file atomic writes of earlier versions left when
+    killed (paths.atomic_write_bytes)."""
+    return [p.name[len(name) + 2:] for p in folder.glob(f".{glob_escape(name)}.*.tmp")]
+
+
 class _Lock:
     """flock(2) on `path`, taken without waiting; the file is removed on release (see the module docstring)."""
 
@@ -223,7 +232,11 @@ class OutputSet:
 
     def __init__(self, out: str | Path, sc: Any = None, *, command: str, config_path: str | Path | None = None):
         out = Path(out)
-        self.out = out.resolve() if out.is_symlink() else out  # a link to a folder: replace the folder it names
+        if out.is_symlink():  # a link to a folder: replace the folder it names, keep the link
+            out = out.resolve()
+        elif out.name in ("", ".", ".."):  # "." or "x/..": the folder's own name is needed for what goes beside it
+            out = Path(os.path.abspath(out))
+        self.out = out
         self.command = command
         self.config_path = config_path if config_path is not None else getattr(sc, "path", None)
         self._text = getattr(sc, "source_text", None)
@@ -294,6 +307,7 @@ class OutputSet:
         ours = LEGACY_FILES
         if meta:
             ours = {f.get("name") for f in meta.get("files", ()) if isinstance(f, dict)} | {RUN_JSON}
+        ours = ours | LITTER | {f".{name}.{tmp}" for name in ours for tmp in _leftover_temps(out, name)}
         foreign = [e + ("/" if (out / e).is_dir() else "") for e in entries
                    if e not in ours or not (out / e).is_file()]
         if foreign:
