@@ -108,7 +108,7 @@ def signals_held() -> Iterator[None]:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
         if pending:
             signal.raise_signal(pending[0])
 
