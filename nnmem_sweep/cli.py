@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build the model with torch/transformers (random init, no download) and track "
                        "a training step or inference request with MemTracker under FakeTensorMode.")
     s.add_argument("config", metavar="CONFIG")
-    s.add_argument("--out", metavar="DIR", help="output folder (default reports/<config stem>/)")
+    s.add_argument("--out", metavar="DIR",
+                   help="output folder (default reports/<config stem>-measured/, its own set, beside the report's)")
     s.add_argument("--point", action="append", default=[], metavar="AXIS=VALUE",
                    help="keep only grid points with AXIS=VALUE (repeatable)")
     s.add_argument("--limit", type=int, default=50, help="measure at most N points (default 50)")
