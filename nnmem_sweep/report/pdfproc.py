@@ -11,6 +11,7 @@ If the parent dies, the child reads end-of-file and exits without rendering.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -57,6 +58,10 @@ class PdfProcess:
 
 def main() -> None:  # pragma: no cover - runs in the child (tests/test_output_sets.py, tests/report)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # No cyclic garbage collection: weasyprint builds hundreds of thousands of boxes and styles, and the collector's
+    # passes over them took 0.5 s of a 4.2 s render (llama report: 3.6 s without them, 7 MB more memory). The
+    # process renders one document and exits.
+    gc.disable()
     from .render import render_pdf
 
     render_pdf(WARM_UP)
