@@ -282,7 +282,7 @@ class OutputSet:
         return collect(self.config_path, text)
 
     def _leftovers(self, kind: str) -> list[Path]:
-        return sorted(p for p in self.out.parent.glob(f".{self.out.name}.{kind}-*") if p.is_dir())
+        return sorted(p for p in self.out.parent.glob(f".{glob_escape(self.out.name)}.{kind}-*") if p.is_dir())
 
     def _recover(self) -> None:
         """Undo what a SIGKILL or a power cut left (we hold the lock, so no live run owns these): a previous set

@@ -31,10 +31,18 @@ class PdfProcess:
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH"))
                                                            if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nnmem_sweep.report.pdfproc"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            self.proc: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "nnmem_sweep.report.pdfproc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env)
+        except OSError:  # no interpreter to start (an embedded Python): render in this process, only slower
+            self.proc = None
 
     def render(self, html: str) -> bytes:
+        if self.proc is None:
+            from .render import render_pdf
+
+            return render_pdf(html)
         pdf, err = self.proc.communicate(html.encode("utf-8"))
         if self.proc.returncode != 0 or not pdf.startswith(b"%PDF-"):
             lines = err.decode("utf-8", "replace").strip().splitlines() or [f"exit code {self.proc.returncode}"]
@@ -42,6 +50,8 @@ class PdfProcess:
         return pdf
 
     def close(self) -> None:
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
