@@ -336,15 +336,22 @@ def plan_tables(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def output_tables(result: RunResult) -> list[tuple[str, pd.DataFrame]]:
+    """(CSV file name, table) of every table a run writes: results, max_batch, then the plans it has."""
+    plans = zip(PLAN_FILES, (getattr(result, name, None) for name in ("serving", "serving_context", "cluster")))
+    return [("results.csv", result.results), ("max_batch.csv", result.max_batch),
+            *((name, table) for name, table in plans if table is not None)]
+
+
 def write_tables(result: RunResult, dest: OutputSet, fmt: str = "csv") -> None:
-    """results and max_batch as `fmt` (csv or parquet), then the run's plan tables (always CSV: a few rows each),
-    into an open output set. Every CSV through tablefile's one writer."""
+    """The run's tables into an open output set: results and max_batch as `fmt` (csv or parquet), the plans always
+    as CSV (a few rows each). Every CSV through tablefile's one writer."""
     ext = extension(fmt)
-    for stem, frame in (("results", result.results), ("max_batch", result.max_batch)):
-        with dest.open(stem + ext) as f:
-            write_table(frame, f, fmt)
-    for name, frame in zip(PLAN_FILES, (result.serving, result.serving_context, result.cluster)):
-        if frame is not None:
+    for name, frame in output_tables(result):
+        if name in ("results.csv", "max_batch.csv"):
+            with dest.open(name.removesuffix(".csv") + ext) as f:
+                write_table(frame, f, fmt)
+        else:
             dest.write_bytes(name, csv_bytes(frame))
 
 

@@ -63,12 +63,10 @@ def tables_run_id(result: Any, sha256: str) -> str:
     import hashlib
 
     from ..provenance import run_id
-    from ..runner import PLAN_FILES
+    from ..runner import output_tables
     from ..tablefile import csv_bytes
 
-    tables = [("results.csv", result.results), ("max_batch.csv", result.max_batch),
-              *zip(PLAN_FILES, (getattr(result, name, None) for name in ("serving", "serving_context", "cluster")))]
-    return run_id(sha256, ((name, hashlib.sha256(csv_bytes(t)).hexdigest()) for name, t in tables if t is not None))
+    return run_id(sha256, ((name, hashlib.sha256(csv_bytes(t)).hexdigest()) for name, t in output_tables(result)))
 
 
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
