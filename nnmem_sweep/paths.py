@@ -9,7 +9,8 @@ from pathlib import Path
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (os.umask can only be read by setting it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -25,7 +26,7 @@ def safe_stem(name: str) -> str:
 def publish(tmp: str | Path, path: Path) -> None:
     """Rename the finished temporary file `tmp` over `path`, with the mode an ordinary open() would have given it
     (mkstemp creates 0600; 0666 less the umask)."""
-    os.chmod(tmp, 0o666 & ~_umask())
+    os.chmod(tmp, 0o666 & ~umask())
     os.replace(tmp, path)
 
 

@@ -1,12 +1,14 @@
 """Run a scenario: the grid estimated (estimate.py), max batch per point (fit.py) and the tables planned beside the
-grid (serving.py, cluster.py); write the CSVs.
+grid (serving.py, cluster.py); write them as one output set.
 
 Library entry points:
 - `run_scenario(sc, max_rows, progress) -> RunResult` (scenario, results, max_batch, elapsed_s, the plan tables).
-- `write_outputs(result, out_dir) -> [results.csv, max_batch.csv, ...]`, written atomically; infer scenarios of
-  transformers add the serving plan (serving.py): max_concurrency.csv and max_context.csv; a `cluster:` block
-  cluster_options.csv.
-- `plan_tables(sc)` and `csv_text(frame)`, which run --stream (stream.py) shares.
+- `write_outputs(result, out_dir, fmt) -> [results.csv, max_batch.csv, ..., run.json]`, one set that replaces the
+  folder's previous one (outputs.py); infer scenarios of transformers add the serving plan (serving.py):
+  max_concurrency.csv and max_context.csv; a `cluster:` block cluster_options.csv. `run_to_folder` locks the
+  folder first, then runs and writes.
+- `plan_tables(sc)`, `output_tables(result)` and `write_tables(result, dest, fmt)`, which run --stream (stream.py)
+  and the report share.
 The estimator itself, `estimate_frame` (importable from here too, as run_scenario uses it) and `estimate_point`,
 lives in estimate.py.
 """
@@ -24,9 +26,10 @@ from . import columns as C
 from . import cluster, serving
 from .estimate import estimate_frame
 from .fit import max_batch
-from .grid import MAX_ROWS, add_gpu_columns, expand_grid, point_axes, product_frame
-from .paths import atomic_write_text
+from .grid import MAX_ROWS, add_gpu_columns, checked_size, expand_grid, point_axes, product_frame
+from .outputs import OutputSet
 from .scenario import Scenario
+from .tablefile import csv_bytes, extension, write_table
 
 CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
 
@@ -88,13 +91,38 @@ def plan_tables(sc: Scenario) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def csv_text(frame: pd.DataFrame) -> str:
-    """A table as the CSV every output file uses: no index, '\\n' line ends."""
-    return frame.to_csv(index=False, lineterminator="\n")
+def output_tables(result: RunResult) -> list[tuple[str, pd.DataFrame]]:
+    """(CSV file name, table) of every table a run writes: results, max_batch, then the plans it has."""
+    plans = zip(PLAN_FILES, (getattr(result, name, None) for name in ("serving", "serving_context", "cluster")))
+    return [("results.csv", result.results), ("max_batch.csv", result.max_batch),
+            *((name, table) for name, table in plans if table is not None)]
 
 
-def write_outputs(result: RunResult, out_dir: Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    tables = [("results.csv", result.results), ("max_batch.csv", result.max_batch),
-              *zip(PLAN_FILES, (result.serving, result.serving_context, result.cluster))]
-    return [atomic_write_text(out_dir / name, csv_text(frame)) for name, frame in tables if frame is not None]
+def write_tables(result: RunResult, dest: OutputSet, fmt: str = "csv") -> None:
+    """The run's tables into an open output set: results and max_batch as `fmt` (csv or parquet), the plans always
+    as CSV (a few rows each). Every CSV through tablefile's one writer."""
+    ext = extension(fmt)
+    for name, frame in output_tables(result):
+        if name in ("results.csv", "max_batch.csv"):
+            with dest.open(name.removesuffix(".csv") + ext) as f:
+                write_table(frame, f, fmt)
+        else:
+            dest.write_bytes(name, csv_bytes(frame))
+
+
+def write_outputs(result: RunResult, out_dir: Path, fmt: str = "csv") -> list[Path]:
+    """The run's tables and run.json as one set that replaces out_dir's previous one (outputs.OutputSet)."""
+    with OutputSet(out_dir, result.scenario, command="run") as s:
+        write_tables(result, s, fmt)
+    return s.paths
+
+
+def run_to_folder(sc: Scenario, out_dir: Path, *, fmt: str = "csv", max_rows: int = MAX_ROWS,
+                  progress: bool = False) -> list[Path]:
+    """`nnmem-sweep run`: the folder is locked and checked before the grid runs (a second run into it, or a
+    folder holding a user's files, is refused at once), and an oversized grid is refused before either."""
+    extension(fmt)
+    checked_size(sc, max_rows)
+    with OutputSet(out_dir, sc, command="run") as s:
+        write_tables(run_scenario(sc, max_rows=max_rows, progress=progress), s, fmt)
+    return s.paths

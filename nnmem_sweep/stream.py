@@ -13,24 +13,22 @@ The axes and the GPU columns come from the same functions the in-memory run call
 axes streams the same columns and rows as it runs.
 
 The small per-scenario plans an in-memory run writes beside them (runner.write_outputs: the serving plan's
-max_concurrency.csv and max_context.csv, a `cluster:` block's cluster_options.csv) are computed before the big
-files are committed and written after them, the same bytes (StreamResult.plans).
+max_concurrency.csv and max_context.csv, a `cluster:` block's cluster_options.csv) are written after them, the
+same bytes (StreamResult.plans). With fmt="parquet" the two big tables are parquet files, one row group per chunk.
 
-Both files are written to temporary files in the output folder and renamed over the old ones only when everything
-succeeded: an interrupted or failed run leaves the previous results intact. The grid size is checked against
-`max_rows` before anything is allocated, as for an in-memory run.
+Every file goes into the run's output set (outputs.OutputSet): staged beside the folder and put in place in one
+step with run.json when everything succeeded; an interrupted or failed run leaves the previous set intact. The
+grid size is checked against `max_rows` before anything is allocated or any folder touched, as for an in-memory
+run.
 """
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -40,9 +38,10 @@ from . import serving
 from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
-from .paths import atomic_write_text, publish
-from .runner import csv_text, estimate_frame, plan_tables
+from .outputs import RUN_JSON, OutputSet
+from .runner import estimate_frame, plan_tables
 from .scenario import Scenario
+from .tablefile import TableWriter, csv_bytes, extension
 
 CHUNK_ROWS = 500_000  # grid rows estimated and written at once: a few hundred MB of frames at most
 
@@ -56,6 +55,7 @@ class StreamResult:
     fits: int  # rows of results.csv that fit
     elapsed_s: float
     plans: tuple[Path, ...] = ()  # max_concurrency.csv, max_context.csv, cluster_options.csv where the scenario has them
+    run_json: Path | None = None  # the set's run.json (outputs.py)
 
 
 def _axis_columns(axes: dict[str, tuple]) -> dict[str, pd.Series]:
@@ -86,46 +86,14 @@ def _ranges(n: int, step: int) -> Iterator[tuple[int, int]]:
         yield lo, min(lo + step, n)
 
 
-class _AtomicFile:
-    """A text file written under a temporary name in the target folder; `commit()` renames it into place, and
-    leaving the `with` block without committing removes the temporary file (the old target stays as it was)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self.file: IO[str] = os.fdopen(fd, "w", encoding="utf-8", newline="")
-        self.committed = False
-
-    def commit(self) -> None:
-        self.file.close()
-        publish(self.tmp, self.path)
-        self.committed = True
-
-    def __enter__(self) -> "_AtomicFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.committed:
-            self.file.close()
-            try:
-                os.unlink(self.tmp)
-            except FileNotFoundError:
-                pass
-
-
-def _append(frame: pd.DataFrame, f: _AtomicFile, header: bool) -> None:
-    frame.to_csv(f.file, index=False, header=header, lineterminator="\n")
-
-
 def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS, max_rows: int = MAX_ROWS,
-                 progress: bool = False) -> StreamResult:
+                 progress: bool = False, fmt: str = "csv") -> StreamResult:
     """Expand, estimate and write the scenario's grid `chunk_rows` rows at a time (see the module docstring)."""
     if not isinstance(chunk_rows, (int, np.integer)) or chunk_rows < 1:
         raise UsageError(f"--chunk-rows must be a positive integer, got {chunk_rows!r}")
+    ext = extension(fmt)
     n = checked_size(sc, max_rows)
     start = time.perf_counter()
-    out_dir = Path(out_dir)
     gpus = tuple(g.id for g in sc.gpus)
     axes = axes_of(sc) | {C.GPU: gpus}
     points_axes = point_axes(sc) | {C.GPU: gpus}
@@ -134,30 +102,32 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     mode = pd.CategoricalDtype([sc.mode])
     fits = 0
     logits = serving.sweep_prefill_logits(sc)
-    with ExitStack() as stack:
-        res = stack.enter_context(_AtomicFile(out_dir / "results.csv"))
-        mb = stack.enter_context(_AtomicFile(out_dir / "max_batch.csv"))
-        for lo, hi in _ranges(n, chunk_rows):
-            part = estimate_frame(sc.model, sc.mode, add_gpu_columns(slice_product(axes, lo, hi), sc),
-                                  sc.overheads, sc.headroom, prefill_logits=logits)
-            codes = np.zeros(hi - lo, dtype=np.int8)
-            part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
-            part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
-            fits += int(part[C.FITS].sum())
-            _append(part, res, header=lo == 0)
-            del part
-            if progress:
-                print(f"\rnnmem-sweep: {hi:,}/{n:,} rows ({100 * hi / max(n, 1):.0f}%)", end="", file=sys.stderr,
-                      flush=True)
-        for lo, hi in _ranges(cells, chunk_rows):
-            points = add_gpu_columns(slice_product(points_axes, lo, hi), sc)
-            _append(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits), mb,
-                    header=lo == 0)
-        plans = plan_tables(sc)  # before the commit: a failure here leaves the previous files too
-        res.commit()
-        mb.commit()
-    written = tuple(atomic_write_text(out_dir / name, csv_text(frame)) for name, frame in plans)
+    with OutputSet(out_dir, sc, command="run --stream") as out:
+        with out.open("results" + ext) as f:
+            res = TableWriter(f, fmt)
+            for lo, hi in _ranges(n, chunk_rows):
+                part = estimate_frame(sc.model, sc.mode, add_gpu_columns(slice_product(axes, lo, hi), sc),
+                                      sc.overheads, sc.headroom, prefill_logits=logits)
+                codes = np.zeros(hi - lo, dtype=np.int8)
+                part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
+                part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
+                fits += int(part[C.FITS].sum())
+                res.write(part)
+                del part
+                if progress:
+                    print(f"\rnnmem-sweep: {hi:,}/{n:,} rows ({100 * hi / max(n, 1):.0f}%)", end="",
+                          file=sys.stderr, flush=True)
+            res.close()
+        with out.open("max_batch" + ext) as f:
+            mb = TableWriter(f, fmt)
+            for lo, hi in _ranges(cells, chunk_rows):
+                points = add_gpu_columns(slice_product(points_axes, lo, hi), sc)
+                mb.write(max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits))
+            mb.close()
+        plans = [out.write_bytes(name, csv_bytes(frame)) for name, frame in plan_tables(sc)]
     elapsed = time.perf_counter() - start
     if progress:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s, streamed" + " " * 10, file=sys.stderr)
-    return StreamResult(res.path, mb.path, n, cells, fits, elapsed, written)
+    final = Path(out.out)
+    return StreamResult(final / ("results" + ext), final / ("max_batch" + ext), n, cells, fits, elapsed,
+                        tuple(final / p.name for p in plans), final / RUN_JSON)

@@ -1,7 +1,8 @@
-"""Outputs stay where they belong: hostile names never leave reports/ or --out, escaped in HTML; writes are atomic;
-an oversized grid is refused before anything is allocated."""
+"""Outputs stay where they belong: hostile names never leave reports/ or --out, escaped in HTML; a failed write
+leaves the previous set; an oversized grid is refused before anything is allocated."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nnmem_sweep import grid as grid_mod
-from nnmem_sweep import paths
+from nnmem_sweep import outputs, paths
 from nnmem_sweep.cli import main
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.runner import run_scenario, write_outputs
@@ -56,9 +57,9 @@ def test_default_output_folder_stays_under_reports(tmp_path, monkeypatch, stem, 
     assert main(["run", str(cfg), "-q"]) == 0
     new = files_under(tmp_path) - before
     out = tmp_path / "reports" / paths.safe_stem(Path(cfg).stem)
-    assert new == {out / "results.csv", out / "max_batch.csv"}
+    assert new == {out / "results.csv", out / "max_batch.csv", out / "run.json"}
     printed = capsys.readouterr().out.split()
-    assert [Path(p).resolve() for p in printed] == [out / "results.csv", out / "max_batch.csv"]
+    assert [Path(p).resolve() for p in printed] == [out / "results.csv", out / "max_batch.csv", out / "run.json"]
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -76,7 +77,7 @@ def test_out_is_respected_and_nothing_is_written_elsewhere(tmp_path, monkeypatch
         assert (rc, new) == (2, set())
         return
     assert rc == 0
-    assert new == {out / "results.csv", out / "max_batch.csv"}
+    assert new == {out / "results.csv", out / "max_batch.csv", out / "run.json"}
     assert not (tmp_path / "reports").exists()
 
 
@@ -95,23 +96,6 @@ def test_hostile_name_is_escaped_in_the_html_report_and_files_stay_in_out(tmp_pa
     assert "&lt;script&gt;alert(" in html
 
 
-class _Disk:
-    """A file object that accepts `limit` bytes and then fails like a full disk."""
-
-    def __init__(self, real, limit):
-        self.real, self.limit = real, limit
-
-    def write(self, data):
-        self.real.write(data[:self.limit])
-        raise OSError(28, "No space left on device")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.real.close()
-
-
 @pytest.mark.parametrize("failure", ["disk full", "interrupted"])
 def test_a_failed_write_leaves_the_previous_results_intact(tmp_path, monkeypatch, failure):
     sc = parse_scenario_text(scenario_yaml("atomic"))
@@ -120,20 +104,23 @@ def test_a_failed_write_leaves_the_previous_results_intact(tmp_path, monkeypatch
     old = {p.name: p.read_bytes() for p in first}
     assert old["results.csv"].count(b"\n") == 1 + 4  # header + 2 batches x 2 optimizers x 1 GPU
 
-    real_fdopen = os.fdopen
+    real_write = outputs._HashedFile.write
 
-    def failing_fdopen(fd, *a, **k):
-        f = real_fdopen(fd, *a, **k)
+    def failing_write(self, data):
+        real_write(self, bytes(memoryview(data).cast("B")[:100]))  # 100 bytes reach the staged file, then:
         if failure == "interrupted":
-            f.close()
             raise KeyboardInterrupt
-        return _Disk(f, 100)  # 100 bytes reach the temporary file, then the disk is full
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(paths.os, "fdopen", failing_fdopen)
+    monkeypatch.setattr(outputs._HashedFile, "write", failing_write)
     bigger = parse_scenario_text(scenario_yaml("atomic").replace("batch: [1, 8]", "batch: [1, 8, 32]"))
-    with pytest.raises(OSError if failure == "disk full" else KeyboardInterrupt):
+    with pytest.raises(OSError if failure == "disk full" else KeyboardInterrupt) as caught:
         write_outputs(run_scenario(bigger), out)
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # same files, same bytes, no temporary left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # same files, same bytes
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no staging folder, no lock file left
+    assert caught.value.__notes__ == [f"{out} is unchanged: it holds the previous complete set "
+                                      f"(run {json.loads(old['run.json'])['run_id']}, finished "
+                                      f"{json.loads(old['run.json'])['finished_utc']})"]
 
 
 def test_a_grid_over_max_rows_is_refused_before_allocation_naming_size_and_override(tmp_path, monkeypatch, capsys):

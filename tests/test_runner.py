@@ -34,7 +34,7 @@ def test_results_columns_and_invariants(tmp_path):
     assert row[C.PEAK_ALLOCATED] == 34_208 and row[C.TOTAL] == 34_208 + 110 + 17_104
 
     written = write_outputs(res, tmp_path / "out")
-    assert [p.name for p in written] == ["results.csv", "max_batch.csv"]
+    assert [p.name for p in written] == ["results.csv", "max_batch.csv", "run.json"]
     back = pd.read_csv(written[0])
     assert len(back) == len(r) and back[C.TOTAL].tolist() == r[C.TOTAL].tolist()
     assert not list((tmp_path / "out").glob(".*tmp"))

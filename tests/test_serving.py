@@ -207,13 +207,14 @@ def test_serving_options_are_for_infer_mode_and_check_tensor_parallel():
 def test_run_writes_max_concurrency_for_infer_only(tmp_path):
     res = run_scenario(_scenario("serving: {kv_block_size: 16}"))
     written = write_outputs(res, tmp_path)
-    assert [p.name for p in written] == ["results.csv", "max_batch.csv", "max_concurrency.csv", "max_context.csv"]
+    assert [p.name for p in written] == ["results.csv", "max_batch.csv", "max_concurrency.csv", "max_context.csv",
+                                         "run.json"]
     back = pd.read_csv(tmp_path / "max_concurrency.csv")
     assert list(back.columns) == list(C.MAX_CONCURRENCY_COLUMNS)
     assert back[C.MAX_CONCURRENT].tolist() == [109]
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))
     assert train.serving is None
-    assert [p.name for p in write_outputs(train, tmp_path / "t")] == ["results.csv", "max_batch.csv"]
+    assert [p.name for p in write_outputs(train, tmp_path / "t")] == ["results.csv", "max_batch.csv", "run.json"]
 
 
 # ---------------------------------------------------------------- the report's "Serving capacity" section

@@ -13,6 +13,7 @@ from nnmem_sweep.cli import main
 from nnmem_sweep.config import load_scenario, parse_scenario_text
 from nnmem_sweep.errors import UsageError
 from nnmem_sweep.grid import product_frame
+from nnmem_sweep.outputs import read_run_json
 from nnmem_sweep.runner import run_scenario, write_outputs
 
 # 3 batches x 2 seq x 2 precision x 3 optimizers x 2 checkpointing x 2 GPUs = 144 rows, 48 max-batch cells
@@ -36,13 +37,17 @@ def sc():
 
 
 def stream_and_run(sc, tmp_path, chunk_rows: int) -> stream.StreamResult:
-    """Run in memory into tmp_path/mem, stream into tmp_path/st; every CSV must be the same bytes."""
+    """Run in memory into tmp_path/mem, stream into tmp_path/st; every CSV must be the same bytes, so both sets
+    have the same run id and file list in run.json."""
     written = write_outputs(run_scenario(sc), tmp_path / "mem")
     r = stream.run_streamed(sc, tmp_path / "st", chunk_rows=chunk_rows)
     assert sorted(os.listdir(tmp_path / "st")) == sorted(p.name for p in written)
-    for p in written:
+    for p in written[:-1]:
         assert (tmp_path / "st" / p.name).read_bytes() == p.read_bytes(), p.name
-    assert [p.name for p in r.plans] == [p.name for p in written[2:]]
+    mem, st = read_run_json(tmp_path / "mem"), read_run_json(tmp_path / "st")
+    assert (st["command"], mem["command"]) == ("run --stream", "run")
+    assert (st["run_id"], st["files"]) == (mem["run_id"], mem["files"])
+    assert [p.name for p in r.plans] == [p.name for p in written[2:-1]]
     return r
 
 
@@ -66,7 +71,8 @@ def test_streamed_files_are_byte_identical_to_an_in_memory_run(tmp_path, sc, chu
     assert (r.rows, r.cells) == (144, 48)
     res = pd.read_csv(tmp_path / "st" / "results.csv")
     assert r.fits == int(res["fits"].sum())
-    assert sorted(os.listdir(tmp_path / "st")) == ["max_batch.csv", "results.csv"]  # no temporary left
+    assert sorted(os.listdir(tmp_path / "st")) == ["max_batch.csv", "results.csv", "run.json"]
+    assert sorted(os.listdir(tmp_path)) == ["mem", "st"]  # no staging folder, no lock left
 
 
 def test_a_failure_mid_stream_leaves_the_previous_files_and_no_temporary(tmp_path, sc, monkeypatch):
@@ -132,7 +138,7 @@ def test_cli_run_stream_writes_the_same_files_as_run(tmp_path, capsys):
     assert main(["run", str(cfg), "--out", str(tmp_path / "a"), "-q"]) == 0
     assert main(["run", str(cfg), "--out", str(tmp_path / "b"), "-q", "--stream", "--chunk-rows", "5"]) == 0
     printed = capsys.readouterr().out.split()
-    assert printed[-2:] == [str(tmp_path / "b" / "results.csv"), str(tmp_path / "b" / "max_batch.csv")]
+    assert printed[-3:] == [str(tmp_path / "b" / name) for name in ("results.csv", "max_batch.csv", "run.json")]
     for name in ("results.csv", "max_batch.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert main(["run", str(cfg), "--out", str(tmp_path / "c"), "--stream", "--chunk-rows", "0"]) == 2

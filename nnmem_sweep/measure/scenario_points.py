@@ -123,7 +123,6 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
     df = _with_estimate(df, sc, estimate_frame)
     out = Path(out_dir) / "measured.csv"
     atomic_write_text(out, df.to_csv(index=False))
-    print(out)
     return 0
 
 

@@ -1,8 +1,8 @@
-"""The capacity-planning report: report.html (self-contained), report.pdf, results.csv, max_batch.csv.
+"""The capacity-planning report: report.html (self-contained), report.pdf, results.csv, max_batch.csv, run.json.
 
 Flow, one direction: load_scenario -> run_scenario -> build_context (context.py and the section modules it gathers,
-all arithmetic) -> render (render.py, jinja2 then weasyprint). Charts are hand-drawn SVG (charts.py); provenance.py
-says where it came from.
+all arithmetic) -> render (render.py, jinja2 then weasyprint; the PDF in a child process, pdfproc.py). Charts are
+hand-drawn SVG (charts.py); provenance.py says where it came from.
 """
 from __future__ import annotations
 
@@ -11,13 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hashlib
+
 from .. import accuracy, formulas
 from ..config import load_scenario
 from ..diff import changes_since as diff_since, config_at_revision
 from ..errors import Problem, ScenarioError
+from ..grid import checked_size
+from ..outputs import OutputSet, checkpoint
 from ..paths import atomic_write_bytes, atomic_write_text
-from ..runner import run_scenario, write_outputs
+from ..provenance import run_id as provenance_run_id
+from ..runner import output_tables, run_scenario, write_tables
+from ..tablefile import csv_bytes
 from .context import build_context
+from .pdfproc import PdfProcess
 from .provenance import collect
 from .render import render_html, render_pdf
 
@@ -61,48 +68,69 @@ def templates_dir(sc) -> Path | None:
     return folder
 
 
+def tables_run_id(result: Any, sha256: str) -> str:
+    """The run id an output set of this result's tables gets (provenance.run_id over their CSV bytes), for a
+    report rendered on its own, outside an output set."""
+    return provenance_run_id(sha256, ((name, hashlib.sha256(csv_bytes(t)).hexdigest()) for name, t in output_tables(result)))
+
+
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
-                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: bool = True,
-                  changes: Any = None) -> list[Path]:
+                  formulas: list | str = AUTO, validation: Any = AUTO, pdf: Any = True,
+                  changes: Any = None, run_id: str | None = None, provenance: Any = None) -> list[Path]:
     """Write report.html and report.pdf for a RunResult (scenario, results, max_batch).
 
     `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
-    `changes` (a diff.Changes) adds the "Changes since REV" section.
+    `changes` (a diff.Changes) adds the "Changes since REV" section. `run_id` and `provenance` come from the output
+    set the report belongs to (make_report); on its own the report computes both (tables_run_id). `pdf`: False for
+    the HTML only, True to render the PDF here, or a function HTML -> PDF bytes (make_report's pdfproc child).
     """
     say = progress if isinstance(progress, _Progress) else _Progress(progress)
     sc = result.scenario
     path = Path(config_path or sc.path)
-    prov = collect(config_path or sc.path, sc.source_text.encode("utf-8") if not path.is_file() else None)
+    prov = provenance or collect(config_path or sc.path,
+                                 sc.source_text.encode("utf-8") if not path.is_file() else None)
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
                         getattr(result, "cluster", None))
+    # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
+    ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
+    checkpoint("html")
     say("building HTML")
     html = render_html(ctx, templates_dir(sc))
     out_dir = Path(out_dir)
     written = [atomic_write_text(out_dir / "report.html", html)]
     if pdf:
+        checkpoint("pdf")
         say("rendering PDF")
-        written.append(atomic_write_bytes(out_dir / "report.pdf", render_pdf(html)))
-    say(f"wrote {', '.join(p.name for p in written)} in {out_dir}")
+        written.append(atomic_write_bytes(out_dir / "report.pdf", pdf(html) if callable(pdf) else render_pdf(html)))
     return written
 
 
 def make_report(config_path: str | Path, out_dir: Path, max_rows: int = 20_000_000,
                 progress: bool = True, changes_since: str | None = None) -> list[Path]:
-    """Run the scenario and write report.html, report.pdf, results.csv and max_batch.csv into out_dir.
+    """Run the scenario and write report.html, report.pdf, results.csv, max_batch.csv (and the plans the scenario
+    has) with run.json into out_dir, as one set that replaces the previous one (outputs.OutputSet: the folder is
+    locked and checked before the grid runs; an interruption leaves the previous set as it was).
     `changes_since` (a git revision) adds the max-batch cells that changed since CONFIG was as committed there;
     a revision that is not one, or a config that did not exist at it, fails before anything runs."""
     say = _Progress(progress)
-    say(f"loading {config_path}")
-    sc = load_scenario(config_path)
-    old = None if changes_since is None else config_at_revision(config_path, changes_since)
-    say("running the grid")
-    result = run_scenario(sc, max_rows=max_rows, progress=progress)
-    changes = None
-    if old is not None:
-        say(f"running the grid as committed at {changes_since}")
-        changes = diff_since(old, result.max_batch, max_rows=max_rows)
-    written = list(write_outputs(result, Path(out_dir)))
-    return written + render_report(result, Path(out_dir), config_path, progress=say, changes=changes)
+    with PdfProcess() as pdf:  # first: weasyprint loads in the child while this process does the rest
+        say(f"loading {config_path}")
+        sc = load_scenario(config_path)
+        old = None if changes_since is None else config_at_revision(config_path, changes_since)
+        checked_size(sc, max_rows)
+        with OutputSet(out_dir, sc, command="report", config_path=config_path) as out:
+            say("running the grid")
+            result = run_scenario(sc, max_rows=max_rows, progress=progress)
+            changes = None
+            if old is not None:
+                say(f"running the grid as committed at {changes_since}")
+                changes = diff_since(old, result.max_batch, max_rows=max_rows)
+            checkpoint("tables")
+            write_tables(result, out)
+            render_report(result, out.folder, config_path, progress=say, changes=changes, run_id=out.run_id(),
+                          provenance=out.provenance, pdf=pdf.render)
+    say(f"wrote {', '.join(p.name for p in out.paths)} in {out.out} (run {out.run_id()})")
+    return out.paths

@@ -1,6 +1,8 @@
 """Report tests: golden HTML, determinism, escaping, template override, SVG validity, summary vs results."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -261,9 +263,14 @@ def test_make_report_end_to_end_summary_matches_csv(tmp_path, monkeypatch):
     cfg = tmp_path / "small.yaml"
     cfg.write_text(SMALL_YAML)
     written = make_report(cfg, tmp_path / "out", progress=False)
-    assert sorted(p.name for p in written) == ["max_batch.csv", "report.html", "report.pdf", "results.csv"]
+    assert [p.name for p in written] == ["results.csv", "max_batch.csv", "report.html", "report.pdf", "run.json"]
     assert (tmp_path / "out" / "report.pdf").read_bytes().startswith(b"%PDF-")
     html = (tmp_path / "out" / "report.html").read_text()
+    meta = json.loads((tmp_path / "out" / "run.json").read_text())  # one identity in every file of the set
+    assert f"<code>{meta['run_id']}</code>" in html and f"<code>{meta['config']['sha256']}</code>" in html
+    assert meta["run_id_covers"] == ["max_batch.csv", "results.csv"]
+    assert {f["name"]: (f["bytes"], f["sha256"]) for f in meta["files"]} == {
+        p.name: (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) for p in written[:-1]}
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     mb = pd.read_csv(tmp_path / "out" / "max_batch.csv")
     ref = (mb[C.SEQ_LEN] == 1024) & (mb[C.PRECISION] == "bf16-mixed")
