@@ -10,7 +10,7 @@ TORCH   ?= torch==2.14.1 torchvision==0.29.1
 STAMP   := $(VENV)/.install-stamp
 MSTAMP  := $(VENV)/.install-stamp-measure
 
-.PHONY: install install-measure test run report bench truth accuracy validate clean
+.PHONY: install install-measure test run report bench truth derive accuracy validate clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,12 @@ bench: $(STAMP)
 # Regenerate the committed measured cases (tests/data/truth/*.json) with PyTorch's MemTracker under FakeTensorMode.
 truth: $(MSTAMP)
 	$(BIN)/nnmem-sweep truth --write tests/data/truth
+
+# The shipped plans of models without a hand model (nnmem_sweep/models/derived/): every measured case's and every
+# shipped scenario's that uses one, traced anew (NNMEM_SWEEP_REDERIVE=1). Minutes; run after changing derive/.
+derive: $(MSTAMP)
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --truth tests/data/truth --ship
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml --ship
 
 # Measured vs estimated on every committed case.
 accuracy: $(STAMP)

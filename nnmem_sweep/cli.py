@@ -126,6 +126,18 @@ def cmd_truth(args: argparse.Namespace) -> int:
     return regenerate_truth(Path(args.write), only=args.only)
 
 
+def cmd_derive(args: argparse.Namespace) -> int:
+    from .derive.ship import derive_scenarios, derive_truth
+
+    if args.truth:
+        return derive_truth(args.truth, args.ship, only=args.only)
+    if not args.configs:
+        from .errors import UsageError
+
+        raise UsageError("derive needs scenario files, or --truth DIR")
+    return derive_scenarios(args.configs, args.ship, progress=not args.quiet)
+
+
 def cmd_accuracy(args: argparse.Namespace) -> int:
     from .accuracy import accuracy_cli
 
@@ -253,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--write", default="tests/data/truth", metavar="DIR")
     s.add_argument("--only", action="append", default=[], metavar="CASE", help="only these case ids")
     s.set_defaults(fn=cmd_truth)
+
+    s = sub.add_parser("derive", help="derive the plans of models without a hand model (needs [measure])",
+                       description="Trace each model's own code at probe shapes and solve its plan, for every recipe "
+                                   "the scenarios (or the measured cases) use; plans are cached, --ship also writes "
+                                   "them into the package (nnmem_sweep/models/derived/) for users without torch.")
+    s.add_argument("configs", nargs="*", help="scenario files")
+    s.add_argument("--truth", metavar="DIR", help="the plans of every measured case in DIR instead")
+    s.add_argument("--only", nargs="*", metavar="CASE", help="with --truth: only these case ids")
+    s.add_argument("--ship", action="store_true", help="also write the plans into nnmem_sweep/models/derived/")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(fn=cmd_derive)
 
     s = sub.add_parser("accuracy", help="compare the estimator with the committed measured cases",
                        description="Print case, measured, estimated and error for every committed case.")

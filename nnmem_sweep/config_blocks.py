@@ -171,7 +171,8 @@ def check_model(data: dict, ck: Checker):
             try:
                 return architecture_of(model)
             except DerivationError as e:
-                ck.add(model.key_path, str(e))
+                where = f"{model.origin}: " if model.key_path == "model.hf_config" else ""
+                ck.add(model.key_path, f"{where}{e}")
                 return None
         return model
     except ModelSpecError as e:
@@ -184,7 +185,10 @@ def check_model(data: dict, ck: Checker):
 
 
 def needs_no_sequence(model) -> bool:
-    """Layer-list nets and per-sample params models have no sequence axis: seq_len defaults to 1."""
+    """Layer-list nets, per-sample params models and derived models without a sequence axis (image classifiers,
+    `module:` factories) have no sequence axis: seq_len defaults to 1."""
+    if model.kind == "derived":
+        return not model.derived.source.sequence
     return model.kind == "layers" or (model.kind == "params" and not model.activation_elements_per_token)
 
 

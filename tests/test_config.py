@@ -173,8 +173,9 @@ def test_shipped_config_validates(path: Path) -> None:
 
 def test_shipped_configs_cover_every_model_kind_and_mode() -> None:
     scs = {p.stem: load_scenario(p) for p in SHIPPED}
-    assert {"llama", "gpt2", "bert", "mixtral", "cnn", "simple-params", "llama-serving", "hf"} <= set(scs)
-    assert {sc.model.kind for sc in scs.values()} == {"transformer", "params", "layers"}
+    assert {"llama", "gpt2", "bert", "mixtral", "cnn", "simple-params", "llama-serving", "hf", "qwen3",
+            "resnet50"} <= set(scs)
+    assert {sc.model.kind for sc in scs.values()} == {"transformer", "params", "layers", "derived"}
     assert {sc.mode for sc in scs.values()} == {"train", "infer"}
     assert scs["bert"].model.head == "masked_lm"
     assert scs["mixtral"].model.num_experts == 8

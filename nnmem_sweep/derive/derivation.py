@@ -177,7 +177,8 @@ class _Probe:
                 and not len(solve.check(shape, step.alloc_sizes(t), coef)))
 
 
-def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: int) -> tuple[list[Region], int]:
+def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: int,
+                hints: list[int] = ()) -> tuple[list[Region], int]:
     """Regions of (b, s) with s from s_lo on, where the program is the same up to `top` (s_hi: None when it holds
     beyond the longest probe): the general one (b >= 2, or b >= 1 where batch 1 is the same program) and, where
     batch 1 differs, its own (b = 1). Returns them and the last sequence length they cover, which is below `top`
@@ -188,19 +189,25 @@ def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: i
         for s in range(s_lo, top + 1):
             regions += _fixed_s(probe, s)
         return regions, top
-    d = min(32, width // 2)
-    s_probes = [s_lo, s_lo + d, s_lo + 2 * d]
-    shapes = [(b, s) for s in s_probes for b in B_PROBES]
-    for sh in shapes:
-        probe(*sh)
-    coef = _solve_region(probe.traces, shapes, [], None, probe.label)
+    for d in (min(32, width // 2), 1):  # spacing 1 where sizes change rule right above s_lo (a cap at a window)
+        s_probes = [s_lo, s_lo + d, s_lo + 2 * d]
+        shapes = [(b, s) for s in s_probes for b in B_PROBES]
+        for sh in shapes:
+            probe(*sh)
+        try:
+            coef = _solve_region(probe.traces, shapes, [], None, probe.label)
+            break
+        except src.DerivationError:
+            continue
+    else:  # s_lo is a length of its own
+        return _fixed_s(probe, s_lo), s_lo
     base = probe.traces[shapes[0]]
     if s_check < s_lo and not probe.agrees((2, s_check), base, coef):
         raise src.DerivationError(f"{probe.label}: at (b, s) = (2, {s_check}) the sizes are not what the probes "
                                   f"{shapes} predict")
     last = top
     if top > s_probes[-1] and not probe.agrees((4, top), base, coef):
-        last = _breakpoint(probe, s_probes[-1], top, base, coef, [])
+        last = _breakpoint(probe, s_probes[-1], top, base, coef, list(hints))
         s_hi = last
     if probe.mode == "infer":
         _check_decode_steps(base, coef, probe.label)
@@ -296,13 +303,14 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
             regions = [_region(probe.traces[1, 1], coef1, 1, 1, 1, None, mode),
                        _region(base, coef, 2, None, 1, None, mode)]
     else:
-        far = _far(source)
-        hints = sorted({int(v) + d for k in THRESHOLD_FIELDS for v in [source.spec.get(k)]
-                        if isinstance(v, int) and not isinstance(v, bool) for d in (-1, 0, 1)})
+        cfgs = [source.spec, source.spec.get("text_config") or {}]
+        hints = sorted({int(v) + d for c in cfgs if isinstance(c, dict) for k in THRESHOLD_FIELDS
+                        for v in [c.get(k)] if isinstance(v, int) and not isinstance(v, bool) for d in (-1, 0, 1)})
+        far = _far(source, hints)
         regions, s_lo, s_check = [], S_PROBES[0], S_SHORT
         while True:  # from s_lo on: how far the program stays the same, its regions there, then on above them
             top = _program_end(probe, s_lo, far, hints)
-            here, last = _regions_in(probe, s_lo, None if top == far else top, top, s_check)
+            here, last = _regions_in(probe, s_lo, None if top == far else top, top, s_check, hints)
             if last < top:
                 notes.append(f"the sizes follow another rule above sequence {last}")
             elif top < far:
@@ -324,10 +332,12 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
                        tuple(probe.traces), len(base.trace.events), time.perf_counter() - t0, tuple(notes))
 
 
-def _far(source: src.ModelSource) -> int:
-    """The long check sequence: S_FAR, or the model's longest position where that is shorter."""
+def _far(source: src.ModelSource, hints: list[int]) -> int:
+    """The long check sequence: S_FAR, or twice the largest config threshold where that is longer (the program
+    above a sliding window or an attention chunk is then probed too), capped at the model's longest position."""
     limit = source.spec.get("max_position_embeddings") or source.spec.get("n_positions")
-    return min(S_FAR, int(limit)) if isinstance(limit, int) and limit > S_PROBES[-1] else S_FAR
+    far = max(S_FAR, 2 * max(hints, default=0))
+    return min(far, int(limit)) if isinstance(limit, int) and limit > S_PROBES[-1] + 64 else far
 
 
 def region_of(plan: DerivedPlan, b: int, s: int) -> Region:

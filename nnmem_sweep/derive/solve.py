@@ -29,23 +29,59 @@ def solve(shapes: list[tuple[int, int]], sizes: np.ndarray, used: tuple[int, ...
 
     sizes: (len(shapes), n) int64, one column per allocation. `used`: the monomials allowed (indices into
     MONOMIALS); the others are 0 (at b = 1 the b-monomials coincide with the s-monomials, so only 1, s, s² can be
-    told apart). Raises NotPolynomial naming the first column that does not solve."""
+    told apart). As many shapes as monomials used: the square system is solved in exact rational arithmetic
+    (probes one token apart at s ~ 4096 are far too ill-conditioned for floating point). Raises NotPolynomial
+    naming the first column whose solution is not integer or does not reproduce its sizes."""
     used = tuple(range(len(MONOMIALS))) if used is None else used
     b, s = (np.array(x, dtype=np.int64) for x in zip(*shapes))
     x = features(b, s)
-    xu = x[:, used].astype(np.float64)
-    if np.linalg.matrix_rank(xu) < len(used):
+    xu = [[int(v) for v in row] for row in x[:, used]]
+    if len(xu) != len(used):
+        raise ValueError(f"{len(shapes)} probe shapes for {len(used)} monomials: give one shape per monomial")
+    inv = _inverse(xu)
+    if inv is None:
         raise ValueError(f"probe shapes {shapes} cannot tell the monomials {[MONOMIALS[i] for i in used]} apart")
-    scale = np.abs(xu).max(axis=0)
-    sol, *_ = np.linalg.lstsq(xu / scale, sizes.astype(np.float64), rcond=None)
+    det, adj = inv
+    y = sizes.astype(object)
+    num = np.array(adj, dtype=object) @ y  # det · coefficients, exact Python integers
     coef = np.zeros((len(MONOMIALS), sizes.shape[1]), dtype=np.int64)
-    coef[list(used)] = np.rint(sol / scale[:, None]).astype(np.int64)
-    bad = np.flatnonzero((x @ coef != sizes).any(axis=0))
-    if len(bad):
-        j = int(bad[0])
+    ok = np.array([all(v % det == 0 for v in col) for col in num.T], dtype=bool) if num.size else np.ones(0, bool)
+    if not ok.all():
+        j = int(np.flatnonzero(~ok)[0])
         raise NotPolynomial(f"allocation {j}: sizes {sizes[:, j].tolist()} at (b, s) = {shapes} are not an "
                             f"integer polynomial in {', '.join(MONOMIALS[i] for i in used)}")
+    coef[list(used)] = (num // det).astype(np.int64)
+    bad = np.flatnonzero((x @ coef != sizes).any(axis=0))
+    if len(bad):  # cannot happen for a square system solved exactly; kept as the contract's check
+        raise NotPolynomial(f"allocation {int(bad[0])}: sizes {sizes[:, int(bad[0])].tolist()} at (b, s) = {shapes} "
+                            "are not reproduced")
     return coef
+
+
+def _inverse(m: list[list[int]]):
+    """(det, adjugate) of an integer square matrix (det · m⁻¹ = adjugate, integers), or None when singular:
+    Gauss-Jordan elimination over Fractions."""
+    from fractions import Fraction
+
+    n = len(m)
+    a = [[Fraction(v) for v in row] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(m)]
+    det = Fraction(1)
+    for c in range(n):
+        p = next((r for r in range(c, n) if a[r][c] != 0), None)
+        if p is None:
+            return None
+        if p != c:
+            a[c], a[p] = a[p], a[c]
+            det = -det
+        det *= a[c][c]
+        piv = a[c][c]
+        a[c] = [v / piv for v in a[c]]
+        for r in range(n):
+            if r != c and a[r][c] != 0:
+                f = a[r][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
+    d = int(det)
+    return abs(d), [[int(v * det) * (1 if d > 0 else -1) for v in row[n:]] for row in a]
 
 
 def check(shape: tuple[int, int], sizes: np.ndarray, coef: np.ndarray) -> np.ndarray:

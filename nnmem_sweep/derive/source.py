@@ -84,6 +84,13 @@ def build(source: ModelSource, probe_case: dict[str, Any]):
     from ..workload.build import build_model, case_config, default_dtype, model_dtype
 
     cfg, _ = case_config(probe_case)
+    if source.kind == "hf":
+        import transformers
+
+        name = _what(source)
+        if not isinstance(getattr(transformers, name, None), type):
+            raise DerivationError(f"transformers {transformers.__version__} has no model class {name!r} "
+                                  "(the config's architectures[0]); no remote code is run")
     try:
         with default_dtype(model_dtype(probe_case["precision"])):
             return build_model(probe_case, cfg), cfg

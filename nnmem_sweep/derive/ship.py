@@ -1,0 +1,55 @@
+"""`nnmem-sweep derive`: derive (or find) every plan a scenario or the truth catalog needs, optionally shipping
+them with the package (models/derived/), so users without torch can plan those models and the tests need not
+trace them again. Which plans: exactly the ones the estimator asks for while running the scenario (grid, max
+batch and the plans beside it) or estimating each measured case, by both paths where a hand model exists."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import cache, shipping
+
+
+def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> int:
+    from ..config import load_scenario
+    from ..runner import run_scenario
+
+    with shipping(cache.SHIPPED) if ship else _nothing():
+        for path in configs:
+            t0 = time.perf_counter()
+            sc = load_scenario(path)
+            if sc.model.kind != "derived":
+                print(f"{path}: {sc.model.name} has a hand model; nothing to derive", file=sys.stderr)
+                continue
+            run_scenario(sc, progress=progress)
+            print(f"{path}: every plan of {sc.model.name} derived or found ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = None) -> int:
+    """The plans of every measured case: its model's own (families without a hand model), and for the
+    hand-modelled HF cases the derived plan too (tests/test_derived_vs_hand.py compares the two paths)."""
+    from ..accuracy import estimate_case, hand_modelled_case, load_cases
+
+    with shipping(cache.SHIPPED) if ship else _nothing():
+        for case in load_cases(truth_dir):
+            i = case["inputs"]
+            if (only and case["case_id"] not in only) or "layers" in i or i.get("finetune"):
+                continue
+            t0 = time.perf_counter()
+            try:
+                estimate_case(case, derived=hand_modelled_case(case))
+            except Exception as e:  # noqa: BLE001 - report the case and go on with the others
+                print(f"{case['case_id']}: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            print(f"{case['case_id']}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
