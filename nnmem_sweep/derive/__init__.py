@@ -17,7 +17,7 @@ from .derivation import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
 __all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "shipping",
-           "MISSING_EXTRA"]
+           "stored_only", "MISSING_EXTRA"]
 
 MISSING_EXTRA = ("deriving a model from its own code needs torch and transformers: "
                  "pip install -e '.[measure]' (or `make install-measure`)")
@@ -41,7 +41,23 @@ def _ship_to():
     return _SHIP_TO[-1] if _SHIP_TO else None
 
 
+_STORED_ONLY: list = []
+
+
+@contextlib.contextmanager
+def stored_only():
+    """Within it, cards and plans come from the caches and the shipped plans only; one that would have to be traced
+    raises DerivationError instead (the report's Validation and `nnmem-sweep accuracy` never trace for minutes)."""
+    _STORED_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _STORED_ONLY.pop()
+
+
 def _need_torch() -> None:
+    if _STORED_ONLY:
+        raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive`, or `make derive`)")
     import importlib.util
 
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
