@@ -148,11 +148,16 @@ def _cluster_assumptions(sc: Scenario) -> list[str]:
     return [
         "Cluster options keep, for each GPU type and GPU count, one layout that fits, by a stated rule: the least "
         "recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest micro-batch. The rule "
-        "stands in for speed, which is not modelled.",
+        "stands in for what the throughput estimate does not model (communication, pipeline bubbles).",
         f"The search keeps TP within a node ({search.gpus_per_node} GPUs), turns sequence parallelism on whenever "
         f"TP > 1 and splits the global batch as micro-batch × DP × accumulation steps (the pipeline's micro-batches "
         f"when PP > 1); the recipe is the grid's first values.",
-        "Costs are the price of the GPUs (or per hour) as given in the scenario, not the cost per token trained."]
+        "Costs are the price of the GPUs (or per hour) as given in the scenario; the cost per 10^9 tokens trained is "
+        "the price per GPU-hour times the GPU-hours the throughput estimate gives (Throughput estimate).",
+        ("Recommended: the option with the lowest estimated cost per 10^9 tokens trained (cluster.rank_by: "
+         "cost_per_token), ties to the fewest GPUs." if search.rank_by == "cost_per_token" else
+         "Recommended: each type's fewest GPUs, the cheapest of those when every GPU has a price (cluster.rank_by: "
+         "gpus).")]
 
 
 def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
