@@ -77,7 +77,7 @@ def test_every_table_cell_is_the_max_batch_of_its_own_layout(layouts):
 
 
 def _page(sc, run) -> dict:
-    page = decision.decision(sc, run.results, run.max_batch, None, None, "layouts.yaml")
+    page = decision.decision(sc, run.max_batch, None, None, "layouts.yaml")
     return page, {r["cells"][0]: dict(zip(page["table"]["headers"], r["cells"])) for r in page["table"]["rows"]}
 
 

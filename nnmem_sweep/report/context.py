@@ -19,7 +19,7 @@ from ..components.finetune_method import targets_of
 from ..scenario import Scenario
 from . import charts
 from .appendix import formulas, validation
-from .assumptions import assumptions
+from .assumptions import assumptions, throughput_assumptions
 from .changes import section as changes_section
 from .cluster import section as cluster_section
 from .decision import decision
@@ -63,16 +63,10 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"], heat["legend"])
     paper = str(sc.report.get("paper", "A4"))
     n_points = len(results)
-    page = decision(sc, results, max_batch, serving_plan, cluster_options, prov.config_path)
+    page = decision(sc, max_batch, serving_plan, cluster_options, prov.config_path)
     assumed = assumptions(sc, validation_table)
     if page["assumed"]:
-        assumed["groups"].append({"title": "Throughput estimate", "items": [
-            "An estimate from published figures, not a measurement; it never changes a memory figure. Training: "
-            "tokens/s per GPU = MFU × the dense peak FLOP/s of the recipe's compute dtype (the GPU catalog) / model "
-            "FLOPs per token, 6·N + 12·L·H·Q·T (PaLM App. B), the same MFU at every GPU count (no scaling loss). "
-            "Serving: a decode step reads the weights once for the batch and each sequence's KV cache, and lasts at "
-            "least that long and at least its FLOPs (Pope et al. 2022); tensor-parallel communication is not "
-            "modelled, so it errs fast."] + [f"{label}: {note}." for label, note in page["assumed"]]})
+        assumed["groups"].append({"title": "Throughput estimate", "items": throughput_assumptions(sc, page["assumed"])})
     return {
         "title": str(sc.report.get("title") or sc.name),
         "description": sc.description,

@@ -136,7 +136,8 @@ def _speed_sentence(sc: Scenario, q: D.Question, o: D.Option, sp: dict[str, Any]
 
 def _answer_key(q: D.Question, o: D.Option, sp: dict[str, Any] | None, priced_all: bool) -> tuple:
     price = _price_of(o)[0] if priced_all else 0.0
-    speed = -(sp or {}).get("per_gpu", 0.0) * o.gpus if q.kind == "cluster" and sp else 0.0
+    per_gpu = (sp or {}).get("per_gpu", math.nan)
+    speed = -per_gpu * o.gpus if q.kind == "cluster" and math.isfinite(per_gpu) else 0.0
     return (len(o.changed), price, o.gpus, o.gpu.memory_bytes, speed)
 
 
@@ -278,8 +279,10 @@ def _safe(sc: Scenario, q: D.Question, opts: list[D.Option], cluster_options: pd
             f"+{gib(above)}).")
 
 
-def decision(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, serving_plan: pd.DataFrame | None,
+def decision(sc: Scenario, max_batch: pd.DataFrame, serving_plan: pd.DataFrame | None,
              cluster_options: pd.DataFrame | None, config_path: str) -> dict[str, Any]:
+    """The page's context: the question, the answer and its margin, the table of every GPU type, the sensitivity,
+    the uncertainty and the verdicts to verify, the notes (formatted strings; decision.html.j2 lays them out)."""
     q = D.question(sc, serving_plan, cluster_options)
     if q.kind == "cluster":
         opts = D.cluster_options(sc, cluster_options)

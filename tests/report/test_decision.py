@@ -66,7 +66,7 @@ def test_a_margin_within_the_uncertainty_is_flagged_with_the_command_and_the_saf
     tight = GPUSpec("tight", "Tight 24GB", 25_445_000_000, "given")
     sc = make_scenario(gpus=(tight, get_gpu("h100-sxm")))
     run = toy_run(sc)
-    page = decision.decision(sc, run.results, run.max_batch, None, None, "configs/toy.yaml")
+    page = decision.decision(sc, run.max_batch, None, None, "configs/toy.yaml")
     assert page["answer"] == "Tight 24GB with bf16-mixed adamw."
     assert page["uncertainty"].endswith("The margin is within it: verify by measuring. The best choice whose margin "
                                         "covers it: H100 SXM5 80GB (H100 80GB HBM3) with bf16-mixed adamw (margin "
@@ -201,7 +201,7 @@ throughput: {mfu: %s}
 def _tokens_per_s(text: str, mfu: float) -> float:
     sc = parse_scenario_text(TORCHTITAN % mfu, "torchtitan.yaml")
     run = run_scenario(sc)
-    page = decision.decision(sc, run.results, run.max_batch, None, None, "torchtitan.yaml")
+    page = decision.decision(sc, run.max_batch, None, None, "torchtitan.yaml")
     (row,) = page["table"]["rows"]
     cell = dict(zip(page["table"]["headers"], row["cells"]))["tokens/s per GPU (MFU), est."]
     return float(cell.split()[0].replace(",", ""))
@@ -237,7 +237,7 @@ def test_the_page_reproduces_gpt_fast_llama2_7b_batch_1():
     eff = 1397.31e9 / get_gpu("a100-80gb").memory_bandwidth_bytes_per_s
     sc = parse_scenario_text(GPT_FAST % eff, "gpt-fast.yaml")
     run = run_scenario(sc)
-    page = decision.decision(sc, run.results, run.max_batch, None, None, "gpt-fast.yaml")
+    page = decision.decision(sc, run.max_batch, None, None, "gpt-fast.yaml")
     (row,) = page["table"]["rows"]
     cell = dict(zip(page["table"]["headers"], row["cells"]))["decode tokens/s per sequence, est."]
     assert float(cell) == pytest.approx(104.9, rel=0.01)
@@ -247,7 +247,7 @@ def test_the_page_reproduces_gpt_fast_llama2_7b_batch_1():
 def test_priced_gpus_add_a_price_column_and_a_cost_per_token(run):
     sc = replace(run.scenario, gpus=tuple(replace(g, price_usd_per_hour=p) for g, p in
                                           zip(run.scenario.gpus, (4.0, 1.0, 2.0))))
-    page = decision.decision(sc, run.results, run.max_batch, None, None, "scenario.yaml")
+    page = decision.decision(sc, run.max_batch, None, None, "scenario.yaml")
     assert page["table"]["headers"][-1] == "price"
     assert [r["cells"][-1] for r in page["table"]["rows"]] == ["$1.00/h", "$2.00/h", "$4.00/h"]
     # the A100 40GB meets the question as asked at $2.00/h, the L4 ($1.00/h) only with a change: fewest changes first

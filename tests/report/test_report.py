@@ -125,7 +125,7 @@ def test_missing_template_folder_is_a_scenario_error(fixed, run):
 
 def page_of(run, sc=None) -> dict:
     sc = sc or run.scenario
-    return decision.decision(sc, run.results, run.max_batch, None, None, "scenario.yaml")
+    return decision.decision(sc, run.max_batch, None, None, "scenario.yaml")
 
 
 def cells(page: dict) -> dict[str, dict[str, str]]:
