@@ -19,14 +19,13 @@ from typing import Any
 
 import pandas as pd
 
-from .. import cluster as K
 from .. import columns as C
 from ..scenario import Scenario
 from ..serving import kv_element
 from ..throughput.options import DEFAULTS as THROUGHPUT_DEFAULTS
 from ..throughput.plan import has_tokens, serving_figures, training_figures
 from . import decision_options as D
-from .format import DASH, duration, gib, gib_number, percent, rate, signed_gib, thousands, usd
+from .format import DASH, duration, gib, gib_number, percent, rate, signed_gib, usd
 from .points import has_sequence
 from .uncertainty import basis_text, flips, measure_command, uncertainty_bytes
 
@@ -51,7 +50,7 @@ def _tokens_words(sc: Scenario, batch: int, seq: int) -> str:
     return f"batch {batch:,} × {seq:,} tokens ({batch * seq:,} tokens per step)"
 
 
-def question_text(sc: Scenario, q: D.Question, opts: list[D.Option]) -> str:
+def question_text(sc: Scenario, q: D.Question) -> str:
     p, name = q.point, sc.model.name
     if q.kind == "cluster":
         s = sc.cluster
@@ -112,7 +111,7 @@ def _speed_cells(sc: Scenario, sp: dict[str, Any] | None, kind: str, priced: boo
     return [rate(sp["per_seq"]), at_max, duration(sp["ttft"])]
 
 
-def _speed_sentence(sc: Scenario, q: D.Question, o: D.Option, sp: dict[str, Any] | None) -> str:
+def _speed_sentence(o: D.Option, sp: dict[str, Any] | None) -> str:
     if sp is None:
         return ""
     if not math.isfinite(sp.get("per_gpu", sp.get("per_seq", math.nan))):
@@ -186,7 +185,7 @@ def _sensitivity(sc: Scenario, q: D.Question, o: D.Option, plan: pd.DataFrame | 
     if q.kind == "cluster":
         checks.append(D.cluster_sensitivity(sc, o))
     elif q.kind == "serving":
-        checks.append(D.serving_sensitivity(sc, o, plan))
+        checks.append(D.serving_sensitivity(o, plan))
     elif has_sequence(sc):
         checks.append(D.grid_sensitivity(sc, o))
     words = []
@@ -298,7 +297,7 @@ def decision(sc: Scenario, max_batch: pd.DataFrame, serving_plan: pd.DataFrame |
     rows = [{"cells": _row_cells(sc, q, o, sp, f, priced, hourly),
              "class": " ".join(c for c, on in (("answer", i == chosen), ("nofit", not o.fits), ("flag", f)) if on)}
             for i, (o, sp, f) in enumerate(zip(opts, speeds, flagged))]
-    out: dict[str, Any] = {"question": question_text(sc, q, opts), "table": {"headers": headers, "num": num,
+    out: dict[str, Any] = {"question": question_text(sc, q), "table": {"headers": headers, "num": num,
                                                                                "rows": rows},
                            "fits": chosen is not None, "detail": "", "speed": "", "sensitivity": "",
                            "uncertainty": "", "verify": [], "notes": [], "assumed": []}
@@ -325,7 +324,7 @@ def decision(sc: Scenario, max_batch: pd.DataFrame, serving_plan: pd.DataFrame |
                       "why": f"{'margin' if opts[k].fits else 'short by'} {gib(abs(opts[k].margin))}, within "
                              f"{_band(*bands[k])}",
                       "command": _command(sc, q, opts[k], config_path)} for k in range(len(opts)) if flagged[k]]
-    out.update(speed=_speed_sentence(sc, q, o, speeds[i]), sensitivity=_sensitivity(sc, q, o, serving_plan),
+    out.update(speed=_speed_sentence(o, speeds[i]), sensitivity=_sensitivity(sc, q, o, serving_plan),
                notes=_notes(sc, q, speeds), assumed=assumed(speeds))
     return out
 

@@ -95,7 +95,7 @@ def _gpu_count(row: dict[str, Any]) -> int:
                                                        C.CONTEXT_PARALLEL))
 
 
-def _changes(sc: Scenario, est: pd.DataFrame, asked: dict[str, Any], axes: list[str]) -> np.ndarray:
+def _changes(est: pd.DataFrame, asked: dict[str, Any], axes: list[str]) -> np.ndarray:
     n = np.zeros(len(est), dtype=np.int64)
     for a in axes:
         n += (est[a].astype(str).to_numpy() != str(asked[a]))
@@ -120,8 +120,8 @@ def grid_options(sc: Scenario, q: Question, max_batch: pd.DataFrame) -> list[Opt
     frame = product_frame({C.BATCH: (int(asked[C.BATCH]),), **free}, tuple(g.id for g in sc.gpus))
     est = estimate_points(sc, frame)
     layout_axes = [a for a in recipe_axes if a in C.PARALLEL_AXES]
-    recipe_changes = _changes(sc, est, asked, [a for a in recipe_axes if a not in layout_axes])
-    layout_changes = _changes(sc, est, asked, layout_axes)
+    recipe_changes = _changes(est, asked, [a for a in recipe_axes if a not in layout_axes])
+    layout_changes = _changes(est, asked, layout_axes)
     count = np.ones(len(est), dtype=np.int64)
     for a in (C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.CONTEXT_PARALLEL):
         if a in est.columns:
@@ -225,7 +225,7 @@ def serving_options(sc: Scenario, q: Question, plan: pd.DataFrame) -> list[Optio
     return out
 
 
-def serving_sensitivity(sc: Scenario, o: Option, plan: pd.DataFrame) -> dict[str, Any] | None:
+def serving_sensitivity(o: Option, plan: pd.DataFrame) -> dict[str, Any] | None:
     """The option at the next context the plan holds (the same prompt growth the grid lists)."""
     longer = sorted(int(c) for c in plan[C.CONTEXT].unique() if int(c) > int(o.row[C.CONTEXT]))
     if not longer:
