@@ -15,8 +15,16 @@ same vectorised estimator as the grid (estimate.estimate_frame: memory of the mo
 
 GPUs = d·t·p. Among the layouts that fit, the one kept for each (GPU type, GPU count) is chosen by a stated rule
 (ORDER below): the least recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest
-micro-batch. Nothing here models speed: the rule prefers layouts that are usually faster, and the costs are the
-price of the GPUs (or per hour), not per token trained.
+micro-batch. Each kept option carries a throughput estimate (throughput/plan.py: tokens/s per GPU at the MFU the
+scenario states or the sourced default for its GPU generation, recipe and recomputation; time and cost per 10⁹
+tokens), which never changes the memory figures. The recommendation (RANK_BY):
+    gpus            each type's fewest GPUs; when every type has a price, the cheapest of those (per hour first,
+                    then purchase): the default
+    cost_per_token  the option with the lowest cost per 10⁹ tokens trained (price per GPU-hour × GPU-hours per 10⁹
+                    tokens); ties: the fewest GPUs, then the scenario's GPU order. Needs price_usd_per_hour and a
+                    catalogued peak FLOP/s on every GPU (config refuses it otherwise)
+The constant-MFU assumption makes the cost per token the same at every GPU count of a type unless the layout's
+recomputation differs: ranking by it prefers more GPUs exactly when they allow less recomputation.
 """
 from __future__ import annotations
 
@@ -32,6 +40,8 @@ from .estimate import estimate_frame
 from .grid import product_frame
 from .parallel.layout import Layout, problems, seq_problem
 from .scenario import GPUSpec, Scenario
+from .throughput.options import DEFAULTS as THROUGHPUT_DEFAULTS
+from .throughput.plan import has_tokens, training_figures
 
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_PP = (1, 2, 4, 8, 16)
@@ -42,6 +52,7 @@ DEFAULT_GPUS_PER_NODE = 8
 MAX_CANDIDATES = 5_000_000  # rows of one GPU type's search frame
 OPTIONS_PER_GPU = 5  # GPU counts listed per GPU type in the report (all are in cluster_options.csv)
 _CKPT_ORDER = {"none": 0, "selective": 1, "full": 2}
+RANK_BY = ("gpus", "cost_per_token")
 
 # cluster_options.csv
 GPUS = "gpus"
@@ -53,6 +64,11 @@ PRICE_PER_HOUR = "price_usd_per_hour"
 COST = "cost_usd"
 COST_PER_HOUR = "cost_usd_per_hour"
 RECOMMENDED = "recommended"
+# the throughput estimate of the option (throughput/plan.py), NaN where the GPU's peak or price is unknown
+MFU = "mfu"
+TOKENS_PER_S_PER_GPU = "tokens_per_s_per_gpu"
+TIME_PER_BILLION = "time_per_billion_tokens_s"
+COST_PER_BILLION = "cost_per_billion_tokens_usd"
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,7 @@ class ClusterSearch:
     checkpointing: tuple[str, ...] = ("none", "selective", "full")
     host_memory_bytes: int = 2 * 2**40  # the node's RAM (scenario `node:`)
     fixed: dict[str, Any] = field(default_factory=dict)  # precision, optimizer, ... (the grid's first values)
+    rank_by: str = "gpus"  # RANK_BY: how the recommended option is chosen
 
 
 def _divisors(n: int) -> list[int]:
@@ -147,7 +164,8 @@ def _order_keys(est: pd.DataFrame) -> list[np.ndarray]:
 OUTPUT_COLUMNS = (C.GPU, GPUS, NODES, C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL,
                   C.ZERO_STAGE, C.CHECKPOINTING, C.BATCH, ACCUMULATION, GLOBAL_BATCH, C.SEQ_LEN, C.PRECISION,
                   C.OPTIMIZER, C.PEAK_ALLOCATED, C.TOTAL, C.USABLE, C.GPU_MEMORY, C.HOST, PRICE, COST,
-                  PRICE_PER_HOUR, COST_PER_HOUR, RECOMMENDED)
+                  PRICE_PER_HOUR, COST_PER_HOUR, MFU, TOKENS_PER_S_PER_GPU, TIME_PER_BILLION, COST_PER_BILLION,
+                  RECOMMENDED)
 
 
 def cluster_options(sc: Scenario, search: ClusterSearch) -> pd.DataFrame:
@@ -177,15 +195,34 @@ def cluster_options(sc: Scenario, search: ClusterSearch) -> pd.DataFrame:
         est[COST_PER_HOUR] = est[PRICE_PER_HOUR] * n
         if C.HOST not in est.columns:
             est[C.HOST] = np.int64(0)
+        _add_throughput(sc, search, gpu, est)
         kept.append(est)
     if not kept:
         return pd.DataFrame({c: [] for c in OUTPUT_COLUMNS})
     out = pd.concat(kept, ignore_index=True)
-    out[RECOMMENDED] = _recommended(out)
+    out[RECOMMENDED] = _recommended(out, search.rank_by)
     cols = {c: out[c] for c in OUTPUT_COLUMNS if c in out.columns}
     cols[C.GPU] = out[C.GPU].astype(str)
     cols[C.CHECKPOINTING] = out[C.CHECKPOINTING].astype(str)
     return pd.DataFrame(cols)[[c for c in OUTPUT_COLUMNS if c in cols]]
+
+
+def _add_throughput(sc: Scenario, search: ClusterSearch, gpu: GPUSpec, est: pd.DataFrame) -> None:
+    """The throughput columns of one GPU type's options (in place): one estimate per recomputation mode."""
+    cols = {k: np.full(len(est), np.nan) for k in (MFU, TOKENS_PER_S_PER_GPU, TIME_PER_BILLION, COST_PER_BILLION)}
+    if has_tokens(sc.model):
+        opts = sc.throughput or THROUGHPUT_DEFAULTS
+        ck = est[C.CHECKPOINTING].astype(str).to_numpy()
+        n = est[GPUS].to_numpy(dtype=np.int64)
+        for mode in np.unique(ck):
+            f = training_figures(sc.model, gpu, str(search.fixed[C.PRECISION]), str(mode), search.seq_len, 1, opts)
+            at = ck == mode
+            cols[MFU][at] = f.mfu.value
+            cols[TOKENS_PER_S_PER_GPU][at] = f.tokens_per_s_per_gpu
+            cols[TIME_PER_BILLION][at] = f.seconds_per_billion_tokens / n[at]
+            cols[COST_PER_BILLION][at] = f.cost_per_billion_tokens_usd
+    for k, v in cols.items():
+        est[k] = v
 
 
 def _price_basis(out: pd.DataFrame) -> str | None:
@@ -196,9 +233,18 @@ def _price_basis(out: pd.DataFrame) -> str | None:
     return None
 
 
-def _recommended(out: pd.DataFrame) -> np.ndarray:
-    """True on the cheapest option when every GPU type has a price, else on each type's fewest-GPU option."""
+def _recommended(out: pd.DataFrame, rank_by: str = "gpus") -> np.ndarray:
+    """rank_by gpus: True on the cheapest option when every GPU type has a price, else on each type's fewest-GPU
+    option. cost_per_token: True on the option with the lowest cost per 10⁹ tokens (ties: the fewest GPUs, then
+    the scenario's GPU order; rows are sorted by GPU type in that order, then by GPUs)."""
     rec = np.zeros(len(out), dtype=bool)
+    if rank_by == "cost_per_token":
+        cost = out[COST_PER_BILLION].to_numpy(dtype=float)
+        if np.isfinite(cost).any():
+            order = np.lexsort((np.arange(len(out)), out[GPUS].to_numpy(dtype=np.int64),
+                                np.where(np.isfinite(cost), cost, np.inf)))
+            rec[order[0]] = True
+            return rec
     gpu = out[C.GPU].astype(str).to_numpy()
     first = ~pd.Series(gpu).duplicated().to_numpy()  # each type's fewest-GPU row comes first (sorted by GPUs)
     basis = _price_basis(out)
@@ -240,6 +286,12 @@ SCHEMA = {
                        "description": "ZeRO stages tried (default 0, 1, 2, 3)."},
         "checkpointing": {"type": "array", "minItems": 1, "items": {"enum": ["none", "selective", "full"]},
                           "description": "Recomputation tried (default: the grid's checkpointing values)."},
+        "rank_by": {"enum": list(RANK_BY),
+                    "description": "How the recommended option is chosen: gpus (default) = each type's fewest GPUs, "
+                                   "the cheapest of them when every GPU has a price; cost_per_token = the lowest "
+                                   "estimated cost per 10^9 tokens trained (price_usd_per_hour x GPU-hours at the "
+                                   "throughput estimate's MFU), ties to the fewest GPUs; needs price_usd_per_hour "
+                                   "on every GPU."},
     },
     "oneOf": [{"required": ["global_batch"]}, {"required": ["tokens_per_step"]}],
 }
@@ -285,7 +337,8 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
                            DEFAULT_MAX_GPUS)), gpus_per_node=gpus_per_node, tensor_parallel=tps,
                            pipeline_parallel=pps, micro_batch=micro,
                            zero_stage=tuple(dict.fromkeys(given.get("zero_stage", DEFAULT_ZERO))),
-                           checkpointing=ck, host_memory_bytes=host_memory_bytes, fixed=fixed)
+                           checkpointing=ck, host_memory_bytes=host_memory_bytes, fixed=fixed,
+                           rank_by=str(given.get("rank_by", RANK_BY[0])))
     return (None if bad else search), bad
 
 
@@ -301,11 +354,16 @@ def describe(row: dict) -> str:
     return ", ".join(parts)
 
 
-def recommendation(options: pd.DataFrame, names: dict[str, str], gib) -> str:
+def recommendation(options: pd.DataFrame, names: dict[str, str], gib, rank_by: str = "gpus") -> str:
     """The report's one-line recommendation (gib: bytes -> 'x.x GiB')."""
     if not len(options):
         return "No configuration searched fits any listed GPU: raise cluster.max_gpus or allow more recomputation."
     rows = options[options[RECOMMENDED].to_numpy()].to_dict("records")
+    if rank_by == "cost_per_token" and len(rows) == 1 and pd.notna(rows[0][COST_PER_BILLION]):
+        r = rows[0]
+        return (f"Lowest estimated cost per 10^9 tokens trained: {r[GPUS]:,} × {names.get(r[C.GPU], r[C.GPU])} "
+                f"(${r[COST_PER_BILLION]:,.0f} per 10^9 tokens at {r[MFU]:.0%} MFU) with {describe(r)}: "
+                f"{gib(r[C.TOTAL])} of {gib(r[C.USABLE])} usable per GPU.")
     basis = _price_basis(options)
     if basis is not None:
         r = rows[0]

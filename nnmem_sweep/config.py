@@ -15,7 +15,8 @@ import yaml
 
 from . import columns as C
 from .config_blocks import (check_cluster, check_finetune, check_gpus, check_grid, check_model, check_node,
-                            check_overheads, check_parallel, check_report, check_serving, needs_no_sequence)
+                            check_overheads, check_parallel, check_report, check_serving, check_throughput,
+                            needs_no_sequence)
 from .config_check import Checker
 from .config_schema import schema_problems, schema_text  # noqa: F401  (schema_text: an entry point of this module)
 from .config_yaml import MAX_NODES, Builder, TooBig, compose, mark
@@ -46,7 +47,8 @@ def _scenario(data: Any, b: Builder, file: str, base_dir: Path, text: str, diges
     parallel = check_parallel(data, mode, model, grid, ck)
     node = check_node(data, ck) if (parallel or "cluster" in data) else {}
     model = check_finetune(data, mode, model, parallel, ck)
-    cluster = check_cluster(data, mode, model, grid, node, parallel, ck)
+    cluster = check_cluster(data, mode, model, grid, node, parallel, ck, gpus)
+    throughput = check_throughput(data, mode, model, gpus, ck)
     problems = b.problems + from_schema + ck.problems
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key_path)))
@@ -68,6 +70,7 @@ def _scenario(data: Any, b: Builder, file: str, base_dir: Path, text: str, diges
         parallel=parallel,
         node=node,
         cluster=cluster,
+        throughput=throughput,
     )
 
 

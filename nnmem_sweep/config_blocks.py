@@ -14,7 +14,9 @@ Scenario (config.py assembles them):
                                  against parallel/layout.py's rules
     check_node       node:       GPUs per node and host memory (the parallel and cluster plans)
     check_finetune   finetune:   LoRA / QLoRA adapters (components/finetune.py), folded into the model
-    check_cluster    cluster:    the cluster search (cluster.py)
+    check_cluster    cluster:    the cluster search (cluster.py); rank_by cost_per_token needs every GPU's hourly
+                                 price and peak FLOP/s
+    check_throughput throughput: the utilisations the throughput estimate takes (throughput/options.py)
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ from .parallel import layout as L
 from .paths import safe_stem
 from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, GPUSpec,
                        Overheads)
+from .throughput.defaults import compute_dtype
+from .throughput.options import parse_throughput
 from .units import parse_size
 
 # Axis defaults per mode. None: the axis must be given.
@@ -341,7 +345,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
 
 
 def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,
-             ck: Checker):
+             ck: Checker, gpus: tuple[GPUSpec, ...] = ()):
     """The `cluster:` block (cluster.py) as a ClusterSearch; its problems located at their keys."""
     given = data.get("cluster")
     if not isinstance(given, dict) or not ck.clean("cluster"):
@@ -351,4 +355,25 @@ def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
                                      parallel)
     for path, message in problems:
         ck.add(path, message, key=path == "cluster")
+    if search is not None and search.rank_by == "cost_per_token" and ck.clean("gpus"):
+        for g in gpus:
+            missing = [] if g.price_usd_per_hour is not None else ["price_usd_per_hour"]
+            precision = search.fixed.get(C.PRECISION)
+            if precision and g.peak_flops(compute_dtype(str(precision))) is None:
+                missing.append(f"a catalogued {compute_dtype(str(precision))} peak FLOP/s")
+            if missing:
+                ck.add("cluster.rank_by", f"ranking by cost per token trained needs {' and '.join(missing)} for "
+                                          f"GPU {g.id!r}")
+                return None
     return search
+
+
+def check_throughput(data: dict, mode: str, model, gpus: tuple[GPUSpec, ...], ck: Checker):
+    """The `throughput:` block (throughput/options.py); its problems located at their keys."""
+    given = data.get("throughput")
+    if not isinstance(given, dict) or not ck.clean("throughput"):
+        return None
+    opts, problems = parse_throughput(given, mode, model, [g.id for g in gpus])
+    for path, message in problems:
+        ck.add(path, message, key=True)
+    return opts

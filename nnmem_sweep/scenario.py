@@ -75,3 +75,5 @@ class Scenario:
     node: dict[str, int] = field(default_factory=dict)
     # train only (cluster.py): the `cluster:` block as a cluster.ClusterSearch, None when absent
     cluster: Any = None
+    # the `throughput:` block as a throughput.options.ThroughputOptions, None when absent (the sourced defaults)
+    throughput: Any = None

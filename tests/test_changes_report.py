@@ -86,8 +86,8 @@ def test_a_bigger_model_lists_the_cells_that_no_longer_fit_first(repo, tmp_path,
     assert f"HEAD: commit <code>{head}</code>, sha256 <code>{hashlib.sha256(BASE.encode()).hexdigest()}</code>" in sec
     assert (f"commit <code>{head}</code> (uncommitted changes), sha256 "
             f"<code>{hashlib.sha256(BIGGER.encode()).hexdigest()}</code>") in sec
-    # placed after the summary, before the max-batch tables
-    assert page.index('id="summary"') < page.index('id="changes"') < page.index('id="max-batch"')
+    # placed after the decision page, before the max-batch tables
+    assert page.index('id="decision"') < page.index('id="changes"') < page.index('id="max-batch"')
 
 
 def _html(cfg, rev, out) -> str:

@@ -1,4 +1,4 @@
-"""The report of a scenario with a `parallel:` block (issue 4 follow-up): the max-batch tables, the summary, the
+"""The report of a scenario with a `parallel:` block (issue 4 follow-up): the max-batch tables, the decision page, the
 charts' reference point and the target treat the layouts like the other non-batch axes; report.table_rows may name
 parallel axes; the assumptions list what the parallel, fine-tuning and cluster models rely on, only where used."""
 from __future__ import annotations
@@ -13,14 +13,14 @@ from nnmem_sweep import columns as C
 from nnmem_sweep.formulas import all_formulas
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.report import appendix, assumptions, figures, points, summary, tables as report_tables
+from nnmem_sweep.report import appendix, assumptions, decision, figures, points, tables as report_tables
 from nnmem_sweep.report.format import AXIS_LABELS, axis_value
 from nnmem_sweep.runner import run_scenario
 
 # Llama 3.1 8B over four layouts (ZeRO 1/3 x TP 1/4, DP 8, SP): 4 layouts x 2 checkpointing x 2 GPUs = 16 cells.
 # max_batch.csv (the estimator's figures; what matters here is that the layouts differ):
 #   selective  ZeRO 1 TP 1: A100 40GB 0, H100 1    ZeRO 1 TP 4: 3, 8    ZeRO 3 TP 1: 0, 1    ZeRO 3 TP 4: 4, 8
-# Before the fix the tables kept the last layout per cell (4, 8) and the summary the first (0, 1).
+# Before the fix the tables kept the last layout per cell (4, 8) and the summary (now the decision page) the first.
 LAYOUTS = """\
 name: Llama 8B layouts
 model: {preset: llama-3.1-8b}
@@ -76,23 +76,32 @@ def test_every_table_cell_is_the_max_batch_of_its_own_layout(layouts):
     assert first["axes"] == ["selective", "1", "1"] and [c["text"] for c in first["cells"]] == ["–", "1"]
 
 
-def test_summary_names_the_layout_of_each_figure_and_agrees_with_the_table(layouts):
+def _page(sc, run) -> dict:
+    page = decision.decision(sc, run.max_batch, None, None, "layouts.yaml")
+    return page, {r["cells"][0]: dict(zip(page["table"]["headers"], r["cells"])) for r in page["table"]["rows"]}
+
+
+def test_decision_names_each_gpus_layout_and_agrees_with_the_table(layouts):
+    """No target: the question is the reference point (batch 1, selective, the first layout TP 1 · ZeRO 1). Per GPU
+    (smallest first) the layout asked if it fits, else the fewest changes of it; the largest batch is that layout's
+    max-batch cell."""
     sc, mb = layouts.scenario, layouts.max_batch
-    s = summary.summary(sc, layouts.results, mb)
-    texts = [x["text"] for x in s["sentences"]]
-    # per GPU (smallest first): the reference layout (the first listed: TP 1, ZeRO 1), then the layout with the most
-    # room among the 4 (ties: fewest GPUs, then the lowest ZeRO stage)
-    assert len(texts) == 4
-    assert texts[0].startswith("Llama 3.1 8B training, seq 4,096, bf16-master adamw, selective checkpointing, "
-                               "TP 1 + SP · PP 1 · DP 8 · ZeRO 1: does not fit an A100")
-    assert texts[1].startswith("Of the 4 layouts, the most room on an A100-SXM4-40GB: batch 4 with "
-                               "TP 4 + SP · PP 1 · DP 8 · ZeRO 3 (32 GPUs)")
-    assert "TP 1 + SP · PP 1 · DP 8 · ZeRO 1: fits an H100" in texts[2] and "up to batch 1 (" in texts[2]
-    # on the H100, TP 4 fits batch 8 with ZeRO 1 and with ZeRO 3: the lower stage is named
-    assert texts[3].startswith("Of the 4 layouts, the most room on an H100 SXM5 80GB (H100 80GB HBM3): batch 8 "
-                               "with TP 4 + SP · PP 1 · DP 8 · ZeRO 1 (32 GPUs)")
-    assert csv_max_batch(mb, checkpointing="selective", tensor_parallel=4, zero_stage=3, gpu="a100-40gb") == 4
-    assert csv_max_batch(mb, checkpointing="selective", tensor_parallel=1, zero_stage=1, gpu="h100-sxm") == 1
+    page, rows = _page(sc, layouts)
+    assert page["question"] == ("Which GPU trains Llama 3.1 8B at batch 1 × 4,096 tokens (4,096 tokens per step) with "
+                                "bf16-master adamw, selective checkpointing, TP 1 + SP · PP 1 · DP 8 · ZeRO 1 (the "
+                                "report's reference point: the scenario sets no target)?")
+    a100, h100 = rows.values()
+    # the A100 40GB does not fit TP 1 ZeRO 1 at batch 1 (max batch 0); one change of layout fits: TP 4 (3) before
+    # ZeRO 3 (still 0), on 32 GPUs
+    assert a100["recipe (* not as asked)"] == ("bf16-master adamw, selective checkpointing, TP 4 + SP · PP 1 · DP 8 "
+                                               "· ZeRO 1 *")
+    assert a100["GPUs"] == "32" and a100["largest batch"] == "3"
+    assert csv_max_batch(mb, checkpointing="selective", tensor_parallel=4, zero_stage=1, gpu="a100-40gb") == 3
+    # the H100 fits the layout asked (max batch 1), on 8 GPUs: the answer (no change)
+    assert h100["recipe (* not as asked)"].endswith("TP 1 + SP · PP 1 · DP 8 · ZeRO 1") and h100["GPUs"] == "8"
+    assert h100["largest batch"] == "1"
+    assert page["answer"].startswith("8 × H100 SXM5 80GB (H100 80GB HBM3) with bf16-master adamw, selective "
+                                     "checkpointing, TP 1 + SP · PP 1 · DP 8 · ZeRO 1.")
 
 
 def test_table_rows_may_name_parallel_axes_and_then_unnamed_ones_split_the_tables(layouts):
@@ -203,7 +212,7 @@ def test_finetune_and_cluster_assumptions_only_where_used():
     assert assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: full}\n"))["groups"] == []
     cluster = assumptions.assumptions(parse_scenario_text(lora + "cluster: {global_batch: 8}\n"))["groups"]
     assert [g["title"] for g in cluster] == ["How many GPUs"]
-    assert "stands in for speed, which is not modelled" in cluster[0]["items"][0]
+    assert "stands in for what the throughput estimate does not model" in cluster[0]["items"][0]
     assert "TP within a node (8 GPUs)" in cluster[0]["items"][1]
 
 
@@ -218,8 +227,8 @@ def test_rendered_report_reads_the_layouts(tmp_path, monkeypatch, layouts):
     assert '<th class="axis">TP</th>' in html and '<th class="axis">ZeRO</th>' in html
     assert "Each row is one parallel layout (TP, ZeRO in its columns; DP 8, SP on in every one)." in html
     assert "<h3>Parallelism and sharding</h3>" in html
-    section = re.search(r'<section id="summary">(.*?)</section>', html, re.S).group(1)
-    assert section.count("<li") == 4 and "TP 4 + SP · PP 1 · DP 8 · ZeRO 3 (32 GPUs)" in section
+    section = re.search(r'<section id="decision">(.*?)</section>', html, re.S).group(1)
+    assert section.count("<tr") == 3 and "TP 4 + SP · PP 1 · DP 8 · ZeRO 1 *" in section
 
 
 # ------------------------------------------------------------------------------------------------ diff (issue 4)
@@ -258,11 +267,13 @@ def test_a_scenario_gaining_a_parallel_block_meets_it_on_the_one_gpu_layout():
 
 
 def test_target_speaks_of_layouts(layouts):
-    # batch 4 at the reference layout (selective, TP 1, ZeRO 1) fits no GPU; with full checkpointing TP 4 ZeRO 3
-    # both do (18 and 38; the most room)
+    # batch 4 at the layout asked (selective, TP 1, ZeRO 1) fits no GPU. Per GPU the fewest changes that fit, recipe
+    # first: the A100 40GB needs TP 4 and ZeRO 3 (4; TP 4 ZeRO 1 holds 3), the H100 TP 4 alone (8): the answer
     sc = parse_scenario_text(LAYOUTS + "target: {batch: 4, seq_len: 4096}\n")
-    t = summary.summary(sc, layouts.results, layouts.max_batch)["target"]
-    assert t["text"].endswith("ZeRO 1) is met by none of the GPUs with this recipe and layout.")
-    assert t["others"] == ("With another recipe or layout from the grid (the one with the most room): A100-SXM4-40GB "
-                           "(full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 3); H100 SXM5 80GB (H100 80GB HBM3) "
-                           "(full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 3).")
+    page, rows = _page(sc, layouts)
+    a100, h100 = rows.values()
+    assert a100["recipe (* not as asked)"].endswith("TP 4 + SP · PP 1 · DP 8 · ZeRO 3 *")
+    assert h100["recipe (* not as asked)"].endswith("TP 4 + SP · PP 1 · DP 8 · ZeRO 1 *")
+    assert page["answer"] == ("32 × H100 SXM5 80GB (H100 80GB HBM3) with bf16-master adamw, selective checkpointing, "
+                              "TP 4 + SP · PP 1 · DP 8 · ZeRO 1 (not the recipe asked: TP 4; the recipe asked fits no "
+                              "GPU listed).")

@@ -148,11 +148,41 @@ def _cluster_assumptions(sc: Scenario) -> list[str]:
     return [
         "Cluster options keep, for each GPU type and GPU count, one layout that fits, by a stated rule: the least "
         "recomputation, then no pipeline, the smallest TP, the lowest ZeRO stage, the largest micro-batch. The rule "
-        "stands in for speed, which is not modelled.",
+        "stands in for what the throughput estimate does not model (communication, pipeline bubbles).",
         f"The search keeps TP within a node ({search.gpus_per_node} GPUs), turns sequence parallelism on whenever "
         f"TP > 1 and splits the global batch as micro-batch × DP × accumulation steps (the pipeline's micro-batches "
         f"when PP > 1); the recipe is the grid's first values.",
-        "Costs are the price of the GPUs (or per hour) as given in the scenario, not the cost per token trained."]
+        "Costs are the price of the GPUs (or per hour) as given in the scenario; the cost per 10^9 tokens trained is "
+        "the price per GPU-hour times the GPU-hours the throughput estimate gives (Throughput estimate).",
+        ("Recommended: the option with the lowest estimated cost per 10^9 tokens trained (cluster.rank_by: "
+         "cost_per_token), ties to the fewest GPUs." if search.rank_by == "cost_per_token" else
+         "Recommended: each type's fewest GPUs, the cheapest of those when every GPU has a price (cluster.rank_by: "
+         "gpus).")]
+
+
+def _peaks(g: Any) -> str:
+    """'bf16 989.5, fp8 1,979 TFLOP/s dense, 3,350 GB/s' of a catalogued GPU ('' when the catalog has none)."""
+    flops = ", ".join(f"{d} {f / 1e12:,.4g}" for d, f in g.peak_dense_flops)
+    bw = g.memory_bandwidth_bytes_per_s
+    parts = ([f"{flops} TFLOP/s dense"] if flops else []) + ([f"{bw / 1e9:,.0f} GB/s"] if bw else [])
+    return ", ".join(parts)
+
+
+def throughput_assumptions(sc: Scenario, assumed: list[tuple[str, str]]) -> list[str]:
+    """What the throughput estimate rests on: its model, each utilisation it assumed (with how it follows from its
+    sources) and each GPU's datasheet figures (with where they come from)."""
+    items = [
+        "An estimate from published figures, not a measurement; it never changes a memory figure. Training: tokens/s "
+        "per GPU = MFU × the dense peak FLOP/s of the recipe's compute dtype / model FLOPs per token, 6·N + "
+        "12·L·H·Q·T (PaLM App. B), the same MFU at every GPU count (no scaling loss). Serving: a decode step reads "
+        "the weights once for the batch and each sequence's KV cache, and lasts at least that long and at least its "
+        "FLOPs (Pope et al. 2022); tensor-parallel communication is not modelled, so it errs fast."]
+    items += [f"{label}: {note}." for label, note in assumed]
+    for g in gpu_order(sc):
+        peaks = _peaks(g)
+        items.append(f"{g.name}: {peaks} ({g.spec_source or 'source not recorded'})." if peaks else
+                     f"{g.name}: no peak FLOP/s or bandwidth in the GPU catalog; its throughput is unknown.")
+    return items
 
 
 def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:

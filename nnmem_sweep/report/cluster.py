@@ -1,6 +1,6 @@
 """The report's "Cluster options" section (scenarios with a `cluster:` block): cluster_options.csv -> a table of
-GPU type x count x configuration x memory per GPU x cost, and the one-line recommendation. Formatting only; the
-search and the recommendation rule are in nnmem_sweep/cluster.py."""
+GPU type x count x configuration x memory per GPU x cost x estimated throughput, and the one-line recommendation.
+Formatting only; the search, its throughput columns and the recommendation rule are in nnmem_sweep/cluster.py."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +10,7 @@ import pandas as pd
 from .. import cluster as K
 from .. import columns as C
 from ..scenario import Scenario
-from .format import DASH, gib, thousands
+from .format import DASH, duration, gib, percent, rate, thousands, usd
 
 
 def _money(v: Any, per_hour: bool) -> str:
@@ -39,13 +39,17 @@ def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None
             "memory": gib(r[C.TOTAL]),
             "used": f"{r[C.TOTAL] / r[C.USABLE]:.1%}" if r[C.USABLE] else DASH,  # one decimal: a column
             "cost": _money(cost, pd.notna(r[K.COST_PER_HOUR])),
+            "speed": DASH if pd.isna(r[K.TOKENS_PER_S_PER_GPU]) else
+            f"{rate(r[K.TOKENS_PER_S_PER_GPU])} ({percent(r[K.MFU], 0)})",
+            "time": duration(r[K.TIME_PER_BILLION]),
+            "cost_per_token": usd(r[K.COST_PER_BILLION]),
             "recommended": bool(r[K.RECOMMENDED]),
         })
     missing = [g.name for g in sc.gpus if g.id not in set(options[C.GPU].astype(str))]
     fixed = ", ".join(f"{k.replace('_', ' ')} {('on' if v else 'off') if isinstance(v, bool) else v}"
                       for k, v in search.fixed.items() if v is not None)
     return {
-        "recommendation": K.recommendation(options, names, gib),
+        "recommendation": K.recommendation(options, names, gib, search.rank_by),
         "target": f"{thousands(search.global_batch)} sequences of {thousands(search.seq_len)} tokens per optimizer "
                   f"step ({thousands(search.global_batch * search.seq_len)} tokens)",
         "fixed": fixed,
@@ -56,6 +60,10 @@ def section(sc: Scenario, options: pd.DataFrame | None) -> dict[str, Any] | None
                    f"at most {thousands(search.max_gpus)} GPUs"),
         "rows": rows,
         "priced": bool(options[[K.COST, K.COST_PER_HOUR]].notna().any(axis=None)),
+        "hourly": bool(options[K.COST_PER_BILLION].notna().any()),
+        "rank_by": ("the lowest estimated cost per 10^9 tokens trained (rank_by: cost_per_token)"
+                    if search.rank_by == "cost_per_token" else
+                    "each type's fewest GPUs, the cheapest of them when every GPU has a price (rank_by: gpus)"),
         "per_gpu": str(K.OPTIONS_PER_GPU),
         "none_fit": ", ".join(missing),
     }

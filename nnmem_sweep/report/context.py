@@ -1,8 +1,9 @@
 """DataFrames -> the report's context: plain dicts of formatted strings, booleans and lists of row dicts.
 
 All arithmetic, unit conversion, selection and sorting of the report happens in Python; templates only lay it out.
-build_context gathers the sections, each built in its own module: points.py (the reference point and how points are
-written), summary.py, tables.py (max-batch tables and heatmap), figures.py (what the charts show; charts.py draws
+build_context gathers the sections, each built in its own module: decision.py (the first page: the question, the
+answer, the alternatives and what would flip it; decision_options.py, uncertainty.py), points.py (the reference
+point and how points are written), tables.py (max-batch tables and heatmap), figures.py (what the charts show; charts.py draws
 them), assumptions.py, appendix.py (formulas, validation), and serving.py, cluster.py, changes.py for the sections
 of serving plans, cluster searches and changes since a revision.
 """
@@ -18,15 +19,15 @@ from ..components.finetune_method import targets_of
 from ..scenario import Scenario
 from . import charts
 from .appendix import formulas, validation
-from .assumptions import assumptions
+from .assumptions import assumptions, throughput_assumptions
 from .changes import section as changes_section
 from .cluster import section as cluster_section
+from .decision import decision
 from .figures import breakdown_chart, memory_vs_batch_chart
 from .format import COMPONENT_LABELS
 from .points import reference_point, usable_by_gpu
 from .provenance import Provenance
 from .serving import section as serving_section
-from .summary import summary
 from .tables import HEATMAP_MAX_ROWS, layout_note, max_batch_tables
 
 
@@ -62,6 +63,10 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"], heat["legend"])
     paper = str(sc.report.get("paper", "A4"))
     n_points = len(results)
+    page = decision(sc, max_batch, serving_plan, cluster_options, prov.config_path)
+    assumed = assumptions(sc, validation_table)
+    if page["assumed"]:
+        assumed["groups"].append({"title": "Throughput estimate", "items": throughput_assumptions(sc, page["assumed"])})
     return {
         "title": str(sc.report.get("title") or sc.name),
         "description": sc.description,
@@ -75,7 +80,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "mode": "inference" if sc.mode == "infer" else "training",
         "grid_size": f"{n_points:,}",
         "gpu_count": str(len(sc.gpus)),
-        "summary": summary(sc, results, max_batch),
+        "decision": page,
         "tables": tables,
         "layout_note": layout_note(sc),
         "charts": {
@@ -84,7 +89,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
             "heatmap": heat_svg, "heatmap_truncated": heat["truncated"], "heatmap_about": heat["about"],
             "heatmap_max_rows": str(HEATMAP_MAX_ROWS),
         },
-        "assumptions": assumptions(sc, validation_table),
+        "assumptions": assumed,
         "formulas": formulas(all_formulas),
         "validation": validation(validation_table),
         "serving": serving_section(sc, serving_plan, serving_context, point),

@@ -78,7 +78,9 @@ def thousands(n: Any) -> str:
 
 def percent(fraction: float, digits: int = 1) -> str:
     """0.05 -> '5%'; 0.125 -> '12.5%' (trailing zeros dropped)."""
-    text = f"{fraction * 100:.{digits}f}".rstrip("0").rstrip(".")
+    text = f"{fraction * 100:.{digits}f}"
+    if "." in text:  # trailing zeros of the decimals only: 30 stays 30 at digits=0
+        text = text.rstrip("0").rstrip(".")
     return f"{text}%"
 
 
@@ -108,6 +110,46 @@ def article(name: str) -> str:
     if acronym:
         return "an" if first.upper() in "AEFHILMNORSX" else "a"
     return "an" if first.lower() in "aeio" else "a"
+
+
+def signed_gib(n: Any) -> str:
+    """Bytes -> '+12.3' / '−3.1' GiB, the unit left to the heading (a margin: room left, or missing)."""
+    return ("+" if int(n) >= 0 else "−") + gib_number(abs(int(n)))
+
+
+def size(n: Any) -> str:
+    """Bytes -> '612 MiB' below 1 GiB, else '4.2 GiB' (the parts of an uncertainty, small and large)."""
+    return mib(n, 0) if int(n) < 2**30 else gib(n)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, (float, np.floating)) and not math.isfinite(v))
+
+
+def rate(v: Any) -> str:
+    """Tokens/s -> '5,196' (three significant figures at most below 1,000: '41.3'); unknown -> 'unknown'."""
+    if _missing(v):
+        return "unknown"
+    v = float(v)
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def duration(seconds: Any) -> str:
+    """Seconds -> '850 ms' / '12.5 min' / '53.5 h' / '9.3 days' (an estimate's duration, three figures)."""
+    if _missing(seconds):
+        return "unknown"
+    s = float(seconds)
+    for limit, div, unit in ((1, 1e-3, "ms"), (60, 1, "s"), (3600, 60, "min"), (48 * 3600, 3600, "h")):
+        if s < limit:
+            return f"{s / div:.3g} {unit}"
+    return f"{s / 86400:,.1f} days"
+
+
+def usd(v: Any) -> str:
+    """Dollars -> '$1,234' ('$12.50' below $100); unknown -> the dash."""
+    if _missing(v):
+        return DASH
+    return f"${float(v):,.2f}" if float(v) < 100 else f"${float(v):,.0f}"
 
 
 FILTERS = {

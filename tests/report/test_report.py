@@ -1,4 +1,4 @@
-"""Report tests: golden HTML, determinism, escaping, template override, SVG validity, summary vs results."""
+"""Report tests: golden HTML, determinism, escaping, template override, SVG validity, the decision page vs results."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +16,7 @@ import pytest
 from nnmem_sweep import columns as C
 from nnmem_sweep.citations import Formula, Source
 from nnmem_sweep.errors import ScenarioError
-from nnmem_sweep.report import assumptions, figures, points, summary, tables as report_tables, render_report
+from nnmem_sweep.report import assumptions, decision, figures, points, tables as report_tables, render_report
 from nnmem_sweep.scenario import GPUSpec
 from nnmem_sweep.units import MiB
 
@@ -66,7 +66,7 @@ def test_golden_html(fixed, run):
 def test_golden_invariants():
     """The committed golden itself: every section in the issue's order, no external fetch, self-contained."""
     html = GOLDEN.read_text(encoding="utf-8")
-    order = ['id="summary"', 'id="max-batch"', 'id="charts"', 'id="assumptions"', 'id="formulas"', 'id="appendix"']
+    order = ['id="decision"', 'id="max-batch"', 'id="charts"', 'id="assumptions"', 'id="formulas"', 'id="appendix"']
     positions = [html.index(s) for s in order]
     assert positions == sorted(positions)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
@@ -109,11 +109,11 @@ def test_svg_charts_parse_as_xml(fixed, run):
 def test_user_template_overrides_one_file(fixed, run):
     folder = fixed / "acme"
     folder.mkdir()
-    (folder / "_summary.html.j2").write_text(
-        '<section id="summary"><p>ACME summary: {{ summary.sentences|length }} GPUs</p></section>\n')
+    (folder / "_decision.html.j2").write_text(
+        '<section id="decision"><p>ACME decision: {{ decision.table.rows|length }} GPUs</p></section>\n')
     sc = replace(run.scenario, path=str(fixed / "scenario.yaml"), report={**run.scenario.report, "templates": "acme"})
     html = render(replace(run, scenario=sc), fixed / "o")
-    assert "ACME summary: 3 GPUs" in html
+    assert "ACME decision: 3 GPUs" in html
     assert 'id="max-batch"' in html  # the other shipped templates still apply
 
 
@@ -123,49 +123,76 @@ def test_missing_template_folder_is_a_scenario_error(fixed, run):
         render(replace(run, scenario=sc), fixed / "o")
 
 
-def test_summary_numbers_match_results(run):
-    """Each sentence's batch and GiB agree with max_batch.csv, and results.csv flips from fits to not fits there."""
+def page_of(run, sc=None) -> dict:
+    sc = sc or run.scenario
+    return decision.decision(sc, run.max_batch, None, None, "scenario.yaml")
+
+
+def cells(page: dict) -> dict[str, dict[str, str]]:
+    """The decision table as {GPU name: {heading: cell}}."""
+    heads = page["table"]["headers"]
+    return {r["cells"][0]: dict(zip(heads, r["cells"])) for r in page["table"]["rows"]}
+
+
+def test_decision_table_numbers_match_results(run):
+    """Each row's need, margin and largest batch agree with results.csv and max_batch.csv at its own recipe."""
     sc = run.scenario
-    summ = summary.summary(sc, run.results, run.max_batch)
     by_name = {g.name: g for g in sc.gpus}
-    ref = {C.SEQ_LEN: 4096, C.PRECISION: "bf16-mixed", C.OPTIMIZER: "adamw", C.CHECKPOINTING: "none"}
-    assert len(summ["sentences"]) == 3
-    for s in summ["sentences"]:
-        g = by_name[s["gpu"]]
-        mb = points.select(run.max_batch, {**ref, C.GPU: g.id}).iloc[0]
-        m = re.search(r"up to batch ([\d,]+) \(([\d.]+) of ([\d.]+) GiB usable\)", s["text"])
-        assert int(m.group(1).replace(",", "")) == mb[C.MAX_BATCH]
-        assert m.group(2) == f"{mb[C.TOTAL_AT_MAX_BATCH] / 2**30:.1f}"
-        rows = points.select(run.results, {**ref, C.GPU: g.id})
-        assert rows[rows[C.BATCH] <= mb[C.MAX_BATCH]][C.FITS].all()
-        assert not rows[rows[C.BATCH] > mb[C.MAX_BATCH]][C.FITS].any()
+    rows = cells(page_of(run))
+    assert list(rows) == ["L4 24GB", "A100 40GB", "H100 SXM5 80GB"]  # smallest first
+    for name, row in rows.items():
+        g = by_name[name]
+        recipe = {C.SEQ_LEN: 4096, C.PRECISION: "bf16-mixed", C.OPTIMIZER: "adamw",
+                  C.CHECKPOINTING: "full" if row["recipe (* not as asked)"].endswith("*") else "none"}
+        r = points.select(run.results, {**recipe, C.BATCH: 8, C.GPU: g.id}).iloc[0]
+        assert row["need / usable (GiB)"] == f"{r[C.TOTAL] / 2**30:.1f} / {r[C.USABLE] / 2**30:.1f}"
+        assert row["margin (GiB)"] == f"+{(r[C.USABLE] - r[C.TOTAL]) / 2**30:.1f}"
+        mb = points.select(run.max_batch, {**recipe, C.GPU: g.id})[C.MAX_BATCH].item()
+        assert row["largest batch"] == f"{mb:,}"
 
 
-def test_summary_hand_computed_l4(run):
-    # L4: usable = int(23034 MiB · 0.95) = int(24,152,899,584 · 0.95) = 22,945,254,604
-    # fixed = 2·4e9 (weights + grads) + 8e9 (AdamW) + 536,870,912 + 8,519,680 = 16,545,390,592
-    # per sample = 4096 · 200,000 = 819,200,000; (22,945,254,604 − 16,545,390,592) // 819,200,000 = 7
-    # total at 7 = 16,545,390,592 + 5,734,400,000 = 22,279,790,592 B = 20.75 GiB -> "20.7"
-    summ = summary.summary(run.scenario, run.results, run.max_batch)
-    assert summ["sentences"][0]["text"] == ("Toy 1B training, seq 4,096, bf16-mixed adamw: fits an L4 24GB up to "
-                                            "batch 7 (20.7 of 21.4 GiB usable).")
-    # target batch 8 at seq 4096: L4 (7) misses; A100 40GB and H100 meet it, smallest first
-    assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
-    # L4's roomiest recipe at seq 4096: bf16 sgd full, fixed = 2·2e9 + 4e9 + 545,390,592 = 8,545,390,592,
-    # per sample 4096 · 20,000 = 81,920,000: (22,945,254,604 − 8,545,390,592) // 81,920,000 = 175 >= 8
-    assert summ["target"]["others"].endswith("L4 24GB (bf16 sgd, full checkpointing).")
-    assert points.select(run.max_batch, {C.GPU: "l4", C.SEQ_LEN: 4096, C.PRECISION: "bf16", C.OPTIMIZER: "sgd",
-                                           C.CHECKPOINTING: "full"})[C.MAX_BATCH].item() == 175
+def test_decision_hand_computed(run):
+    # the question: batch 8 x 4,096 with bf16-mixed adamw (the target; the recipe is each axis's first value)
+    # L4: usable = int(23034 MiB · 0.95) = 22,945,254,604; fixed = 2·4e9 + 8e9 + 536,870,912 + 8,519,680 =
+    #   16,545,390,592; batch 8: + 8 · 4096 · 200,000 = 23,098,990,592 > usable: the recipe asked does not fit.
+    #   One change that fits: full checkpointing (+ 8 · 4096 · 20,000 = 655,360,000 -> 17,200,750,592, margin
+    #   5,744,504,012 = 5.35 GiB), bf16 or sgd (both 12,545,390,592 + 6,553,600,000: less room): full checkpointing.
+    # A100 40GB: usable int(42,949,672,960 · 0.95) = 40,802,189,312; the recipe asked: 23,098,990,592, margin
+    #   17,703,198,720 = 16.49 GiB = 43.4 % of usable. The answer: the fewest changes (none), then the least memory.
+    page = page_of(run)
+    assert page["question"] == ("Which GPU trains Toy 1B at batch 8 × 4,096 tokens (32,768 tokens per step) with "
+                                "bf16-mixed adamw, on one GPU?")
+    assert page["answer"] == "A100 40GB with bf16-mixed adamw."
+    assert page["detail"] == "Needs 21.5 of 38.0 GiB usable: margin 16.5 GiB (43.4% of usable)."
+    rows = cells(page)
+    assert rows["L4 24GB"]["recipe (* not as asked)"] == "bf16-mixed adamw, full checkpointing *"
+    assert rows["L4 24GB"]["margin (GiB)"] == "+5.3" and rows["L4 24GB"]["verdict"] == "fits"
+    assert [r["class"] for r in page["table"]["rows"]] == ["", "answer", ""]
+    assert "tokens/s per GPU (MFU), est." not in page["table"]["headers"]
+    # sensitivity: fragmentation +10 % of the 22,553,600,000 B peak: 25,354,350,592 <= usable; seq 8,192 (twice the
+    # target, the grid's longest being 4,096): 16,545,390,592 + 8 · 8192 · 200,000 = 29,652,590,592 = 27.6 GiB
+    assert page["sensitivity"] == ("Sensitivity: still fits with fragmentation +10% of the peak (needs 23.6 of 38.0 "
+                                   "GiB); still fits at seq 8,192 (needs 27.6 of 38.0 GiB).")
+    # the toy has no tokens to count FLOPs for: no throughput figures, and the page says so
+    assert page["speed"] == "" and any(n.startswith("No throughput estimate") for n in page["notes"])
 
 
-def test_does_not_fit_sentence(run):
+def test_nothing_fits_names_the_closest(run):
     sc = make_scenario(gpus=(GPUSpec("t4", "T4 16GB", 15360 * MiB, "nvidia-smi"),))
     r = toy_run(sc)
-    text = summary.summary(sc, r.results, r.max_batch)["sentences"][0]["text"]
-    # batch 1: 16,545,390,592 + 819,200,000 = 17,364,590,592 B = 16.17 GiB > 15 GiB · 0.95
-    assert text == ("Toy 1B training, seq 4,096, bf16-mixed adamw: does not fit a T4 16GB even at batch 1 "
-                    "(needs 16.2 GiB, 14.2 GiB usable).")
-    assert summary.summary(sc, r.results, r.max_batch)["target"]["met"] is False
+    page = page_of(r, sc)
+    # T4 usable int(16,106,127,360 · 0.95) = 15,300,820,992 at batch 8 x 4096. One change fits nothing (the least:
+    # bf16-mixed adamw full checkpointing, 16,545,390,592 + 655,360,000). Two changes: bf16 adamw full and
+    # bf16-mixed sgd full both need 12e9 + 545,390,592 + 655,360,000 = 13,200,750,592 (the most room; the grid's
+    # order keeps bf16-mixed), bf16 sgd without checkpointing 15,099,... has less room
+    assert page["answer"] == "T4 16GB with bf16-mixed sgd, full checkpointing (not the recipe asked: optimizer sgd, " \
+                             "checkpointing full; the recipe asked fits no GPU listed)."
+    tiny = make_scenario(gpus=(GPUSpec("tiny", "Tiny 8GB", 8192 * MiB, "given"),))
+    page = page_of(toy_run(tiny), tiny)
+    # usable int(8,589,934,592 · 0.95) = 8,160,437,862 < 9,200,750,592 (the closest, 1.04 GiB short = 12.7 %)
+    assert page["answer"] == "No GPU listed meets it." and page["fits"] is False
+    assert page["detail"] == ("The closest: Tiny 8GB with bf16 sgd, full checkpointing; it needs 8.6 of 7.6 GiB "
+                              "usable: short by 1.0 GiB (12.7% of usable).")
 
 
 def test_wide_grid_splits_tables():
@@ -253,9 +280,9 @@ target: {batch: 16, seq_len: 1024}
 """
 
 
-def test_make_report_end_to_end_summary_matches_csv(tmp_path, monkeypatch):
-    """The real pipeline (config, estimator, CSVs, HTML, PDF); every summary sentence agrees with max_batch.csv,
-    and results.csv says batch b fits exactly when b <= that max batch."""
+def test_make_report_end_to_end_decision_matches_csv(tmp_path, monkeypatch):
+    """The real pipeline (config, estimator, CSVs, HTML, PDF); every row of the decision table agrees with
+    results.csv (its need and usable at the target) and max_batch.csv (its largest batch)."""
     pytest.importorskip("nnmem_sweep.runner")
     from nnmem_sweep.report import make_report
 
@@ -273,23 +300,19 @@ def test_make_report_end_to_end_summary_matches_csv(tmp_path, monkeypatch):
         p.name: (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) for p in written[:-1]}
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     mb = pd.read_csv(tmp_path / "out" / "max_batch.csv")
-    ref = (mb[C.SEQ_LEN] == 1024) & (mb[C.PRECISION] == "bf16-mixed")
-    names = {"t4": "Tesla T4", "h100-sxm": None}
-    sentences = re.findall(r"<li[^>]*>(GPT-2 small.*?)</li>", html)
-    assert len(sentences) == 2
-    for gpu_id, sentence in zip(["t4", "h100-sxm"], sentences):  # smallest GPU first
-        row = mb[ref & (mb[C.GPU] == gpu_id)].iloc[0]
-        if names[gpu_id]:
-            assert names[gpu_id] in sentence
-        m = re.search(r"up to batch ([\d,]+) \(([\d.]+) of", sentence)
-        if row[C.MAX_BATCH] == 0:
-            assert "does not fit" in sentence and f"needs {row[C.TOTAL_AT_BATCH_1] / 2**30:.1f} GiB" in sentence
-            continue
-        assert int(m.group(1).replace(",", "")) == row[C.MAX_BATCH]
-        assert m.group(2) == f"{row[C.TOTAL_AT_MAX_BATCH] / 2**30:.1f}"
-        pts = results[(results[C.SEQ_LEN] == 1024) & (results[C.PRECISION] == "bf16-mixed")
-                      & (results[C.GPU] == gpu_id)]
-        assert (pts[C.FITS] == (pts[C.BATCH] <= row[C.MAX_BATCH])).all()
+    section = re.search(r'<section id="decision">(.*?)</section>', html, re.S).group(1)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr[^>]*>(<td.*?)</tr>", section)]
+    assert [r[0] for r in rows] == ["Tesla T4", "H100 SXM5 80GB (H100 80GB HBM3)"]  # smallest GPU first
+    for gpu_id, (name, verdict, recipe, need, margin, largest, *_) in zip(["t4", "h100-sxm"], rows):
+        precision = recipe.split()[0]
+        at = (results[C.GPU] == gpu_id) & (results[C.SEQ_LEN] == 1024) & (results[C.PRECISION] == precision)
+        r = results[at & (results[C.BATCH] == 16)].iloc[0]
+        assert need == f"{r[C.TOTAL] / 2**30:.1f} / {r[C.USABLE] / 2**30:.1f}"
+        assert verdict.startswith("fits" if r[C.FITS] else "no")
+        want = mb[(mb[C.GPU] == gpu_id) & (mb[C.SEQ_LEN] == 1024) & (mb[C.PRECISION] == precision)][C.MAX_BATCH].item()
+        assert largest == (f"{want:,}" if want else "–")
+        pts = results[at]
+        assert (pts[C.FITS] == (pts[C.BATCH] <= want)).all()
 
 
 def test_toy_components_add_up(run):
@@ -324,18 +347,19 @@ def test_models_without_a_sequence_do_not_mention_one():
 
 
 def test_target_uses_its_own_sequence_length(run):
-    """report.reference_seq_len moves the summary, not the target: the target is judged at its own seq_len."""
+    """report.reference_seq_len moves the charts' reference point, not the question: the target's seq_len."""
     sc = replace(run.scenario, report={**run.scenario.report, "reference_seq_len": 1024})
-    summ = summary.summary(sc, run.results, run.max_batch)
-    assert summ["sentences"][0]["text"].startswith("Toy 1B training, seq 1,024, bf16-mixed adamw: fits an L4 24GB")
-    assert summ["target"]["text"].startswith("Target (Toy 1B training, batch 8, seq 4,096, bf16-mixed adamw)")
-    assert summ["target"]["gpus"] == ["A100 40GB", "H100 SXM5 80GB"]
+    assert "batch 8 × 4,096 tokens" in page_of(run, sc)["question"]
 
 
-def test_target_outside_the_grid_says_so(run):
+def test_target_outside_the_grid_is_estimated_there(run):
+    # seq 8,192 is not a grid value: the page estimates the target itself. A100 40GB: 16,545,390,592 +
+    # 8 · 8192 · 200,000 = 29,652,590,592 <= 40,802,189,312; the grid's max-batch table has no such row (a dash)
     sc = replace(run.scenario, target={C.BATCH: 8, C.SEQ_LEN: 8192})
-    t = summary.summary(sc, run.results, run.max_batch)["target"]
-    assert "seq len 8,192 is not in the grid" in t["text"] and t["met"] is False
+    page = page_of(run, sc)
+    assert page["answer"] == "A100 40GB with bf16-mixed adamw."
+    assert cells(page)["A100 40GB"]["need / usable (GiB)"] == "27.6 / 38.0"
+    assert cells(page)["A100 40GB"]["largest batch"] == "–"
 
 
 def test_reference_points_choose_the_breakdown_bars(run):

@@ -1,0 +1,109 @@
+"""How far a real GPU's need may lie from the estimate's total, and so which verdicts a measurement must settle.
+
+The estimate's total is the peak PyTorch allocates plus what it assumes for the rest (today the scenario's
+`overheads`: a flat CUDA context, the cuBLAS workspace and an allocator reserve, a fraction of the peak). The rest is
+known only within ranges; `uncertainty_bytes` is the one place that turns them into bytes for a row:
+
+    outside the allocator  the CUDA context with its modules, from the public measurements of this GPU generation's
+                           loading mode (components/runtime.py, catalog/runtime.json: 254-612 MiB with lazy
+                           loading on most GPUs), plus NCCL's buffers for every parallel group of more than one GPU
+                           (up to ~1.8 GiB per communicator, measured), which the estimate does not count
+    cuBLAS workspaces      inside the allocator but not in the traced step: runtime.py's size for the GPU's compute
+                           capability (32 MiB per handle and stream on Hopper and later) against the one assumed
+    fragmentation          reserved minus allocated: 0.8 % to 9 % of the peak allocated (FRAGMENTATION, from the
+                           allocator replays in shared/ALLOCATOR.md: peak reserved / peak allocated 1.008-1.03 with
+                           AdamW, 1.09 in one Adafactor case) against the reserve assumed
+
+    above = Σ max(0, high − assumed)      below = Σ max(0, assumed − low)
+
+A "fits" whose margin is below `above`, or a "does not fit" whose shortfall is below `below`, could flip on real
+hardware: the report flags it "verify by measuring". When the estimate carries a runtime model's columns
+(`non_torch_bytes`, `reserved_bytes`; issue 13), those are what is assumed and the ranges stay as above.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .. import columns as C
+from ..components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
+from ..scenario import GPUSpec, Scenario
+from .format import percent, size
+
+# reserved − allocated, as a fraction of the peak allocated: the allocator replays of shared/ALLOCATOR.md (BERT-large,
+# fp32 and fp16 autocast, AdamW 1.008-1.03, one Adafactor case 1.09; expandable segments 1.001-1.011)
+FRAGMENTATION = (0.008, 0.09)
+NON_TORCH = "non_torch_bytes"  # issue 13's columns, read when present
+RESERVED = "reserved_bytes"
+_LAYOUT = (C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL)
+
+
+def _gpu(sc: Scenario, gpu_id: str) -> GPUSpec:
+    return next(g for g in sc.gpus if g.id == str(gpu_id))
+
+
+def _layout(row: Mapping[str, Any]) -> dict[str, int]:
+    return {a: int(row[a]) for a in _LAYOUT if a in row and row[a] is not None and not _isnan(row[a])}
+
+
+def _isnan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def ranges(row: Mapping[str, Any], sc: Scenario) -> dict[str, tuple[int, int, int]]:
+    """(low, high, assumed) bytes of each part the estimate is unsure of, for a row with `gpu` and
+    `peak_allocated_bytes` (and the parallel axes of its layout, if any)."""
+    gpu = _gpu(sc, row[C.GPU])
+    peak = int(row[C.PEAK_ALLOCATED])
+    rt = parse_runtime(None, gpu)
+    context = cuda_context_bytes(rt)
+    mem = runtime_memory(rt, _layout(row), gpu, sc.mode)
+    ov = sc.overheads
+    outside_assumed = int(row[NON_TORCH]) if NON_TORCH in row else int(ov.cuda_context_bytes)
+    cublas_assumed = 0 if NON_TORCH in row else int(ov.cublas_workspace_bytes)  # the runtime model counts its own
+    cublas = 0 if NON_TORCH in row else int(mem.allocator_extra_bytes)
+    frag_assumed = (int(row[RESERVED]) - peak if RESERVED in row
+                    else math.ceil(peak * float(ov.allocator_reserve_fraction)))
+    return {
+        "outside": (int(context.low), int(mem.non_torch_bytes), outside_assumed),
+        "cublas": (cublas, cublas, cublas_assumed),
+        "fragmentation": (math.floor(peak * FRAGMENTATION[0]), math.ceil(peak * FRAGMENTATION[1]), frag_assumed),
+    }
+
+
+def uncertainty_bytes(row: Mapping[str, Any], sc: Scenario) -> tuple[int, int]:
+    """(below, above): how much less, and how much more, than the row's `total_bytes` a real GPU may need."""
+    parts = ranges(row, sc).values()
+    return (sum(max(0, assumed - low) for low, _, assumed in parts),
+            sum(max(0, high - assumed) for _, high, assumed in parts))
+
+
+def flips(margin: int, below: int, above: int) -> bool:
+    """A verdict the uncertainty could flip: fits with less room than `above`, or misses by less than `below`."""
+    return 0 <= margin < above if margin >= 0 else -margin <= below
+
+
+def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
+    """'outside PyTorch 254 MiB–612 MiB (512 MiB assumed: CUDA context), ..., fragmentation 0.8%–9% of the peak
+    (5% assumed)'."""
+    r = ranges(row, sc)
+    lo, hi, assumed = r["outside"]
+    groups = [f"{a.split('_')[0]} {n}" for a, n in _layout(row).items() if n > 1]
+    outside = (f"outside PyTorch {size(lo)}–{size(hi)} ({size(assumed)} assumed; CUDA context"
+               + (f", NCCL for the {', '.join(groups)} groups)" if groups else ")"))
+    cu = r["cublas"]
+    cublas = "" if cu[0] == cu[2] else f", cuBLAS workspaces {size(cu[0])} ({size(cu[2])} assumed)"
+    f_assumed = (sc.overheads.allocator_reserve_fraction if RESERVED not in row
+                 else (int(row[RESERVED]) - int(row[C.PEAK_ALLOCATED])) / max(int(row[C.PEAK_ALLOCATED]), 1))
+    frag = (f", fragmentation {percent(FRAGMENTATION[0])}–{percent(FRAGMENTATION[1])} of the peak "
+            f"({percent(f_assumed)} assumed)")
+    return outside + cublas + frag
+
+
+def measure_command(config_path: str, sc: Scenario, point: Mapping[str, Any]) -> str:
+    """`nnmem-sweep measure CONFIG --point AXIS=VALUE ...` for one grid point: batch, sequence length and every axis
+    the scenario varies (the others are the scenario's own single values)."""
+    axes = [C.BATCH, C.SEQ_LEN] + [a for a in C.NON_BATCH_AXES if a != C.SEQ_LEN and len(sc.grid.get(a, ())) > 1]
+    points = " ".join(f"--point {a}={point[a]}" for a in axes if a in point and point[a] is not None)
+    return f"nnmem-sweep measure {config_path} {points}".strip()
