@@ -127,7 +127,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from .derive.ship import derive_scenarios, derive_truth
+    from .ship import derive_scenarios, derive_truth
 
     if args.truth:
         return derive_truth(args.truth, args.ship, only=args.only)

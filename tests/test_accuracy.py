@@ -4,7 +4,9 @@ Each committed case states its tolerance (issue 7 targets: peak_allocated_bytes 
 cases within 3 %, weights / gradients / optimizer state within 0.1 %). A case the current estimator misses is
 marked xfail(strict=True) below with the measured reason (phase, category, bytes), so that it is neither hidden
 nor silently loosened: when the estimator is fixed the XPASS fails the suite until the mark is removed.
-No torch needed: the measurements are committed; only the estimator runs here.
+No torch needed: the measurements are committed; only the estimator runs here. The families without a hand model
+(issue 12) are estimated from their shipped derived plans (nnmem_sweep/models/derived/, `make derive`): nothing is
+traced here.
 """
 from __future__ import annotations
 
@@ -15,16 +17,19 @@ import pytest
 from nnmem_sweep.accuracy import ERROR, STATE_KINDS, compare, device_for_estimate, load_cases
 
 TRUTH = Path(__file__).parent / "data" / "truth"
-CASES = load_cases(TRUTH)  # the hand-modelled families, which the estimator's own formulas describe
+CASES = load_cases(TRUTH)  # every family: hand-modelled, and derived from the model's code (issue 12)
 BY_ID = {c["case_id"]: c for c in CASES}
-ALL_BY_ID = {c["case_id"]: c for c in load_cases(TRUTH, derived=True)}  # + the families of issue 12
+ALL_BY_ID = BY_ID
 
 # case id -> why the current estimator misses the peak tolerance (figures from the committed measurement), marked
 # xfail(strict=True). Empty: every case is estimated with the device it ran on (accuracy.device_for_estimate), and
 # device="cpu" models the CPU-only kernels the GPT-2/BERT cases ran (F.dropout's noise tensor in the input dtype;
 # SDPA's math fallback for dropout > 0, fp32 for bf16 inputs: components/cpu_kernels.py). Before that, six cases
 # missed (max -36.9 %, gpt2-medium bf16); see tests/data/truth/FINDINGS.md.
-KNOWN_PEAK_MISSES: dict[str, str] = {}
+KNOWN_PEAK_MISSES: dict[str, str] = {
+    "t5-base-infer-fp32-b8-s512-d32": "an encoder-decoder's request is measured but not derived: its decoder's cache "
+                                      "grows with the generated tokens, not the prompt (derive/derivation.py)",
+}
 # case id -> why a model-state total (weights, gradients, optimizer state) misses 0.1 %.
 KNOWN_STATE_MISSES: dict[str, str] = {}
 # reason, when the median / max target is not met yet
@@ -42,7 +47,7 @@ def _params(known: dict[str, str]):
 
 
 def test_catalog_is_committed():
-    assert len(CASES) >= 30
+    assert len(CASES) >= 80
     families = {c["inputs"]["model"] for c in CASES}
     assert {"gpt2", "gpt2-medium", "bert-base", "bert-large", "llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b",
             "mixtral-small", "cnn-vgg-cifar"} <= families
@@ -110,6 +115,6 @@ def test_model_states_within_tolerance(table, cid):
 
 @pytest.mark.xfail(strict=True, reason=MEDIAN_MISS) if MEDIAN_MISS else (lambda f: f)
 def test_median_and_max_error(table):
-    e = table[ERROR].abs()
+    e = table[ERROR].abs().drop(list(KNOWN_PEAK_MISSES))
     assert e.notna().all()
     assert e.median() <= 0.03 and e.max() <= 0.08, f"median {e.median():.2%}, max {e.max():.2%}"

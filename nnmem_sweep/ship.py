@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, shipping
+from .derive import cache, shipping
 
 
 def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> int:
-    from ..config import load_scenario
-    from ..runner import run_scenario
+    from .config import load_scenario
+    from .runner import run_scenario
 
     with shipping(cache.SHIPPED) if ship else _nothing():
         for path in configs:
@@ -30,7 +30,7 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
 def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = None) -> int:
     """The plans of every measured case: its model's own (families without a hand model), and for the
     hand-modelled HF cases the derived plan too (tests/test_derived_vs_hand.py compares the two paths)."""
-    from ..accuracy import estimate_case, hand_modelled_case, load_cases
+    from .accuracy import estimate_case, hand_modelled_case, load_cases
 
     with shipping(cache.SHIPPED) if ship else _nothing():
         for case in load_cases(truth_dir):
