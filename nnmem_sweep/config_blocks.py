@@ -9,7 +9,7 @@ Scenario (config.py assembles them):
     check_overheads  overheads:  the runtime overheads (defaults in scenario.py)
     check_model      model:      a preset, a config.json, explicit fields or a layer list (models/resolve.py)
     check_report     report:     reference points that are grid values, table rows, the template folder
-    check_serving    serving:    the serving plan (serving.py): infer mode, a transformer, TP dividing the heads
+    check_serving    serving:    the serving plan (serving.py): infer mode, a causal LM, TP dividing the heads
     check_parallel   parallel:   the parallel axes, in the block or among the grid axes, each combination checked
                                  against parallel/layout.py's rules
     check_node       node:       GPUs per node and host memory (the parallel and cluster plans)
@@ -38,6 +38,7 @@ from .derive.arch import architecture_of
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .paths import safe_stem
+from .serving import has_kv_cache
 from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, GPUSpec,
                        Overheads)
 from .throughput.defaults import compute_dtype
@@ -229,15 +230,18 @@ def check_serving(data: dict, mode: str, model, ck: Checker) -> dict[str, Any]:
     if mode != "infer":
         ck.add("serving", "the serving plan applies to infer mode only (this scenario has mode: train)", key=True)
         return {}
-    if model is not None and model.kind != "transformer":
+    if model is not None and not has_kv_cache(model):
+        what = {"layers": "layer list", "params": "parameter count"}.get(model.kind)
+        if model.kind == "derived":
+            what = f"{model.derived.card.class_name}, not a causal LM"
         ck.add("serving", "the serving plan needs a transformer with a KV cache (this model is a "
-                          f"{'layer list' if model.kind == 'layers' else 'parameter count'})", key=True)
+                          f"{what or 'model without one'})", key=True)
         return {}
     out: dict[str, Any] = dict(given)
     for key in ("kv_dtype", "tensor_parallel"):
         if key in out:
             out[key] = dedupe(as_list(out[key]))
-    heads, kv = (model.heads, model.kv_heads) if model is not None and model.kind == "transformer" else (0, 0)
+    heads, kv = (model.heads, model.kv_heads) if model is not None else (0, 0)
     if heads and kv and ck.clean("serving.tensor_parallel"):
         listed = isinstance(given.get("tensor_parallel"), list)
         for i, t in enumerate(as_list(given.get("tensor_parallel", 1))):

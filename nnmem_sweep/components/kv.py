@@ -1,9 +1,13 @@
 """KV cache of autoregressive inference (Kwon et al. 2023, vLLM §3)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ..catalog.precisions import get_precision
 from ..citations import formula, source
+from ..errors import UsageError
 from ..models.arch import Architecture
 
 KWON_2023 = source("kwon2023", "Kwon et al. 2023, Efficient Memory Management for Large Language Model Serving "
@@ -85,3 +89,81 @@ def paged_tokens(arch: Architecture, tokens: np.ndarray, block_size: int | None)
     if not block_size:
         return held
     return -(-held // block_size) * block_size
+
+
+# ---------------------------------------------------------------- what each layer's cache holds (serving plans)
+
+@dataclass(frozen=True)
+class CacheLayer:
+    """One layer of a KV cache: the tokens it holds (every one, or at most `window`), and its keys' and values'
+    heads, width (elements per head and token) and element bytes as cached."""
+
+    window: int | None
+    k_heads: int
+    k_width: int
+    k_bytes: int
+    v_heads: int
+    v_width: int
+    v_bytes: int
+
+
+def cache_layers(arch: Architecture, precision: str) -> tuple[CacheLayer, ...]:
+    """The layers of a model's cache: a hand-modelled transformer's from its config (L layers of kv_heads heads of
+    head_dim, in the recipe's activation dtype, each capped at the sliding window where the model has one); a
+    derived causal LM's read from the cache its own code fills (derive/kvcache.py: MLA's latent, sliding layers,
+    one multi-query head)."""
+    if arch.kind == "derived":
+        from .. import derive
+
+        try:
+            doc = derive.get_kv_layout(arch.derived.source, precision, progress=True)
+        except derive.DerivationError as e:
+            raise UsageError(f"{arch.name}: {e}") from None
+        return tuple(CacheLayer(*row) for row in doc["layers"])
+    e = get_precision(precision).act_bytes
+    one = CacheLayer(arch.sliding_window or None, arch.kv_heads, arch.head_dim, e, arch.kv_heads, arch.head_dim, e)
+    return (one,) * arch.layers
+
+
+def _heads_per_gpu(heads: int, t: np.ndarray) -> np.ndarray:
+    return np.maximum(1, heads // t)
+
+
+@formula("kv_bytes_per_token_per_gpu.by_window",
+         "β_W = Σ_{layers l of window W} ⌈h_l / t⌉_1 · (d_l · bytes(kv_dtype) + scale)  for K and for V",
+         KWON_2023, VLLM_KV_FP8, LMDEPLOY_KV_INT8, HF_CACHE,
+         where="the heads h_l and widths d_l as the model's cache holds them (derived models: read from it)",
+         note="⌈h/t⌉_1 = max(1, h // t): tensor parallel splits a layer's heads, and a rank keeps one (a replica) "
+              "where t exceeds them: one multi-query head, or MLA's latent (one 'head' for K, one for V), is "
+              "replicated on every rank, as vLLM does. kv_dtype auto keeps the cached element bytes.")
+def kv_bytes_per_token_by_window(layers: tuple[CacheLayer, ...], element_bytes: np.ndarray | None, t: np.ndarray,
+                                 scale_bytes: np.ndarray) -> dict[int | None, np.ndarray]:
+    """Bytes per token per GPU of the layers of each window (None: every token), per row of element_bytes (None:
+    each layer's own, kv_dtype auto), t and scale_bytes."""
+    t = np.asarray(t, dtype=np.int64)
+    scale = np.asarray(scale_bytes, dtype=np.int64)
+    out: dict[int | None, np.ndarray] = {}
+    for x in layers:
+        ek = x.k_bytes if element_bytes is None else np.asarray(element_bytes, dtype=np.int64)
+        ev = x.v_bytes if element_bytes is None else np.asarray(element_bytes, dtype=np.int64)
+        b = _heads_per_gpu(x.k_heads, t) * (x.k_width * ek + scale) + _heads_per_gpu(x.v_heads, t) * (
+            x.v_width * ev + scale)
+        out[x.window] = out.get(x.window, 0) + b
+    return out
+
+
+@formula("kv_bytes_per_sequence", "per_seq(c) = Σ_W β_W · ⌈min(c, W) / block⌉ · block", KWON_2023,
+         VLLM_ENGINE_ARGS, HF_CACHE,
+         where="§4.2 (a sequence takes whole blocks, per layer); a sliding-window layer holds at most its window "
+               "(DynamicSlidingWindowLayer; W = ∞ for the other layers)",
+         note="Not linear in c when sliding and global layers mix (Gemma 2/3): max_context inverts it by "
+              "bisection.")
+def kv_bytes_per_sequence(per_window: dict[int | None, np.ndarray], c: np.ndarray, block: int | None) -> np.ndarray:
+    c = np.asarray(c, dtype=np.int64)
+    total = np.zeros(np.broadcast(c, *per_window.values()).shape, dtype=np.int64)
+    for window, beta in per_window.items():
+        held = c if window is None else np.minimum(c, window)
+        if block:
+            held = -(-held // block) * block
+        total = total + beta * held
+    return total

@@ -5,6 +5,8 @@ shapes (derivation.py), not from a hand-written model of the family.
     get_card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
     get_plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments
                       per region
+    get_kv_layout(source, precision) -> dict: what a causal LM's KV cache holds per layer (kvcache.py; the
+                      serving plan's bytes per sequence)
 
 Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
 """
@@ -16,8 +18,8 @@ from .card import ModelCard
 from .derivation import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
-__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "shipping",
-           "stored_only", "MISSING_EXTRA"]
+__all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "get_kv_layout",
+           "shipping", "stored_only", "MISSING_EXTRA"]
 
 MISSING_EXTRA = ("deriving a model from its own code needs torch and transformers: "
                  "pip install -e '.[measure]' (or `make install-measure`)")
@@ -92,3 +94,19 @@ def get_plan(source: ModelSource, mode: str, precision: str, attention: str, che
         return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
     return from_json(cache.lookup(source.digest(), what, make, _ship_to()))
+
+
+def get_kv_layout(source: ModelSource, precision: str, progress: bool = False) -> dict:
+    """The KV layout of a causal LM under a precision's trace recipe (kvcache.measure's document: one row per cache
+    layer, and the probes it was checked at), from the caches and the shipped plans, or read from the model's
+    cache now (seconds: a few requests at batch 1 under FakeTensorMode)."""
+    from . import cache
+    from .kvcache import measure
+
+    recipe = TRACE_RECIPE[precision]
+
+    def make() -> dict:
+        _need_torch()
+        return measure(source, recipe, progress)
+
+    return cache.lookup(source.digest(), ("kv", recipe), make, _ship_to())
