@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from .. import columns as C
+from ..components.kv import CacheLayer, cache_layers
 from ..scenario import Scenario
 from ..serving import options
 from . import charts
@@ -68,7 +69,10 @@ def section(sc: Scenario, plan: pd.DataFrame | None, by_concurrency: pd.DataFram
         & (by_concurrency[C.KV_DTYPE].astype(str) == kv0)
     tables = _grid_tables(sc, at_ctx, keys, C.MAX_CONCURRENT,
                           f"Concurrent sequences of {ref_ctx:,} tokens (prompt + generated) per GPU")
-    tables += _grid_tables(sc, at_ctx, keys, C.KV_TOKENS_FIT, "KV-cache tokens that fit per GPU")
+    layers = cache_layers(sc.model, prec)
+    windowed = any(x.window for x in layers)
+    tables += _grid_tables(sc, at_ctx, keys, C.KV_TOKENS_FIT, "KV-cache tokens that fit per GPU" + (
+        " (every layer holding each token; sliding-window layers stop at their window)" if windowed else ""))
     tables += _grid_tables(sc, by_concurrency[combo], [C.CONCURRENCY], C.MAX_CONTEXT,
                            f"Longest context (tokens) at each concurrency, tensor parallel {tp0}, {prec} weights, "
                            f"KV cache {kv0}")
@@ -93,5 +97,38 @@ def section(sc: Scenario, plan: pd.DataFrame | None, by_concurrency: pd.DataFram
         "blocks": f"whole blocks of {block:,} tokens" if block else "exactly the tokens held (no paging)",
         "kv_dtypes": ", ".join(opt["kv_dtype"]),
         "tensor_parallel": ", ".join(str(t) for t in opt["tensor_parallel"]),
-        "sliding_window": f"{sc.model.sliding_window:,}" if sc.model.sliding_window else "",
+        "cache": cache_sentence(layers, derived=sc.model.kind == "derived", precision=prec),
     }
+
+
+def _heads(x: CacheLayer) -> str:
+    k, v = f"{x.k_heads:,} × {x.k_width:,}", f"{x.v_heads:,} × {x.v_width:,}"
+    return f"K and V {k}" if k == v else f"K {k}, V {v}"
+
+
+def cache_sentence(layers: tuple[CacheLayer, ...], derived: bool, precision: str) -> str:
+    """What a sequence's cache holds, layer by layer, for the report (the serving section's note)."""
+    shapes: dict[str, int] = {}
+    held: dict[int | None, int] = {}
+    for x in layers:
+        shapes[_heads(x)] = shapes.get(_heads(x), 0) + 1
+        held[x.window] = held.get(x.window, 0) + 1
+    per_token = sum(x.k_heads * x.k_width * x.k_bytes + x.v_heads * x.v_width * x.v_bytes for x in layers)
+    text = (f"The cache holds {len(layers):,} layers of "
+            + "; ".join(f"{h} (heads × width){'' if n == len(layers) else f' in {n:,}'}" for h, n in shapes.items())
+            + f", {per_token:,} B per token with every layer holding it ({precision}, KV dtype auto)")
+    windows = sorted(w for w in held if w is not None)
+    if windows:
+        parts = [f"{held[w]:,} hold at most {w:,} tokens (sliding window)" for w in windows]
+        if None in held:
+            parts.append(f"{held[None]:,} hold every token")
+        text += ": " + ", ".join(parts)
+    text += (". Read from the KV cache the model's own code fills (transformers' DynamicCache after a prefill and a "
+             "decode step, checked at several contexts on both sides of each window)" if derived
+             else ". From the model's configuration")
+    text += (". A layer with fewer KV heads than the tensor-parallel degree keeps one head on every GPU (a replica: "
+             "multi-query, MLA's latent), as vLLM does")
+    if windows and None in held:
+        text += ("; vLLM's hybrid KV cache manager groups each kind of layer into groups of equal size and may pad "
+                 "them with unused layers, which this plan does not count")
+    return text + "."
