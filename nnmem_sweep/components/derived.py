@@ -24,7 +24,7 @@ import pandas as pd
 
 from .. import columns as C
 from .. import derive
-from ..derive import derivation
+from ..derive import plans as derivation
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..citations import formula, source

@@ -3,7 +3,7 @@ any importable torch.nn.Module factory, the estimator's moments come from traces
 shapes (derivation.py), not from a hand-written model of the family.
 
     get_card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
-    get_plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments
+    get_plan(source, mode, precision, attention, checkpointing, device) -> plans.DerivedPlan: the moments
                       per region
 
 Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 
 from .card import ModelCard
-from .derivation import DerivedPlan
+from .plans import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
 __all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "shipping",
@@ -109,7 +109,8 @@ def prefetch(source: ModelSource, requests: list[tuple[str, str, str, str, str]]
 
 def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:
     from . import cache
-    from .derivation import derive, to_json
+    from .derivation import derive
+    from .plans import to_json
 
     mode, recipe, attention, checkpointing, device = what
     cache.lookup(source.digest(), what,
@@ -119,13 +120,15 @@ def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> No
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
              device: str = "cuda", progress: bool = False) -> DerivedPlan:
     from . import cache
-    from .derivation import derive, from_json, to_json
+    from .plans import from_json, to_json
 
     what = _what(source, mode, precision, attention, checkpointing, device)
     _, recipe, attention, checkpointing, _ = what
 
     def make() -> dict:
         _need_torch()
+        from .derivation import derive  # torch: only when a plan must be traced
+
         return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
     return from_json(cache.lookup(source.digest(), what, make, _ship_to()))
