@@ -53,8 +53,8 @@ truth: $(MSTAMP)
 # The shipped plans of models without a hand model (nnmem_sweep/models/derived/): every measured case's and every
 # shipped scenario's that uses one, traced anew (NNMEM_SWEEP_REDERIVE=1). Minutes; run after changing derive/.
 derive: $(MSTAMP)
-	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --truth tests/data/truth --ship
-	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml --ship
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
 
 # Measured vs estimated on every committed case.
 accuracy: $(STAMP)

@@ -25,7 +25,7 @@ from .catalog.precisions import get_precision
 from .components import finetune as F
 from .components.finetune_method import parse_finetune
 from .components.optimizer import optimizer_state_bytes
-from .components.weights import gradients_bytes, master_weights_bytes, weights_bytes
+from .components.weights import gradients_bytes, master_weights_bytes, param_summary, weights_bytes
 from .derive import stored_only
 from .derive.arch import architecture_from_source
 from .derive.source import ModelSource
@@ -135,6 +135,21 @@ def _frame(case: dict[str, Any]) -> pd.DataFrame:
     })
 
 
+# torch.optim keeps each parameter's `step` as a 0-d fp32 tensor on the host unless the optimizer is fused or
+# capturable (adam.py / adamw.py / adagrad.py / rmsprop.py / _adafactor.py, _init_group): a CUDA run's
+# max_memory_allocated does not see these counters, which the estimator (a GPU model) leaves out; a CPU measurement
+# counts them. They are added to the estimate of a CPU-measured case so both sides hold the same bytes.
+HOST_STEP_OPTIMIZERS = ("adam", "adamw", "adafactor", "adagrad", "rmsprop")
+
+
+def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
+    """4 bytes per parameter tensor for the optimizers above, outside fused implementations (0 otherwise)."""
+    if inputs["mode"] != "train" or inputs.get("optimizer") not in HOST_STEP_OPTIMIZERS or \
+            inputs.get("optimizer_impl", "foreach") == "fused" or inputs.get("finetune"):
+        return 0
+    return 4 * param_summary(arch).n_tensors
+
+
 def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]:
     """The estimator's figures for one measured case: peak, phase, components, per-phase totals, model states
     (`derived`: planned from the model's own code even where a hand model exists)."""
@@ -143,7 +158,8 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
     frame = _frame(case)
     device = device_for_estimate(case)
     comps = estimate_components(arch, i["mode"], frame, device=device)
-    out: dict[str, Any] = {"peak_bytes": int(np.asarray(comps[C.PEAK_ALLOCATED])[0]),
+    host = host_step_bytes(arch, i) if str(case.get("device") or "cpu").startswith("cpu") else 0
+    out: dict[str, Any] = {"peak_bytes": int(np.asarray(comps[C.PEAK_ALLOCATED])[0]) + host,
                            "peak_phase": str(np.asarray(comps[C.PEAK_PHASE])[0])}
     for c in C.COMPONENTS:
         v = comps.get(c, 0)
@@ -151,7 +167,8 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
     # per-phase maxima (the estimator may model one phase at several moments, e.g. backward start and end)
     phases: dict[str, int] = {}
     for name, total in named_phase_totals(arch, i["mode"], frame, device=device):
-        phases[name] = max(phases.get(name, -1), int(np.asarray(total)[0]))
+        t = int(np.asarray(total)[0])
+        phases[name] = max(phases.get(name, -1), t + host if t >= 0 else t)
     out["phases"] = phases
     prec = get_precision(i["precision"])
     if arch.finetune is not None and arch.finetune.adapters:
@@ -164,7 +181,7 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
     if i["mode"] == "train":
         out["gradients"] = gradients_bytes(arch, prec)
         out["optimizer"] = optimizer_state_bytes(arch, prec, get_optimizer(i["optimizer"]),
-                                                 i.get("optimizer_impl", "foreach"))
+                                                 i.get("optimizer_impl", "foreach")) + host
     return out
 
 

@@ -127,10 +127,14 @@ def cmd_truth(args: argparse.Namespace) -> int:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from .ship import derive_scenarios, derive_truth
+    from .ship import derive_preset_cards, derive_scenarios, derive_truth
 
+    if args.presets:
+        derive_preset_cards(args.ship)
     if args.truth:
         return derive_truth(args.truth, args.ship, only=args.only)
+    if args.presets and not args.configs:
+        return 0
     if not args.configs:
         from .errors import UsageError
 
@@ -145,16 +149,28 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    from pathlib import Path as _Path
+
+    from .derive import DerivationError, get_card, stored_only
+    from .derive.source import ModelSource
     from .models.presets import hand_modelled, load_preset, preset_ids, preset_meta
+    from .models.resolve import resolve_model
 
     for pid in preset_ids():
         meta = preset_meta(pid)
         if hand_modelled(pid):
             arch = load_preset(pid)
             print(f"{pid:<20} {arch.params:>18,}  {arch.name}  [{meta['hf_id']}]")
-        else:  # no Architecture without the derive package: the published count, and how it is planned
+            continue
+        # planned from its own code: the built model's count where its card is stored (shipped or cached)
+        spec = resolve_model({"preset": pid}, _Path("."))
+        try:
+            with stored_only():
+                count, how = f"{get_card(ModelSource.of('hf', spec.spec, spec.origin)).params:,}", "derived"
+        except DerivationError:
             count = ("~" if meta.get("published_rounding") else "") + f"{meta['published_params']:,}"
-            print(f"{pid:<20} {count:>18}  {meta['name']}  [{meta['hf_id']}]  derived (needs the measure extra)")
+            how = "derived (traced on first use: needs the measure extra)"
+        print(f"{pid:<20} {count:>18}  {meta['name']}  [{meta['hf_id']}]  {how}")
     return 0
 
 
@@ -272,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "them into the package (nnmem_sweep/models/derived/) for users without torch.")
     s.add_argument("configs", nargs="*", help="scenario files")
     s.add_argument("--truth", metavar="DIR", help="the plans of every measured case in DIR instead")
+    s.add_argument("--presets", action="store_true", help="the model card of every preset without a hand model")
     s.add_argument("--only", nargs="*", metavar="CASE", help="with --truth: only these case ids")
     s.add_argument("--ship", action="store_true", help="also write the plans into nnmem_sweep/models/derived/")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from . import columns as C
-from .config_blocks import (check_cluster, check_finetune, check_gpus, check_grid, check_model, check_node,
+from .config_blocks import (check_cluster, check_derived, check_finetune, check_gpus, check_grid, check_model, check_node,
                             check_overheads, check_parallel, check_report, check_serving, check_throughput,
                             needs_no_sequence)
 from .config_check import Checker
@@ -45,6 +45,7 @@ def _scenario(data: Any, b: Builder, file: str, base_dir: Path, text: str, diges
     report = check_report(data, grid, ck)
     serving = check_serving(data, mode, model, ck)
     parallel = check_parallel(data, mode, model, grid, ck)
+    check_derived(data, mode, model, grid, parallel, ck)
     node = check_node(data, ck) if (parallel or "cluster" in data) else {}
     model = check_finetune(data, mode, model, parallel, ck)
     cluster = check_cluster(data, mode, model, grid, node, parallel, ck, gpus)

@@ -309,6 +309,29 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
     return out
 
 
+def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
+    """What a model planned from its own code (derive/) is not planned for, each refused where it is written."""
+    if model is None or model.kind != "derived":
+        return
+    what = f"{model.name} is planned from its own code"
+    if parallel:
+        where = "parallel" if isinstance(data.get("parallel"), dict) else \
+            f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
+        ck.add(where, f"parallel layouts are modelled for hand-modelled families; {what}, on one GPU", key=True)
+    if isinstance(data.get("cluster"), dict):
+        ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
+               key=True)
+    if any(int(v) > 0 for v in grid.get(C.CACHE_TOKENS, ())):
+        ck.add("grid.cache_tokens", f"a preallocated cache is modelled for hand-modelled families; {what}, which "
+                                    "runs generate()'s dynamic cache (leave cache_tokens at 0)")
+    if "selective" in grid.get(C.CHECKPOINTING, ()):
+        ck.add("grid.checkpointing", "'selective' is Megatron's recipe (recompute attention only); a model planned "
+                                     "from its transformers code checkpoints whole layers: use none or full")
+    if mode == "infer" and model.derived.source.spec.get("is_encoder_decoder"):
+        ck.add("mode", f"an encoder-decoder's generation is measured (`nnmem-sweep measure`) but not derived: its "
+                       f"decoder cache grows with the generated tokens; training is derived ({model.name})")
+
+
 def check_node(data: dict, ck: Checker) -> dict[str, int]:
     given = data.get("node") if isinstance(data.get("node"), dict) else {}
     node = {C.GPUS_PER_NODE: int(given.get("gpus", L.DEFAULT_GPUS_PER_NODE)) if ck.clean("node.gpus")

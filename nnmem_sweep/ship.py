@@ -47,6 +47,28 @@ def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = Non
     return 0
 
 
+def derive_preset_cards(ship: bool) -> int:
+    """The model card (parameter tensors, sizes) of every preset without a hand model: `nnmem-sweep presets` and
+    the scenarios that name one read it without torch; the plans of a recipe are traced on first use."""
+    from .derive import ModelSource, get_card
+    from .models.presets import hand_modelled, preset_ids
+    from .models.resolve import resolve_model
+
+    with shipping(cache.SHIPPED) if ship else _nothing():
+        for pid in preset_ids():
+            if hand_modelled(pid):
+                continue
+            t0 = time.perf_counter()
+            spec = resolve_model({"preset": pid}, Path("."))
+            try:
+                card = get_card(ModelSource.of("hf", spec.spec, spec.origin))
+            except Exception as e:  # noqa: BLE001 - report the preset and go on with the others
+                print(f"{pid}: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            print(f"{pid}: {card.params:,} parameters ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0
+
+
 class _nothing:
     def __enter__(self):
         return None

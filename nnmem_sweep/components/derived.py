@@ -24,7 +24,7 @@ import pandas as pd
 
 from .. import columns as C
 from .. import derive
-from ..derive import derivation
+from ..derive import plans as derivation
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..citations import formula, source
@@ -215,6 +215,16 @@ def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, d
         raise UsageError(f"{arch.name}: {e}") from None
 
 
+def _prefetch(arch, requests: list, progress: bool) -> None:
+    """The plans not stored yet, derived in parallel processes first (derive.prefetch)."""
+    if any(r[3] == "selective" for r in requests):
+        return  # refused one by one below
+    try:
+        derive.prefetch(arch.derived.source, requests, progress)
+    except derive.DerivationError as e:
+        raise UsageError(f"{arch.name}: {e}") from None
+
+
 def recipe_weights(arch, plan, prec: Precision) -> int:
     """W': the traced parameters' bytes, or for quantised recipes the catalog's bytes of the card's tensors."""
     return weights_bytes(arch, prec) if prec.quant else plan.param_bytes
@@ -225,6 +235,7 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
     """(recipes {code: plan}, states {W, M, S, T, G: arrays over state codes}) for the names of a training frame.
     Recipe code = (p, a, c) row-major; state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
     nP, nO, nI, nA, nC = len(precs), len(o_names), len(i_names), len(a_names), len(c_names)
+    _prefetch(arch, [("train", p.name, a, c, device) for p in precs for a in a_names for c in c_names], progress)
     recipes = {}
     shape = (nP, nO, nI, nA, nC)
     states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G")}
@@ -246,6 +257,7 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
 
 def infer_inputs(arch, precs: tuple[Precision, ...], a_names: tuple, device: str, progress: bool = False):
     """(recipes {code: plan}, W' per code) for an inference frame; code = (p, a) row-major."""
+    _prefetch(arch, [("infer", p.name, a, "none", device) for p in precs for a in a_names], progress)
     recipes, W = {}, []
     for p_i, prec in enumerate(precs):
         for a_i, att in enumerate(a_names):

@@ -3,7 +3,7 @@ any importable torch.nn.Module factory, the estimator's moments come from traces
 shapes (derivation.py), not from a hand-written model of the family.
 
     get_card(source)  -> card.ModelCard: parameter tensors, sizes (for the optimizer catalog, quantised recipes)
-    get_plan(source, mode, precision, attention, checkpointing, device) -> derivation.DerivedPlan: the moments
+    get_plan(source, mode, precision, attention, checkpointing, device) -> plans.DerivedPlan: the moments
                       per region
     get_kv_layout(source, precision) -> dict: what a causal LM's KV cache holds per layer (kvcache.py; the
                       serving plan's bytes per sequence)
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 
 from .card import ModelCard
-from .derivation import DerivedPlan
+from .plans import DerivedPlan
 from .source import TRACE_RECIPE, DerivationError, ModelSource
 
 __all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "get_kv_layout",
@@ -77,20 +77,60 @@ def get_card(source: ModelSource) -> ModelCard:
     return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make, _ship_to()))
 
 
+def _what(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str, device: str) -> tuple:
+    """The cache key of a plan: the trace recipe (bf16-master and the quantised recipes trace the bf16 model)."""
+    if mode != "train":
+        checkpointing = "none"
+    if source.kind == "module":  # no attention kernel choice
+        attention = "none"
+    return (mode, TRACE_RECIPE[precision], attention, checkpointing, device)
+
+
+def prefetch(source: ModelSource, requests: list[tuple[str, str, str, str, str]], progress: bool = False) -> None:
+    """Derive, in parallel processes (one per CPU core), the plans of `requests` ((mode, precision, attention,
+    checkpointing, device) each) that no cache or shipped plan holds yet; get_plan then finds them stored. Tracing
+    is single-threaded Python: two recipes on two cores take the time of one."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from . import cache
+
+    if _STORED_ONLY:
+        return
+    missing = list(dict.fromkeys(w for r in requests for w in [_what(source, *r)] if not cache.stored(
+        source.digest(), w)))
+    workers = min(len(missing), os.cpu_count() or 1)
+    if workers < 2:
+        return
+    _need_torch()
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        for f in [pool.submit(_derive_one, source, w, progress, _ship_to()) for w in missing]:
+            f.result()
+
+
+def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:
+    from . import cache
+    from .derivation import derive
+    from .plans import to_json
+
+    mode, recipe, attention, checkpointing, device = what
+    cache.lookup(source.digest(), what,
+                 lambda: to_json(derive(source, mode, recipe, attention, checkpointing, device, progress)), ship_to)
+
+
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
              device: str = "cuda", progress: bool = False) -> DerivedPlan:
     from . import cache
-    from .derivation import derive, from_json, to_json
+    from .plans import from_json, to_json
 
-    recipe = TRACE_RECIPE[precision]
-    if mode != "train":
-        checkpointing = "none"
-    if not source.sequence:  # image models: no attention kernel choice, no sequence axis
-        attention = "none" if source.kind == "module" else attention
-    what = (mode, recipe, attention, checkpointing, device)
+    what = _what(source, mode, precision, attention, checkpointing, device)
+    _, recipe, attention, checkpointing, _ = what
 
     def make() -> dict:
         _need_torch()
+        from .derivation import derive  # torch: only when a plan must be traced
+
         return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
     return from_json(cache.lookup(source.digest(), what, make, _ship_to()))

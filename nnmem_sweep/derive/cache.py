@@ -72,6 +72,15 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
     return doc
 
 
+def stored(source_digest: str, what: tuple) -> bool:
+    """Whether lookup() would find the document without deriving it."""
+    if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1":
+        return False
+    path = cache_dir() / f"{key(source_digest, what, versions())}.json"
+    return any(d is not None and d.get("derived_with", {}).get("format") == FORMAT
+               for d in (_read(path), _read(shipped_path(source_digest, what))))
+
+
 def shipped_path(source_digest: str, what: tuple, root: Path = SHIPPED) -> Path:
     return root / source_digest[:16] / f"{_name(what)}.json.gz"
 

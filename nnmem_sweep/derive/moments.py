@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kinds import ACT, BUFFER, GRAD, INPUT, KV, PARAM, TEMP
 from .solve import MONOMIALS, dominates
-from .step import ACT, BUFFER, GRAD, INPUT, KV, PARAM, TEMP
 
 KINDS = (PARAM, BUFFER, INPUT, GRAD, ACT, TEMP, KV)
 

@@ -22,10 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .kinds import ACT, BUFFER, GRAD, INPUT, KV, PARAM, TEMP  # noqa: F401  (what a storage is, decided after a step)
 from .trace import Recorder, Trace
-
-# what a storage is, decided after the step
-PARAM, BUFFER, INPUT, GRAD, ACT, TEMP, KV = "param", "buffer", "input", "grad", "act", "temp", "kv"
 DECODE_STEPS = 3  # the first, a later one, and one to check the later one by
 
 

@@ -154,7 +154,7 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
     if lay.ep > 1 and lay.dp % lay.ep:
         out.append((C.EXPERT_PARALLEL, f"expert_parallel {lay.ep} must divide data_parallel {lay.dp} (expert "
                                        "ranks are carved out of the data-parallel ranks)"))
-    if arch is None:
+    if arch is None or arch.kind == "derived":  # a derived model takes no parallel layout (config_blocks says so)
         return out
     if arch.kind != "transformer":
         for col, v in ((C.TENSOR_PARALLEL, lay.tp), (C.PIPELINE_PARALLEL, lay.pp), (C.CONTEXT_PARALLEL, lay.cp),

@@ -1,10 +1,11 @@
 """The derived path (issue 12) on every committed measured case, from the shipped plans (no tracing here):
   - on the hand-modelled families, derived and hand-modelled estimates agree byte for byte wherever the hand model is
-    exact, and the derived one is exact everywhere (the hand model's known misses are listed with their bytes);
+    exact; where they differ, the derived one is the measured figure to the byte (the hand model's small
+    deviations, up to 0.46 %, are its own: README "Measured accuracy" lists them);
   - on the families without a hand model, the cases are shapes far from the probes the plans were solved at
     (b <= 4, s <= 160 and one long check): held out; the issue's target is median |error| <= 1 %, max <= 3 %.
-"Exact" allows one thing the CPU measurement holds and a GPU does not: torch.optim's 4-byte `step` counter per
-parameter tensor, which lives on the host in a CUDA run (a 0-d CPU tensor for foreach and for-loop optimizers)."""
+(accuracy.compare adds to the estimate of a CPU-measured case torch.optim's 4-byte host `step` counters, which a
+GPU run keeps outside its allocator: accuracy.host_step_bytes.)"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,18 +20,6 @@ CASES = [c for c in load_cases(TRUTH) if "layers" not in c["inputs"] and not c["
 HAND = [c for c in CASES if hand_modelled_case(c)]
 NEW = [c for c in CASES if not hand_modelled_case(c)]
 NOT_DERIVED = {"t5-base-infer-fp32-b8-s512-d32": "an encoder-decoder's request is not derived"}
-# hand-modelled cases where the hand model is not exact (estimated - measured, bytes), explained in FINDINGS.md
-HAND_MISSES = {
-    "bert-base-train-fp32-adamw-forsequenceclassification-b32-s128":
-        "the hand model keeps the last layer's backward 23 MB too large for the classification head",
-}
-
-
-def _host_steps(row) -> int:
-    """Bytes of optimizer state the CPU measurement holds beyond the estimate: torch.optim's 4-byte `step` counters
-    (0 for SGD, for fused optimizers and for inference)."""
-    meas, est = row.get("optimizer_measured_bytes", -1), row.get("optimizer_estimated_bytes", -1)
-    return int(meas - est) if meas is not None and meas >= 0 and est is not None and est >= 0 else 0
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +33,7 @@ def hand():
 
 
 def _exact(row) -> bool:
-    steps = _host_steps(row)
-    assert 0 <= steps <= 4 * 4096, f"{steps} bytes of optimizer state beyond the estimate: not step counters"
-    return int(row["estimated_peak_bytes"]) + steps == int(row["measured_peak_bytes"])
+    return int(row["estimated_peak_bytes"]) == int(row["measured_peak_bytes"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case_id"] for c in CASES])
@@ -62,13 +49,12 @@ def test_derived_is_exact(derived, case):
 
 
 @pytest.mark.parametrize("case", HAND, ids=[c["case_id"] for c in HAND])
-def test_derived_equals_hand_where_the_hand_model_is_exact(derived, hand, case):
+def test_where_derived_and_hand_differ_the_derived_is_the_measured_figure(derived, hand, case):
     cid = case["case_id"]
-    d, h = derived.loc[cid], hand.loc[cid]
-    if cid in HAND_MISSES:
-        assert d["estimated_peak_bytes"] != h["estimated_peak_bytes"], "the hand model is exact now"
-        return
-    assert int(d["estimated_peak_bytes"]) == int(h["estimated_peak_bytes"]), HAND_MISSES.get(cid, cid)
+    d, h = int(derived.loc[cid, "estimated_peak_bytes"]), int(hand.loc[cid, "estimated_peak_bytes"])
+    measured = int(hand.loc[cid, "measured_peak_bytes"])
+    assert d == measured
+    assert abs(h - d) <= 0.005 * measured  # the hand model's own deviation stays within 0.5 %
 
 
 def test_held_out_error_of_the_new_families(derived):
