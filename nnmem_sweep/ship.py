@@ -48,9 +48,10 @@ def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = Non
 
 
 def derive_preset_cards(ship: bool) -> int:
-    """The model card (parameter tensors, sizes) of every preset without a hand model: `nnmem-sweep presets` and
-    the scenarios that name one read it without torch; the plans of a recipe are traced on first use."""
-    from .derive import ModelSource, get_card
+    """The model card (parameter tensors, sizes) of every preset without a hand model, and a causal LM's bf16 KV
+    cache layout: `nnmem-sweep presets` and the scenarios that name one (a serving plan too) read them without
+    torch; the plans of a recipe are traced on first use."""
+    from .derive import DerivationError, ModelSource, get_card, get_kv_layout
     from .models.presets import hand_modelled, preset_ids
     from .models.resolve import resolve_model
 
@@ -61,11 +62,16 @@ def derive_preset_cards(ship: bool) -> int:
             t0 = time.perf_counter()
             spec = resolve_model({"preset": pid}, Path("."))
             try:
-                card = get_card(ModelSource.of("hf", spec.spec, spec.origin))
+                source = ModelSource.of("hf", spec.spec, spec.origin)
+                card = get_card(source)
             except Exception as e:  # noqa: BLE001 - report the preset and go on with the others
                 print(f"{pid}: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
-            print(f"{pid}: {card.params:,} parameters ({time.perf_counter() - t0:.1f} s)", flush=True)
+            try:
+                kv = f", KV cache {len(get_kv_layout(source, 'bf16')['layers'])} layers"
+            except DerivationError as e:  # not a causal LM, or a cache the serving plan does not model
+                kv = f", no KV layout ({e})"
+            print(f"{pid}: {card.params:,} parameters{kv} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0
 
 

@@ -461,3 +461,47 @@ def test_full_recomputation_default_is_below_the_plain_default_everywhere():
     for generation in GENERATIONS:
         assert training_mfu(generation, "bf16", "full").value < training_mfu(generation, "bf16").value
         assert training_mfu(generation, "bf16", "selective").value == training_mfu(generation, "bf16").value
+
+
+# ------------------------------------------------------------------ derived models: N from their own parameter tensors
+
+def _derived(pid: str) -> Architecture:
+    from nnmem_sweep.derive import stored_only
+    from nnmem_sweep.estimate import _resolve_model
+
+    with stored_only():  # the shipped card: no torch needed
+        return _resolve_model(pid)
+
+
+@pytest.mark.parametrize("pid, low, high, source", [
+    # "Number of Activated Parameters: 3.3B" (Qwen3-30B-A3B model card, huggingface.co/Qwen/Qwen3-30B-A3B)
+    ("Qwen/Qwen3-30B-A3B", 3.3e9, 3.4e9, "Qwen3 model card"),
+    # "671B total parameters with 37B activated for each token" (DeepSeek-V3 Technical Report, arXiv:2412.19437)
+    ("deepseek-ai/DeepSeek-V3", 37e9, 38e9, "DeepSeek-V3 report"),
+    # "17 billion active parameters, 16 experts, 109B total" (Meta, The Llama 4 herd, 2025-04-05)
+    ("meta-llama/Llama-4-Scout-17B-16E", 17e9, 18e9, "Meta Llama 4 blog"),
+])
+def test_derived_moe_active_parameters_match_the_published(pid, low, high, source):
+    assert low <= active_params(_derived(pid)) < high, source
+
+
+def test_derived_dense_model_counts_like_the_hand_model():
+    """Qwen3 8B (untied: 36 layers, V = 151,936, h = 4,096): N = Ψ − V·h, the head V·h; Gemma 3 12B (tied): N = Ψ,
+    the head the shared table (262,208 × 3,840, the card's vocabulary rows)."""
+    q = _derived("Qwen/Qwen3-8B")
+    assert matmul_params(q) == q.params - 151_936 * 4_096 and head_params(q) == 151_936 * 4_096
+    assert attention_width(q) == 32 * 128
+    g = _derived("gemma-3-12b")
+    assert matmul_params(g) == g.params and head_params(g) == g.vocab * 3_840
+
+
+def test_derived_image_models_have_no_tokens():
+    from nnmem_sweep.config import load_scenario
+    from nnmem_sweep.derive import stored_only
+    from nnmem_sweep.throughput.plan import has_tokens
+
+    with stored_only():  # torchvision's ResNet-50, as configs/resnet50.yaml names it (its card is shipped)
+        arch = load_scenario("configs/resnet50.yaml").model
+    assert not has_tokens(arch)
+    with pytest.raises(ValueError, match="no tokens"):
+        matmul_params(arch)

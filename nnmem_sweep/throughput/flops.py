@@ -15,12 +15,22 @@ when decoding; min(T, sliding window) where the model has one (torchtitan's conv
 credited (flash attention's causal kernels skip about half of the attention FLOPs): the convention of PaLM,
 Megatron-LM and torchtitan, so that MFU figures compare.
 
-When a model is known only by its parameter counts (derived models give N and N_active), pass N_active as `n` and
-leave the attention terms at 0: the embedding lookup is then counted as a matmul (6·V·h FLOPs too many per token:
+Derived models (issue 12) count the same way from their card (derive/card.py: the built model's parameter tensors):
+the input embedding tables are its non-matmul 2-D tensors named as embeddings (`embed`, `wte`, `wpe`); the output
+head the matmul tensors outside the repeated blocks whose first dimension is the vocabulary; the routed experts the
+tensors under an `experts.` module (not `shared_expert(s)`); L, H and Q from the config's fields. A model that mixes
+sliding-window and global layers (Gemma 2/3, Mistral-style configs) is counted with its window on every layer, as
+torchtitan counts it: the global layers' attention beyond the window (1 in 2 layers for Gemma 2, 1 in 6 for Gemma 3)
+is left out, so its FLOPs per token are under-counted at contexts longer than the window.
+
+When a model is known only by its parameter counts, pass N_active as `n` and leave the attention terms at 0: the embedding lookup is then counted as a matmul (6·V·h FLOPs too many per token:
 +7.0 % of 6N for Llama 3.1 8B, +1.5 % for 70B) and attention is left out (22 % of Llama 3.1 8B's FLOPs at T = 8,192,
 6.7 % at T = 2,048); the two errors have opposite signs. Say in the report which terms the estimate had.
 """
 from __future__ import annotations
+
+import math
+import re
 
 import numpy as np
 
@@ -50,9 +60,38 @@ _LM_HEADS = ("causal_lm", "masked_lm")
 
 
 def _check_transformer(arch: Architecture) -> None:
-    if arch.kind == "layers":
+    if arch.kind == "layers" or (arch.kind == "derived" and not derived_has_tokens(arch)):
         raise ValueError(f"{arch.name}: the throughput estimate counts FLOPs per token of a transformer or a "
-                         "parameter-count model; a layer-list net has no tokens")
+                         "parameter-count model; a layer-list net or an image model has no tokens")
+
+
+def derived_has_tokens(arch: Architecture) -> bool:
+    """A derived model whose FLOPs per token the estimate counts: a decoder-only or encoder-only text transformer
+    (a Hugging Face config with a vocabulary, layers and heads)."""
+    d = arch.derived
+    return bool(d is not None and d.source.kind == "hf" and d.source.sequence and not
+                d.source.spec.get("is_encoder_decoder") and arch.vocab and arch.layers and arch.heads)
+
+
+_EXPERTS = re.compile(r"(^|\.)experts\.")  # routed experts (shared_expert(s) do not match)
+_EMBEDDING = re.compile(r"embed|(^|\.)(wte|wpe)\.")
+
+
+def _parts(arch: Architecture) -> dict[str, int]:
+    """total, embeddings (input lookup tables not used by a matmul), head (output projection, tied or not) and
+    experts (every routed expert of every layer) of a transformer or a derived model."""
+    if arch.kind == "derived":
+        tensors = arch.derived.card.tensors
+        size = [(x, math.prod(x.shape) * x.count) for x in tensors]
+        return dict(total=arch.params,
+                    embeddings=sum(n for x, n in size if not x.matmul and len(x.shape) == 2
+                                   and _EMBEDDING.search(x.name)),
+                    head=sum(n for x, n in size if x.matmul and not x.block_linear and len(x.shape) == 2
+                             and x.shape[0] == arch.vocab),
+                    experts=sum(n for x, n in size if _EXPERTS.search(x.name)))
+    parts = params_breakdown(arch)
+    return dict(total=parts["total"], embeddings=parts["embeddings"], head=parts["head"] + _tied_head(arch),
+                experts=arch.layers * arch.num_experts * _params_per_expert(arch))
 
 
 def _params_per_expert(arch: Architecture) -> int:
@@ -61,10 +100,10 @@ def _params_per_expert(arch: Architecture) -> int:
 
 
 def _inactive_expert_params(arch: Architecture) -> int:
-    """Parameters of the experts a token does not use: L · (E − k) · (2 or 3)·h·i."""
+    """Parameters of the experts a token does not use: L · (E − k) · (2 or 3)·h·i (the routed experts' (E − k)/E)."""
     if not arch.num_experts:
         return 0
-    return arch.layers * (arch.num_experts - arch.experts_per_token) * _params_per_expert(arch)
+    return _parts(arch)["experts"] * (arch.num_experts - arch.experts_per_token) // arch.num_experts
 
 
 def _tied_head(arch: Architecture) -> int:
@@ -79,7 +118,7 @@ def active_params(arch: Architecture) -> int:
     _check_transformer(arch)
     if arch.kind == "params":
         return arch.params
-    return params_breakdown(arch)["total"] - _inactive_expert_params(arch)
+    return _parts(arch)["total"] - _inactive_expert_params(arch)
 
 
 @formula("throughput.matmul_params",
@@ -91,7 +130,8 @@ def matmul_params(arch: Architecture) -> int:
     _check_transformer(arch)
     if arch.kind == "params":
         return arch.params
-    return active_params(arch) - params_breakdown(arch)["embeddings"] + _tied_head(arch)
+    parts = _parts(arch)
+    return active_params(arch) - parts["embeddings"] + (_tied_head(arch) if arch.kind == "transformer" else 0)
 
 
 def head_params(arch: Architecture) -> int:
@@ -100,7 +140,7 @@ def head_params(arch: Architecture) -> int:
     _check_transformer(arch)
     if arch.kind == "params":
         return 0
-    return params_breakdown(arch)["head"] + _tied_head(arch)
+    return _parts(arch)["head"]
 
 
 def flops_inputs(arch: Architecture) -> dict:
@@ -122,14 +162,14 @@ def decode_read_params(arch: Architecture) -> tuple[int, int]:
     _check_transformer(arch)
     if arch.kind == "params":
         return arch.params, 0
-    experts = arch.layers * arch.num_experts * _params_per_expert(arch)
-    parts = params_breakdown(arch)
-    return parts["total"] - parts["embeddings"] + _tied_head(arch) - experts, experts
+    parts = _parts(arch)
+    tied = _tied_head(arch) if arch.kind == "transformer" else 0  # a derived card's tied table is a matmul tensor
+    return parts["total"] - parts["embeddings"] + tied - parts["experts"], parts["experts"]
 
 
 def attention_width(arch: Architecture) -> int:
     """H·Q: query heads × head dimension (the width of QKᵀ and of attention-weights·V)."""
-    return arch.heads * arch.head_dim if arch.kind == "transformer" else 0
+    return arch.heads * arch.head_dim if arch.kind in ("transformer", "derived") else 0
 
 
 def attended_tokens(seq, window=None) -> np.ndarray:

@@ -22,15 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..catalog.precisions import get_precision
-from ..components.kv import cache_tokens, kv_bytes_per_token_per_gpu
+from ..components.kv import (cache_layers, cache_tokens, kv_bytes_per_sequence, kv_bytes_per_token_by_window,
+                             kv_bytes_per_token_per_gpu)
 from ..components.weights import weights_bytes
 from ..models.arch import Architecture
 from ..models.count import params_breakdown
 from ..scenario import GPUSpec
 from .defaults import (Assumption, compute_dtype, decode_bandwidth_efficiency, inference_compute_efficiency,
                        stated, training_mfu)
-from .flops import (decode_read_params, flops_inputs, forward_flops_per_token, head_params, model_flops_per_token,
-                    recompute_ratio)
+from .flops import (decode_read_params, derived_has_tokens, flops_inputs, forward_flops_per_token, head_params,
+                    model_flops_per_token, recompute_ratio)
 from .inference import decode_step_time_s, moe_weight_bytes_read, time_to_first_token_s
 from .options import DEFAULTS, ThroughputOptions
 from .training import cost_per_billion_tokens_usd, time_per_billion_tokens_s, training_tokens_per_s_per_gpu
@@ -40,7 +41,8 @@ def has_tokens(arch: Architecture | None) -> bool:
     """A model the estimate can count FLOPs per token for: a transformer, or a parameter-count model with tokens."""
     if arch is None:
         return False
-    return arch.kind == "transformer" or (arch.kind == "params" and bool(arch.activation_elements_per_token))
+    return arch.kind == "transformer" or (arch.kind == "params" and bool(arch.activation_elements_per_token)) or \
+        (arch.kind == "derived" and derived_has_tokens(arch))
 
 
 def _peak(gpu: GPUSpec, precision: str) -> tuple[float, str]:
@@ -104,7 +106,8 @@ def weight_bytes_read(arch: Architecture, precision: str) -> int:
     the quantised recipes (components/weights.py)."""
     prec = get_precision(precision)
     shared, experts = decode_read_params(arch)
-    unread = params_breakdown(arch)["total"] - shared - experts
+    total = arch.params if arch.kind == "derived" else params_breakdown(arch)["total"]
+    unread = total - shared - experts
     return weights_bytes(arch, prec) - unread * prec.weight_bytes
 
 
@@ -145,6 +148,11 @@ def serving_figures(arch: Architecture, gpu: GPUSpec, precision: str, prompt: in
         element = prec.act_bytes if kv_element_bytes is None else kv_element_bytes
         per_token = int(kv_bytes_per_token_per_gpu(arch, element, 1, kv_scale_bytes))
         kv = int(cache_tokens(arch, np.array([mean_context]))[0]) * per_token
+    elif arch.kind == "derived":  # what the model's own cache holds, layer by layer (derive/kvcache.py)
+        by_window = kv_bytes_per_token_by_window(cache_layers(arch, precision), None if kv_element_bytes is None
+                                                 else np.array([kv_element_bytes]), np.array([1]),
+                                                 np.array([kv_scale_bytes]))
+        kv = int(kv_bytes_per_sequence(by_window, np.array([mean_context]), None)[0])
     fpt = float(forward_flops_per_token(**inputs, context=mean_context))
 
     def step(batch: int) -> float:

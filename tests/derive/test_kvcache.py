@@ -31,6 +31,42 @@ def test_qwen3_8b_shipped_layout_is_its_config():
     assert _per_seq(layers, 770, t=2, block=16) == 784 * 147_456 // 2
 
 
+def _shipped(pid):
+    from collections import Counter
+    from pathlib import Path
+
+    from nnmem_sweep import derive
+    from nnmem_sweep.derive.source import ModelSource
+    from nnmem_sweep.models.resolve import resolve_model
+
+    spec = resolve_model({"preset": pid}, Path("."))
+    with derive.stored_only():
+        doc = derive.get_kv_layout(ModelSource.of("hf", spec.spec, spec.origin), "bf16")
+    return Counter(CacheLayer(*r) for r in doc["layers"])
+
+
+def test_deepseek_v3_caches_the_mla_latent():
+    """DeepSeek-V2 paper (arXiv:2405.04434) Table 1: MLA caches (d_c + d_h^R)·l elements per token; DeepSeek-V3's
+    config: d_c = kv_lora_rank 512, d_h^R = qk_rope_head_dim 64, l = 61 layers: 576 · 61 · 2 B = 70,272 B per token
+    in bf16 (a per-head cache of 128 heads × (192 + 128) would be 71× that)."""
+    layers = _shipped("deepseek-ai/DeepSeek-V3")
+    assert layers == {CacheLayer(None, 1, 512, 2, 1, 64, 2): 61}
+    assert _per_seq(list(layers.elements()), 1) == 70_272
+
+
+def test_gemma_3_27b_local_layers_hold_their_window():
+    """Gemma 3 27B's config: 62 layers, every 6th global (sliding_window_pattern 6: 10 global, 52 local with a
+    1,024-token window), 16 KV heads of 128. At 32,768 tokens: (52 · 1,024 + 10 · 32,768) · 16 · 128 · 2 · 2 B."""
+    layers = _shipped("google/gemma-3-27b-pt")
+    assert layers == {CacheLayer(1024, 16, 128, 2, 16, 128, 2): 52, CacheLayer(None, 16, 128, 2, 16, 128, 2): 10}
+    assert _per_seq(list(layers.elements()), 32_768) == (52 * 1_024 + 10 * 32_768) * 16 * 128 * 2 * 2
+
+
+def test_starcoder_caches_one_multi_query_head():
+    """StarCoder (GPTBigCode, multi_query: true): one K/V head of 6,144 / 48 = 128 in each of 40 layers."""
+    assert _shipped("bigcode/starcoder") == {CacheLayer(None, 1, 128, 2, 1, 128, 2): 40}
+
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
