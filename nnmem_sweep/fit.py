@@ -34,7 +34,10 @@ def _with_overhead(peak: np.ndarray, ov: Overheads) -> np.ndarray:
 def _totals_at(totals_of, b: np.ndarray, ov: Overheads) -> tuple[list[np.ndarray], np.ndarray]:
     """Phase totals and the total with overheads at batch b (totals_of: peak.phase_totals_in_batch)."""
     phases = totals_of(b)
-    return phases, _with_overhead(np.max(np.stack(phases), axis=0), ov)
+    peak = phases[0].copy()
+    for p in phases[1:]:  # a running maximum: a derived model has thousands of phases, no (k, n) array is needed
+        np.maximum(peak, p, out=peak)
+    return phases, _with_overhead(peak, ov)
 
 
 def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float,

@@ -82,8 +82,7 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
     """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
     batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
     if arch.kind == "derived":
-        totals_at = derived.frame_phase_totals(arch, mode, frame, device)
-        return lambda b: totals_at(b)[0]
+        return derived.frame_batch_lines(arch, mode, frame, device)
     plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False, prefill_logits=prefill_logits)
 
     def at(b: np.ndarray) -> list[np.ndarray]:

@@ -19,6 +19,8 @@ kv_cache, temporary = the rest; master and optimizer state from the catalogs.
 """
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pandas as pd
 
@@ -38,6 +40,7 @@ DERIVED = source("nnmem-derived", "nnmem_sweep derived plans: the model's own co
                  "shapes left out (nnmem_sweep/derive/)", "nnmem_sweep/derive/derivation.py")
 
 _TRACED = ("grad", "buffer", "input", "act", "temp", "kv")  # the kinds a moment adds to W' + M + S
+MAX_B = 2**31 - 1  # the largest batch (fit.MAX_BATCH_CAP)
 
 
 def _features(b: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -98,20 +101,15 @@ class _Best:
         self.comps = {c: np.zeros(n, dtype=np.int64) for c in C.COMPONENTS}
         self.phase = np.zeros(n, dtype=np.int8)
 
-    def offer(self, rows: np.ndarray, totals: np.ndarray, parts: dict[str, np.ndarray], codes: np.ndarray) -> None:
-        """totals (k, len(rows)); parts {component: (k, len(rows))}; codes (k,) phase codes."""
-        if not len(rows) or not len(totals):
-            return
-        win = np.argmax(totals, axis=0)
-        idx = np.arange(len(rows))
-        top = totals[win, idx]
+    def offer(self, rows: np.ndarray, top: np.ndarray, comps: dict[str, np.ndarray], phase: np.ndarray) -> None:
+        """Per row of `rows`: its winning moment's total, components and phase code (`_pick`)."""
         better = top > self.peak[rows]
-        r, w, i = rows[better], win[better], idx[better]
+        r = rows[better]
         self.peak[r] = top[better]
         for c in C.COMPONENTS:
-            part = parts.get(c)
-            self.comps[c][r] = 0 if part is None else part[w, i]
-        self.phase[r] = codes[w]
+            part = comps.get(c)
+            self.comps[c][r] = 0 if part is None else part[better]
+        self.phase[r] = phase[better]
 
     def result(self) -> dict[str, np.ndarray]:
         return {**self.comps, C.PEAK_ALLOCATED: self.peak, "phase_code": self.phase}
@@ -130,6 +128,35 @@ def _regions(plan, b: np.ndarray, s: np.ndarray, sel: np.ndarray):
 
 def _values(moments, kinds, x: np.ndarray) -> np.ndarray:
     return _moment_table(moments, kinds) @ x if moments else np.zeros((0, x.shape[1]), dtype=np.int64)
+
+
+def _distinct(*cols: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct combinations of int64 columns (one array per column) and each row's index into them: a
+    moment's bytes depend on the row's shape only, so the many rows of one shape (other GPUs, optimizers ...)
+    evaluate the moments once."""
+    lo = [int(c.min()) for c in cols]
+    span = [int(c.max()) - m + 1 for c, m in zip(cols, lo)]
+    if np.prod(span, dtype=object) >= 2**62:  # no room for one int64 key: compare the rows
+        u, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return [u[:, i] for i in range(len(cols))], inv.reshape(-1)
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c, m, n in zip(cols, lo, span):  # mixed radix: the first column most significant
+        key = key * n + (c - m)
+    uk, inv = np.unique(key, return_inverse=True)
+    out = []
+    for m, n in zip(reversed(lo), reversed(span)):
+        out.append(uk % n + m)
+        uk = uk // n
+    return out[::-1], inv.reshape(-1)
+
+
+def _pick(totals: np.ndarray, tables: dict[str, np.ndarray], x: np.ndarray):
+    """The winning moment per row (the first of equal totals, as np.argmax), its total, and its components: each
+    table's (k, 6) coefficients of the winner times the row's features, so only the totals are evaluated for
+    every moment."""
+    win = np.argmax(totals, axis=0)
+    top = totals[win, np.arange(totals.shape[1])]
+    return win, top, {c: np.einsum("nf,fn->n", tab[win], x) for c, tab in tables.items()}
 
 
 def _kept(moments, b: np.ndarray, s: np.ndarray) -> list:
@@ -154,22 +181,29 @@ def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: 
     W, M, S, T, G = (states[x][state_idx] for x in ("W", "M", "S", "T", "G"))
     for key, plan in recipes.items():
         for r, rows in _regions(plan, b, s, keys == key):
-            x = _features(b[rows], s[rows])
-            moments = _kept(r.moments, b[rows], s[rows])
-            w, m, st = W[rows], M[rows], S[rows]
-            parts = {c: _values(moments, ks, x) for c, ks in _PARTS.items()}
-            # the optimizer step's moment: what is live after backward, all gradients, the step's temporaries
-            end = {c: (np.asarray(_coef(r.end, ks), dtype=np.int64) @ x)[None, :] for c, ks in _PARTS.items()}
-            end[C.GRADIENTS] = G[rows][None, :]
-            end[C.TEMPORARY] = end[C.TEMPORARY] + T[rows]
-            parts = {c: np.vstack([parts[c], end[c]]) for c in parts}
-            parts[C.WEIGHTS] = parts[C.WEIGHTS] + w
-            k = len(moments) + 1
-            parts[C.MASTER_WEIGHTS] = np.broadcast_to(m, (k, len(rows)))
-            parts[C.OPTIMIZER_STATE] = np.broadcast_to(st, (k, len(rows)))
-            totals = sum(parts.values())
-            codes = np.array([0 if mo.phase == "forward" else 1 for mo in moments] + [2], dtype=np.int8)
-            best.offer(rows, totals, parts, codes)
+            (bu, su), inv = _distinct(b[rows], s[rows])
+            xu = _features(bu, su)
+            moments = _kept(r.moments, bu, su)
+            # the traced moments, per distinct shape (W' + M + S is the same at every moment of a row) ...
+            tabs = {c: _moment_table(moments, ks) for c, ks in _PARTS.items()}
+            if moments:
+                win_u, top_u, comps_u = _pick(sum(tabs.values()) @ xu, tabs, xu)
+                phase_u = np.array([0 if mo.phase == "forward" else 1 for mo in moments], dtype=np.int8)[win_u]
+                top = top_u[inv]
+            else:
+                top = np.full(len(rows), np.iinfo(np.int64).min, dtype=np.int64)
+            # ... then the optimizer step's, per row: what is live after backward, the gradients G, T_opt
+            x = xu[:, inv]
+            ends = {c: _coef(r.end, ks) @ x for c, ks in _PARTS.items()}
+            ends[C.GRADIENTS] = G[rows].copy()
+            ends[C.TEMPORARY] = ends[C.TEMPORARY] + T[rows]
+            end_total = sum(ends.values())
+            at_step = end_total > top  # a tie keeps the earlier moment, as np.argmax does
+            comps = {c: np.where(at_step, ends[c], comps_u[c][inv] if moments else 0) for c in _PARTS}
+            comps[C.WEIGHTS] += W[rows]
+            comps[C.MASTER_WEIGHTS], comps[C.OPTIMIZER_STATE] = M[rows], S[rows]
+            phase = np.where(at_step, 2, phase_u[inv] if moments else 2).astype(np.int8)
+            best.offer(rows, np.maximum(top, end_total) + W[rows] + M[rows] + S[rows], comps, phase)
     return best.result()
 
 
@@ -180,7 +214,6 @@ def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: 
     traced second step at that cache length), each in the region that holds its own sequence length.
     W: per row the recipe's weights (W'); keys: per row the recipe code. Phase codes: 0 prefill, 1 decode."""
     best = _Best(len(b))
-    at_s = _features(b, s)
     for key, plan in recipes.items():
         mine = keys == key
         for phase in INFER_MOMENTS:
@@ -189,15 +222,18 @@ def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: 
                 moments = [m for m in r.moments if m.phase == phase]
                 if not moments:
                     continue
-                moments = _kept(moments, b[rows], phase_s[rows])
-                x = _features(b[rows], phase_s[rows])
-                parts = {c: _values(moments, ks, x) for c, ks in _INFER_PARTS.items()}
+                (bu, pu, su), inv = _distinct(b[rows], phase_s[rows], s[rows])
+                moments = _kept(moments, bu, pu)
+                x = _features(bu, pu)
+                tabs = {c: _moment_table(moments, ks) for c, ks in _INFER_PARTS.items()}
                 # the prompt's ids stay at s while the cache grows
-                parts[C.TEMPORARY] += _values(moments, ("input",), at_s[:, rows] - x)
-                parts[C.WEIGHTS] = parts[C.WEIGHTS] + W[rows]
-                totals = sum(parts.values())
+                inp, dx = _moment_table(moments, ("input",)), _features(bu, su) - x
+                win, top, comps = _pick(sum(tabs.values()) @ x + inp @ dx, tabs, x)
+                comps[C.TEMPORARY] += np.einsum("nf,fn->n", inp[win], dx)
+                comps = {c: v[inv] for c, v in comps.items()}
+                comps[C.WEIGHTS] += W[rows]
                 codes = np.full(len(moments), 0 if phase in ("prefill", "forward") else 1, dtype=np.int8)
-                best.offer(rows, totals, parts, codes)
+                best.offer(rows, top[inv] + W[rows], comps, codes[win][inv])
     return best.result()
 
 
@@ -318,14 +354,10 @@ def frame_components(arch, mode: str, frame: pd.DataFrame, device: str = "cuda")
     return out
 
 
-def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
-    """`at(b) -> (totals, names)`: every moment that can be a row's peak, as a phase of its own (-1 on rows where
-    it does not apply: another recipe, another region), affine in b for the rows' sequence lengths. fit.py solves
-    each for the largest batch; the list is the same at every b (moments are kept by the rows' sequence range
-    and every batch of their region)."""
-    recipes, states, key, state, _, s, dec = _read(arch, mode, frame, device, read_batch=False)
-    n = len(s)
-    groups = []  # (recipe key, region, moments kept (None: the optimizer step), their sequence length, rows)
+def _groups(recipes: dict, mode: str, key: np.ndarray, s: np.ndarray, dec: np.ndarray) -> list:
+    """(recipe key, region, moments kept (None: the optimizer step), their sequence length, rows) for every group
+    of moments a row can peak at: moments are kept by the rows' sequence range and every batch of their region."""
+    groups = []
     for k, plan in recipes.items():
         mine = key == k
         if not mine.any():
@@ -342,19 +374,30 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
                 if not ms or not in_s.any():
                     continue
                 sv = phase_s[in_s]
-                keep = prune(_moment_table(ms, _TRACED), r.b_lo, r.b_hi or 2**31 - 1, int(sv.min()), int(sv.max()))
+                keep = prune(_moment_table(ms, _TRACED), r.b_lo, r.b_hi or MAX_B, int(sv.min()), int(sv.max()))
                 groups.append((k, r, [ms[i] for i in keep], phase_s, rows_sel))
             if mode == "train":
                 groups.append((k, r, None, s, mine))  # the optimizer step
+    return groups
+
+
+def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+    """`at(b) -> (totals, names)`: every moment that can be a row's peak, as a phase of its own (-1 on rows where
+    it does not apply: another recipe, another region), affine in b for the rows' sequence lengths. fit.py solves
+    each for the largest batch; the list is the same at every b (moments are kept by the rows' sequence range
+    and every batch of their region)."""
+    recipes, states, key, state, _, s, dec = _read(arch, mode, frame, device, read_batch=False)
+    n = len(s)
+    groups = _groups(recipes, mode, key, s, dec)
 
     def at(b: np.ndarray):
         b = np.broadcast_to(np.asarray(b, dtype=np.int64), (n,))
         totals, labels = [], []
         for k, r, ms, phase_s, rows_sel in groups:
-            region = rows_sel & _first_region(recipes[k], r, b, phase_s)
-            x = _features(b, phase_s)
+            idx = np.flatnonzero(rows_sel & _first_region(recipes[k], r, b, phase_s))
+            bi, x = b[idx], _features(b[idx], phase_s[idx])
             if mode == "train":
-                W, M, S, T, G = (states[v][state] for v in ("W", "M", "S", "T", "G"))
+                W, M, S, T, G = (states[v][state[idx]] for v in ("W", "M", "S", "T", "G"))
                 base = W + M + S
                 if ms is None:
                     vals = [base + G + T + np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")),
@@ -364,16 +407,110 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
                     vals = list(_values(ms, _TRACED, x) + base)
                     names = [m.phase for m in ms]
             else:
-                W = states[state]
-                at_s = _features(b, s)
-                vals = list(_values(ms, _TRACED, x) + _values(ms, ("input",), at_s - x) + W)
+                W = states[state[idx]]
+                vals = list(_values(ms, _TRACED, x) + _values(ms, ("input",), _features(bi, s[idx]) - x) + W)
                 names = [m.phase.rstrip("+") for m in ms]
-            for v, name in zip(vals, names):
-                totals.append(np.where(region, v, -1))
-                labels.append(name)
+            block = np.full((len(vals), n), -1, dtype=np.int64)  # -1: the moment does not apply to the row
+            block[:, idx] = np.asarray(vals).reshape(len(vals), len(idx))
+            totals.extend(block)
+            labels.extend(names)
         return totals, labels
 
     return at
+
+
+def upper_envelope(alpha, beta, lo: int, hi: int) -> list[int]:
+    """Indices of the lines α_i + β_i·b that are the largest somewhere on [lo, hi] (b real: a superset of the lines
+    that win at an integer batch), in increasing slope. Exact: Python integers and fractions."""
+    best: dict[int, int] = {}  # slope -> the index of its largest intercept (the first of equals)
+    for i, (a, s) in enumerate(zip(alpha, beta)):
+        j = best.get(int(s))
+        if j is None or int(a) > int(alpha[j]):
+            best[int(s)] = i
+    hull: list[int] = []
+    for i in sorted(best.values(), key=lambda i: int(beta[i])):
+        while len(hull) >= 2:
+            a1, s1 = int(alpha[hull[-2]]), int(beta[hull[-2]])
+            a2, s2 = int(alpha[hull[-1]]), int(beta[hull[-1]])
+            a3, s3 = int(alpha[i]), int(beta[i])
+            if (a1 - a3) * (s2 - s1) <= (a1 - a2) * (s3 - s1):  # the middle line is never strictly on top
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    keep = []
+    for n, i in enumerate(hull):  # line n is on top between its crossings with its neighbours
+        a, s = int(alpha[i]), int(beta[i])
+        left = Fraction(a - int(alpha[hull[n - 1]]), int(beta[hull[n - 1]]) - s) if n else None
+        right = Fraction(int(alpha[hull[n + 1]]) - a, s - int(beta[hull[n + 1]])) if n + 1 < len(hull) else None
+        if (left is None or left <= hi) and (right is None or right >= lo):
+            keep.append(i)
+    return keep
+
+
+def _lines(ms, terms) -> tuple[np.ndarray, np.ndarray]:
+    """(α, β), each (k, shapes), of the moments at fixed sequence lengths: value = α + β·b (the features are affine
+    in b). terms: [(kinds, features' part at b = 0, their b-coefficients)], summed."""
+    alpha = sum(_moment_table(ms, kinds) @ f0 for kinds, f0, _ in terms)
+    beta = sum(_moment_table(ms, kinds) @ f1 for kinds, _, f1 in terms)
+    return alpha, beta
+
+
+def _in_b(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The features (1, s, b, b·s, b·s², s²) as f0 + b·f1 for each s: (f0, f1), each (6, len(s))."""
+    z, one = np.zeros_like(s), np.ones_like(s)
+    return np.stack([one, s, z, z, z, s * s]), np.stack([z, z, one, s, s * s, z])
+
+
+def frame_batch_lines(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+    """`at(b) -> list of totals per row` for fit.py: like frame_phase_totals, but each group of moments (a recipe's
+    region and phase) is cut to its upper envelope in b at each row's sequence lengths (every moment is a line in
+    b at fixed s), so a few slots per group stand for its hundreds of moments. Slot j of a row is the j-th line of
+    its envelope (the last repeated); the largest slot is the largest moment at every batch of the region."""
+    recipes, states, key, state, _, s, dec = _read(arch, mode, frame, device, read_batch=False)
+    n = len(s)
+    slots = []  # (recipe key, region, rows, their phase lengths, α (J, rows), β (J, rows))
+    for k, r, ms, phase_s, rows_sel in _groups(recipes, mode, key, s, dec):
+        rows = np.flatnonzero(rows_sel)
+        ps, sr = phase_s[rows], s[rows]
+        if mode == "train":
+            base = sum(states[v][state[rows]] for v in ("W", "M", "S"))
+            if ms is None:  # the optimizer step: one line
+                f0, f1 = _in_b(ps)
+                end = np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")), dtype=np.int64)
+                extra = base + states["G"][state[rows]] + states["T"][state[rows]]
+                slots.append((k, r, rows, ps, (end @ f0 + extra)[None, :], (end @ f1)[None, :]))
+                continue
+        else:
+            base = states[state[rows]]
+        (pu, su), inv = _distinct(ps, sr)
+        f0, f1 = _in_b(pu)
+        terms = [(_TRACED, f0, f1)]
+        if mode != "train":  # the prompt's ids stay at s while the cache grows
+            g0, g1 = _in_b(su)
+            terms.append((("input",), g0 - f0, g1 - f1))
+        alpha, beta = _lines(ms, terms)
+        hi = r.b_hi if r.b_hi is not None else MAX_B
+        env = [upper_envelope(alpha[:, u], beta[:, u], r.b_lo, hi) for u in range(len(pu))]
+        width = max(len(e) for e in env)
+        pick = np.array([e + [e[-1]] * (width - len(e)) for e in env]).T  # (J, distinct shapes)
+        cols = np.arange(len(pu))
+        a = np.stack([alpha[pick[j], cols] for j in range(width)])[:, inv] + base
+        bb = np.stack([beta[pick[j], cols] for j in range(width)])[:, inv]
+        slots.append((k, r, rows, ps, a, bb))
+
+    def at(b: np.ndarray) -> list[np.ndarray]:
+        b = np.broadcast_to(np.asarray(b, dtype=np.int64), (n,))
+        out = []
+        for k, r, rows, ps, a, bb in slots:
+            here = _first_region(recipes[k], r, b[rows], ps)
+            block = np.full((len(a), n), -1, dtype=np.int64)
+            block[:, rows[here]] = a[:, here] + bb[:, here] * b[rows[here]]
+            out.extend(block)
+        return out
+
+    return at
+
 
 
 def _first_region(plan, r, b: np.ndarray, s: np.ndarray) -> np.ndarray:
