@@ -97,6 +97,14 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
+        if sc.model.kind == "params" and any(int(z) == 3 for z in axes[C.ZERO_STAGE]):
+            items.append(
+                f"ZeRO-3's gathered unit of this parameter-count model: {sc.model.largest_layer_params:,} parameters "
+                "(model.largest_layer_params, as given)." if sc.model.largest_layer_params else
+                "ZeRO-3's gathered unit of this parameter-count model: the whole model (it has no layers and "
+                "model.largest_layer_params is not given), so two gathered copies of every parameter are counted, an "
+                "upper bound; give largest_layer_params (DeepSpeed's measure: the parameters of the largest module, "
+                "e.g. 12·h² + 13·h for a GPT block) to tighten it.")
         if any(axes[C.FP32_GRAD_ACCUMULATION]):
             items.append("fp32 grads: Megatron-style fp32 main gradients replace the 16-bit ones (4 bytes per "
                          "parameter, 18 per parameter with bf16-master and Adam).")
