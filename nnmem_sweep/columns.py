@@ -5,8 +5,9 @@ The component columns are what is live *at the peak moment* of the step (the pha
 so they add up exactly to `peak_allocated_bytes` on every row:
 
     weights + master_weights + gradients + optimizer + activations + kv_cache + temporary == peak_allocated
-    total = peak_allocated + overhead
-    fits  = total <= usable_bytes            (usable = gpu_memory minus headroom)
+    reserved = peak_allocated + allocator_extra + reserve     (torch.cuda.max_memory_reserved())
+    total    = reserved + non_torch                           overhead = total - peak_allocated
+    fits     = total <= usable_bytes          (usable = gpu_memory, as PyTorch sees it, minus headroom)
 """
 
 # Grid axes, in the order rows are expanded. Not every scenario uses every axis; unused ones hold a fixed value.
@@ -41,13 +42,16 @@ COMPONENTS = (WEIGHTS, MASTER_WEIGHTS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, 
 
 PEAK_ALLOCATED = "peak_allocated_bytes"  # what torch.cuda.max_memory_allocated() would report
 PEAK_PHASE = "peak_phase"  # forward | backward | optimizer | prefill | decode
-OVERHEAD = "overhead_bytes"  # CUDA context + cuBLAS workspace + allocator reserve: outside the allocator's count
-TOTAL = "total_bytes"  # peak_allocated + overhead
-GPU_MEMORY = "gpu_memory_bytes"  # capacity the device reports
+ALLOCATOR_EXTRA = "allocator_extra_bytes"  # library workspaces (cuBLAS) inside the allocator, unseen by a CPU trace
+RESERVED = "reserved_bytes"  # peak reserved: peak_allocated + allocator_extra + the allocator's reserve
+NON_TORCH = "non_torch_bytes"  # outside the allocator: CUDA context with loaded modules, NCCL communicators
+OVERHEAD = "overhead_bytes"  # total - peak_allocated: everything the CPU trace does not see
+TOTAL = "total_bytes"  # reserved + non_torch: what the process takes on the device
+GPU_MEMORY = "gpu_memory_bytes"  # capacity PyTorch sees (torch.cuda.mem_get_info()'s total), not nvidia-smi's
 USABLE = "usable_bytes"  # gpu_memory minus headroom
 FITS = "fits"
 
-BYTE_COLUMNS = COMPONENTS + (PEAK_ALLOCATED, OVERHEAD, TOTAL, GPU_MEMORY, USABLE)
+BYTE_COLUMNS = COMPONENTS + (PEAK_ALLOCATED, ALLOCATOR_EXTRA, RESERVED, NON_TORCH, OVERHEAD, TOTAL, GPU_MEMORY, USABLE)
 
 # max_batch.csv
 MAX_BATCH = "max_batch"  # largest batch that fits with headroom; 0 when even batch 1 does not fit

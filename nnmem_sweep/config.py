@@ -35,7 +35,7 @@ def _scenario(data: Any, b: Builder, file: str, base_dir: Path, text: str, diges
     mode = data.get("mode", DEFAULT_MODE) if ck.clean("mode") else DEFAULT_MODE
     grid = check_grid(data, mode, ck)
     gpus = check_gpus(data, ck)
-    overheads = check_overheads(data, ck)
+    overheads = check_overheads(data, ck, gpus)
     model = check_model(data, ck)
     if not grid[C.SEQ_LEN] and isinstance(data.get("grid"), dict) and ck.clean("grid"):
         if model is not None and needs_no_sequence(model):

@@ -30,6 +30,7 @@ from .catalog.gpus import get_gpu, unknown_gpu_message
 from .cluster import parse_cluster
 from .components import finetune as F
 from .components.finetune_method import parse_finetune
+from .components.runtime import parse_runtime
 from .config_check import Checker, as_list, dedupe
 from .config_yaml import join
 from .errors import ScenarioError, UsageError
@@ -39,8 +40,7 @@ from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .paths import safe_stem
 from .serving import has_kv_cache
-from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, GPUSpec,
-                       Overheads)
+from .scenario import GPUSpec, Overheads
 from .throughput.defaults import compute_dtype
 from .throughput.options import parse_throughput
 from .units import parse_size
@@ -150,20 +150,30 @@ def check_gpus(data: dict, ck: Checker) -> tuple[GPUSpec, ...]:
     return tuple(out)
 
 
-def check_overheads(data: dict, ck: Checker) -> Overheads:
+def check_overheads(data: dict, ck: Checker, gpus: tuple[GPUSpec, ...] = ()) -> Overheads:
+    """The `overheads:` overrides (absent = modelled) and the `runtime:` block the modelled figures follow."""
     given = data.get("overheads") if isinstance(data.get("overheads"), dict) else {}
-    sizes = {}
-    for key, default in (("cuda_context", DEFAULT_CUDA_CONTEXT), ("cublas_workspace", DEFAULT_CUBLAS_WORKSPACE)):
+    sizes: dict[str, int | None] = {}
+    for key in ("cuda_context", "cublas_workspace"):
         path = f"overheads.{key}"
-        sizes[key] = parse_size(default)
+        sizes[key] = None
         if key in given and ck.clean(path):
             try:
                 sizes[key] = parse_size(given[key])
             except ValueError as e:
                 ck.add(path, str(e))
-    reserve = given.get("allocator_reserve", DEFAULT_ALLOCATOR_RESERVE)
+    reserve = given.get("allocator_reserve")
+    runtime = data.get("runtime") if isinstance(data.get("runtime"), dict) else {}
+    if runtime and ck.clean("runtime"):
+        try:
+            parse_runtime(runtime)
+        except ValueError as e:  # the message starts with the key path: runtime.cuda: ...
+            path, _, message = str(e).partition(": ")
+            ck.add(path if path.startswith("runtime") else "runtime", message or str(e))
     return Overheads(cuda_context_bytes=sizes["cuda_context"], cublas_workspace_bytes=sizes["cublas_workspace"],
-                     allocator_reserve_fraction=float(reserve) if ck.clean("overheads.allocator_reserve") else 0.0)
+                     allocator_reserve_fraction=float(reserve) if reserve is not None and
+                     ck.clean("overheads.allocator_reserve") else None,
+                     runtime=tuple(sorted(runtime.items())), gpus=tuple(gpus))
 
 
 def check_model(data: dict, ck: Checker):

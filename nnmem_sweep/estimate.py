@@ -12,7 +12,8 @@
   `nnmem-sweep estimate`.
 
 Rounding: usable = gpu_memory − ⌈headroom · gpu_memory⌉ (the margin is never smaller than asked);
-overhead = context + workspace + ⌈reserve_fraction · peak⌉.
+reserved = peak + library workspaces + ⌈reserve_fraction · peak⌉; total = reserved + non_torch
+(components/overhead.py).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from .catalog import names
 from .catalog.gpus import get_gpu
 from .catalog.optimizers import get_optimizer
 from .catalog.precisions import get_precision
-from .components.overhead import overhead_bytes, usable_bytes
+from .components.overhead import reserved_bytes, row_overheads, usable_bytes
 from .peak import estimate_components
 from .errors import UsageError
 from .derive import DerivationError
@@ -35,9 +36,8 @@ from .derive.arch import architecture_of
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .scenario import (DEFAULT_ALLOCATOR_RESERVE, DEFAULT_CUBLAS_WORKSPACE, DEFAULT_CUDA_CONTEXT, DEFAULT_HEADROOM,
-                       GPUSpec, Overheads)
-from .units import format_bytes, parse_size
+from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads
+from .units import format_bytes
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
@@ -51,8 +51,9 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
     mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64, copy=True)  # the output shares no memory with the input
     peak = np.asarray(comps[C.PEAK_ALLOCATED], dtype=np.int64)
-    over = overhead_bytes(peak, overheads)
-    total = peak + over
+    rows = row_overheads(overheads, frame, mode)
+    reserved = reserved_bytes(peak, rows)
+    total = reserved + rows.non_torch
     usable = usable_bytes(mem, headroom)
     fits = total <= usable
     host = comps.get(C.HOST_FITS)
@@ -65,7 +66,10 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
         out[c] = np.asarray(comps[c], dtype=np.int64) if c in comps else np.zeros(len(frame), dtype=np.int64)
     out[C.PEAK_ALLOCATED] = peak
     out[C.PEAK_PHASE] = comps[C.PEAK_PHASE]
-    out[C.OVERHEAD] = over
+    out[C.ALLOCATOR_EXTRA] = rows.allocator_extra
+    out[C.RESERVED] = reserved
+    out[C.NON_TORCH] = rows.non_torch
+    out[C.OVERHEAD] = total - peak
     out[C.TOTAL] = total
     out[C.GPU_MEMORY] = mem
     out[C.USABLE] = usable
@@ -109,10 +113,9 @@ def _resolve_gpu(gpu: str | GPUSpec) -> GPUSpec:
         raise UsageError(str(e)) from None
 
 
-def default_overheads() -> tuple[Overheads, float]:
-    ov = Overheads(parse_size(DEFAULT_CUDA_CONTEXT), parse_size(DEFAULT_CUBLAS_WORKSPACE),
-                   float(DEFAULT_ALLOCATOR_RESERVE))
-    return ov, float(DEFAULT_HEADROOM)
+def default_overheads(gpus: tuple[GPUSpec, ...] = ()) -> tuple[Overheads, float]:
+    """A scenario's defaults: every overhead modelled for `gpus` (components/overhead.py)."""
+    return Overheads(gpus=tuple(gpus)), float(DEFAULT_HEADROOM)
 
 
 def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int = 1, seq_len: int = 2048,
@@ -145,7 +148,7 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
     if cache_tokens < 0 or decode_tokens < 0:
         raise UsageError("cache_tokens and decode_tokens must not be negative")
     if overheads is None or headroom is None:
-        d_ov, d_head = default_overheads()
+        d_ov, d_head = default_overheads((spec,))
         overheads = overheads or d_ov
         headroom = d_head if headroom is None else headroom
     frame = pd.DataFrame({
@@ -185,10 +188,14 @@ def format_breakdown(row: pd.Series) -> str:
     for c in C.COMPONENTS:
         lines.append(line(labels[c], row[c]))
     lines.append(line(f"peak allocated (at {row[C.PEAK_PHASE]})", row[C.PEAK_ALLOCATED]))
-    lines.append(line("overhead (context, cuBLAS, reserve)", row[C.OVERHEAD]))
+    lines.append(line("library workspaces (cuBLAS)", row[C.ALLOCATOR_EXTRA]))
+    lines.append(line("allocator reserve", int(row[C.RESERVED]) - int(row[C.PEAK_ALLOCATED])
+                      - int(row[C.ALLOCATOR_EXTRA])))
+    lines.append(line("reserved (max_memory_reserved)", row[C.RESERVED]))
+    lines.append(line("outside PyTorch (context, NCCL)", row[C.NON_TORCH]))
     lines.append(line("total", row[C.TOTAL]))
     gpu = row.get("gpu_name", row.get(C.GPU, ""))
-    lines.append(line("GPU capacity (as the device reports)", row[C.GPU_MEMORY]))
+    lines.append(line("GPU capacity (as PyTorch sees it)", row[C.GPU_MEMORY]))
     lines.append(line("usable (after headroom)", row[C.USABLE]))
     margin = int(row[C.USABLE]) - int(row[C.TOTAL])
     verdict = f"fits, {format_bytes(margin, 'GiB', 3)} to spare" if row[C.FITS] else \

@@ -3,8 +3,9 @@
 Every phase total is affine in batch, T_j(b) = c_j + k_j·b (components/terms.py: c_j holds const + s·pos + s²·sq,
 what the whole batch shares; k_j the per-sample rest), so the estimator evaluated at b = 2 and b = 3 gives
 k_j = T_j(3) − T_j(2) and c_j = T_j(2) − 2·k_j for every row at once (a derived model's batch 1 may be a program of
-its own, so its line is taken from batches 2 and 3; the check below settles batch 1). The overhead is g(P) = P + ⌈f·P⌉ + context +
-workspace, nondecreasing in the peak P, so "fits" means P ≤ P*, the largest peak with g(P*) ≤ usable. Then
+its own, so its line is taken from batches 2 and 3; the check below settles batch 1). The total is g(P) = P + ⌈f·P⌉ +
+fixed (library workspaces and memory outside the allocator, per row: components/overhead.py), nondecreasing in the
+peak P, so "fits" means P ≤ P*, the largest peak with g(P*) ≤ usable. Then
 
     b_max = min_j ⌊(P* − c_j) / k_j⌋          (phases with k_j = 0 only bound it when c_j > P*)
 
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
-from .components.overhead import overhead_bytes, usable_bytes
+from .components.overhead import RowOverheads, row_overheads, total_bytes, usable_bytes
 from .peak import host_check, phase_totals_in_batch
 from .models.arch import Architecture
 from .scenario import Overheads
@@ -26,12 +27,12 @@ from .scenario import Overheads
 MAX_BATCH_CAP = 2**31 - 1
 
 
-def _with_overhead(peak: np.ndarray, ov: Overheads) -> np.ndarray:
+def _with_overhead(peak: np.ndarray, ov: RowOverheads) -> np.ndarray:
     """total_bytes for a peak: P + ceil(f·P) + fixed, nondecreasing in P."""
-    return peak + overhead_bytes(peak, ov)
+    return total_bytes(peak, ov)
 
 
-def _totals_at(totals_of, b: np.ndarray, ov: Overheads) -> tuple[list[np.ndarray], np.ndarray]:
+def _totals_at(totals_of, b: np.ndarray, ov: RowOverheads) -> tuple[list[np.ndarray], np.ndarray]:
     """Phase totals and the total with overheads at batch b (totals_of: peak.phase_totals_in_batch)."""
     phases = totals_of(b)
     peak = phases[0].copy()
@@ -50,22 +51,21 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
     mem = points[C.GPU_MEMORY].to_numpy(dtype=np.int64)
     usable = usable_bytes(mem, headroom)
     one = np.ones(n, dtype=np.int64)
+    ov = row_overheads(overheads, points, mode)
     # the columns read once for every batch tried below
     totals_of = phase_totals_in_batch(arch, mode, points, prefill_logits=prefill_logits)
-    _, total1 = _totals_at(totals_of, one, overheads)
+    _, total1 = _totals_at(totals_of, one, ov)
     # the slope from batches 2 and 3: a derived model's batch 1 may be a program of its own (components/derived.py),
     # which the check below settles; for every other model these give the same line as batches 1 and 2
-    ph2, _ = _totals_at(totals_of, 2 * one, overheads)
-    ph3, _ = _totals_at(totals_of, 3 * one, overheads)
+    ph2, _ = _totals_at(totals_of, 2 * one, ov)
+    ph3, _ = _totals_at(totals_of, 3 * one, ov)
 
     # P*: the largest peak whose total fits (_with_overhead is nondecreasing).
-    fixed = int(overheads.cuda_context_bytes) + int(overheads.cublas_workspace_bytes)
-    f = float(overheads.allocator_reserve_fraction)
-    pstar = np.floor((usable - fixed) / (1.0 + f)).astype(np.int64)
+    pstar = np.floor((usable - ov.fixed) / (1.0 + ov.reserve_fraction)).astype(np.int64)
     pstar = np.maximum(pstar, -1)
     for _ in range(3):  # float rounding: settle on the exact boundary
-        pstar = np.where(_with_overhead(pstar, overheads) > usable, pstar - 1, pstar)
-        pstar = np.where(_with_overhead(pstar + 1, overheads) <= usable, pstar + 1, pstar)
+        pstar = np.where(_with_overhead(pstar, ov) > usable, pstar - 1, pstar)
+        pstar = np.where(_with_overhead(pstar + 1, ov) <= usable, pstar + 1, pstar)
 
     bmax = np.full(n, MAX_BATCH_CAP, dtype=np.int64)
     for t2, t3 in zip(ph2, ph3):
@@ -83,8 +83,8 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
 
     # verify with the real functions; move by one where integer rounding bites
     for _ in range(4):
-        _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), overheads)
-        _, t_next = _totals_at(totals_of, np.minimum(bmax + 1, MAX_BATCH_CAP), overheads)
+        _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), ov)
+        _, t_next = _totals_at(totals_of, np.minimum(bmax + 1, MAX_BATCH_CAP), ov)
         too_big = (bmax > 0) & (t_at > usable)
         room = (bmax < MAX_BATCH_CAP) & (t_next <= usable)
         if host is not None:
@@ -92,7 +92,7 @@ def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Ov
         if not too_big.any() and not room.any():
             break
         bmax = np.where(too_big, bmax - 1, np.where(room, bmax + 1, bmax))
-    _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), overheads)
+    _, t_at = _totals_at(totals_of, np.maximum(bmax, 1), ov)
 
     # one DataFrame built at once (a drop, a copy and five inserts cost ~1 ms on a small table)
     out = {c: points[c].array for c in points.columns if c not in (C.BATCH, C.GPU_MEMORY)}

@@ -10,8 +10,9 @@ from .models.arch import Architecture
 # Defaults, documented in the schema's descriptions (and FORMULAS.md, "Runtime overheads").
 DEFAULT_MODE = "train"
 DEFAULT_HEADROOM = 0.05
-DEFAULT_CUDA_CONTEXT = "512 MiB"  # top of the 0.3-0.5 GiB seen with CUDA lazy loading
-DEFAULT_CUBLAS_WORKSPACE = "8519680 B"  # cuBLAS default workspace ":4096:2:16:8"
+# Reserved minus allocated, as a fraction of the peak allocated, where no replay of the step's allocations through the
+# allocator model is available (allocator/, components/reserve.py): the first replays of ALLOCATOR.md measured
+# 0.8-3 % with AdamW and 9 % with Adafactor; 5 % is between them and labelled "not replayed" wherever it is used.
 DEFAULT_ALLOCATOR_RESERVE = 0.05
 
 
@@ -43,11 +44,26 @@ class GPUSpec:
 
 @dataclass(frozen=True)
 class Overheads:
-    """Memory a real GPU process uses outside PyTorch's allocator statistics (see FORMULAS.md, runtime overheads)."""
+    """What a real GPU process needs besides the tensors of the step (components/overhead.py, issue 13).
 
-    cuda_context_bytes: int
-    cublas_workspace_bytes: int
-    allocator_reserve_fraction: float  # reserved-minus-allocated, as a fraction of peak_allocated
+    Each figure is modelled from sourced data (components/runtime.py over catalog/runtime.json, per GPU generation,
+    mode and parallel layout) unless the scenario's `overheads:` block gives it; a given figure is an override and
+    replaces its whole part: `cuda_context_bytes` all memory outside the allocator (context and NCCL),
+    `cublas_workspace_bytes` the library workspaces inside it, `allocator_reserve_fraction` the allocator's reserve.
+    """
+
+    cuda_context_bytes: int | None = None  # memory outside the allocator, as given; None = modelled
+    cublas_workspace_bytes: int | None = None  # library workspaces inside the allocator, as given; None = modelled
+    allocator_reserve_fraction: float | None = None  # reserved-minus-allocated / peak allocated; None = modelled
+    runtime: tuple[tuple[str, Any], ...] = ()  # the scenario's `runtime:` block (cuda, torch, lazy_loading ...)
+    gpus: tuple["GPUSpec", ...] = ()  # the scenario's GPUs: their generation decides the modelled figures
+    reserve_note: str = ""  # how the reserve in force was obtained (set by the runner after its replays)
+
+    @property
+    def reserve_fraction(self) -> float:
+        """The fraction in force: as given, else the default (a replay replaces it: runner.run_scenario)."""
+        return DEFAULT_ALLOCATOR_RESERVE if self.allocator_reserve_fraction is None \
+            else float(self.allocator_reserve_fraction)
 
 
 @dataclass(frozen=True)

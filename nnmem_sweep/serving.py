@@ -29,6 +29,7 @@ from . import columns as C
 from .catalog import names
 from .catalog.precisions import get_precision
 from .citations import formula
+from .components.overhead import fixed_bytes
 from .components.kv import (KV_ELEMENT_BYTES, KV_SCALE_BYTES_PER_HEAD_TOKEN, VLLM_ENGINE_ARGS, cache_layers,
                             kv_bytes_per_sequence, kv_bytes_per_token_by_window)
 from .components.weights import param_summary, weights_bytes
@@ -154,10 +155,21 @@ def _budget_frame(sc: Scenario, axes_last: dict[str, tuple]) -> tuple[pd.DataFra
     engine = np.array([by_id[g] * u.numerator // u.denominator for g in gpus], dtype=np.int64)[g_code]
     weights = np.stack([weights_per_gpu_bytes(arch, p, t) for p in precisions])[p_code, np.arange(len(frame))]
     act = _activation_peak(sc, precisions, opt["max_num_batched_tokens"])[p_code]
-    fixed = sc.overheads.cuda_context_bytes + sc.overheads.cublas_workspace_bytes
+    tps = pd.Index([int(x) for x in opt["tensor_parallel"]])
+    table = np.array([[engine_fixed_bytes(sc, g, tp) for tp in tps] for g in gpus], dtype=np.int64)
+    fixed = table[g_code, tps.get_indexer(t)]
     budget = np.maximum(engine - weights - act - fixed, 0)
     return frame, {"budget": budget, "per_window": _per_window(arch, precisions, opt["kv_dtype"], p_code, k_code, t),
                    "block": opt["kv_block_size"]}
+
+
+def engine_fixed_bytes(sc: Scenario, gpu_id: str, tensor_parallel: int) -> int:
+    """What an engine's profile finds besides weights and activations on one GPU: memory outside the allocator
+    (context, the tensor-parallel group's NCCL communicator) and the library workspaces inside it
+    (components/overhead.py; the scenario's `overheads:` override them)."""
+    gpu = next((g for g in sc.gpus if g.id == str(gpu_id)), None)
+    outside, inside = fixed_bytes(sc.overheads, gpu, "infer", {C.TENSOR_PARALLEL: int(tensor_parallel)})
+    return outside + inside
 
 
 def _per_window(arch: Architecture, precisions: tuple, kv_dtypes: tuple, p_code: np.ndarray, k_code: np.ndarray,

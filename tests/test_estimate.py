@@ -22,7 +22,8 @@ def _grid(model, mode="train", **axes):
     return sc, expand_grid(sc)
 
 
-OUT_COLUMNS = [*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.OVERHEAD, C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS]
+OUT_COLUMNS = [*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.ALLOCATOR_EXTRA, C.RESERVED, C.NON_TORCH, C.OVERHEAD,
+               C.TOTAL, C.GPU_MEMORY, C.USABLE, C.FITS]
 
 
 def _estimate(sc, frame, **kw):
@@ -40,6 +41,8 @@ def _assert_consistent(out, frame):
     assert isinstance(out[C.PEAK_PHASE].dtype, pd.CategoricalDtype)
     assert (out[list(C.COMPONENTS)].sum(axis=1) == out[C.PEAK_ALLOCATED]).all()
     assert (out[C.TOTAL] == out[C.PEAK_ALLOCATED] + out[C.OVERHEAD]).all()
+    assert (out[C.TOTAL] == out[C.RESERVED] + out[C.NON_TORCH]).all()
+    assert (out[C.RESERVED] >= out[C.PEAK_ALLOCATED] + out[C.ALLOCATOR_EXTRA]).all()
     assert (out[C.FITS] == (out[C.TOTAL] <= out[C.USABLE])).all()
 
 

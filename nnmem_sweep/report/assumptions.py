@@ -10,6 +10,8 @@ from ..accuracy import covered
 from ..catalog import optimizers, precisions
 from ..citations import FORMULAS
 from ..components.finetune_method import targets_of
+from ..components.overhead import modelled
+from ..components.runtime import nccl_bytes
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
 from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
 from ..scenario import Scenario
@@ -193,6 +195,36 @@ def throughput_assumptions(sc: Scenario, assumed: list[tuple[str, str]]) -> list
     return items
 
 
+def runtime_assumptions(sc: Scenario) -> list[str]:
+    """What a real GPU needs beyond the step's tensors, item by item with its source (components/overhead.py)."""
+    o = sc.overheads
+    items = []
+    if o.cuda_context_bytes is not None:
+        items.append(f"Memory outside PyTorch's allocator: {gib(o.cuda_context_bytes, 2)} per GPU, as given in the "
+                     "scenario (overheads.cuda_context), for the CUDA context and NCCL together.")
+    if o.cublas_workspace_bytes is not None:
+        items.append(f"Library workspaces inside the allocator: {o.cublas_workspace_bytes:,} bytes per GPU, as given "
+                     "(overheads.cublas_workspace).")
+    if o.cuda_context_bytes is None or o.cublas_workspace_bytes is None:
+        given = ", ".join(f"{k} {v}" for k, v in o.runtime) or "nothing stated: torch >= 2.0 assumed"
+        items.append(f"Runtime: {given}. Modelled per GPU from public measurements (catalog/runtime.json):")
+        seen: dict[str, list[str]] = {}
+        for g in gpu_order(sc):
+            lines = [line for line in modelled(o, g, sc.mode).lines()
+                     if (o.cuda_context_bytes is None or "context" not in line)
+                     and (o.cublas_workspace_bytes is None or "workspace" not in line)]
+            seen.setdefault(" ".join(lines), []).append(g.name)
+        items += [f"{', '.join(names)}: {lines}" for lines, names in seen.items() if lines]
+        if o.cuda_context_bytes is None and (sc.parallel or (sc.mode == "infer" and any(
+                int(t) > 1 for t in (sc.serving or {}).get("tensor_parallel", ())))):
+            nccl = nccl_bytes({"tensor_parallel": 2})[0]
+            items.append(f"NCCL: one communicator per parallel group of more than one GPU, "
+                         f"{gib(nccl.bytes, 2)} each on every GPU of the group, outside the allocator ({nccl.source}).")
+    items.append(f"Allocator reserve (reserved minus allocated): {percent(o.reserve_fraction)} of the peak allocated"
+                 f"{'; ' + o.reserve_note if o.reserve_note else (', as given (overheads.allocator_reserve)' if o.allocator_reserve_fraction is not None else '; not replayed: a default between the 0.8-9 % the first replays of the allocator model measured')}.")
+    return items
+
+
 def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
     o = sc.overheads
     cov = None
@@ -209,9 +241,7 @@ def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
         "attention": ", ".join(str(v) for v in sc.grid.get(C.ATTENTION, ())),
         "checkpointing": ", ".join(str(v) for v in sc.grid.get(C.CHECKPOINTING, ())),
         "optimizer_impl": ", ".join(str(v) for v in sc.grid.get(C.OPTIMIZER_IMPL, ())),
-        "cuda_context": gib(o.cuda_context_bytes, 2),
-        "cublas_workspace": f"{o.cublas_workspace_bytes:,} bytes",
-        "allocator_reserve": percent(o.allocator_reserve_fraction),
+        "runtime": runtime_assumptions(sc),
         "headroom": percent(sc.headroom),
         "gpus": [{"name": g.name, "memory": gib(g.memory_bytes, 2), "bytes": f"{g.memory_bytes:,}",
                   "source": g.source} for g in gpu_order(sc)],

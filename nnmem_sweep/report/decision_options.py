@@ -31,7 +31,7 @@ from .. import columns as C
 from ..estimate import estimate_frame
 from ..grid import add_gpu_columns, axes_of, product_frame
 from ..scenario import GPUSpec, Scenario
-from ..serving import options as serving_options_of, sweep_prefill_logits, weights_per_gpu_bytes
+from ..serving import engine_fixed_bytes, options as serving_options_of, sweep_prefill_logits, weights_per_gpu_bytes
 from .points import axis_values, gpu_order, layout_text, reference_point, select
 from .uncertainty import RESERVED
 
@@ -188,7 +188,6 @@ def serving_options(sc: Scenario, q: Question, plan: pd.DataFrame) -> list[Optio
     asked, n = q.point, int(q.point[C.BATCH])
     at = plan[plan[C.CONTEXT].astype(int) == int(asked[C.CONTEXT])]
     u = Fraction(str(serving_options_of(sc)["gpu_memory_utilization"]))  # as serving.py takes it
-    fixed = sc.overheads.cuda_context_bytes + sc.overheads.cublas_workspace_bytes
     out = []
     for g in gpu_order(sc):
         sub = at[at[C.GPU].astype(str) == g.id].reset_index(drop=True)
@@ -209,7 +208,7 @@ def serving_options(sc: Scenario, q: Question, plan: pd.DataFrame) -> list[Optio
         r = sub.iloc[pick].to_dict()
         t, prec = int(r[C.TENSOR_PARALLEL]), str(r[C.PRECISION])
         engine = g.memory_bytes * u.numerator // u.denominator
-        pieces = engine - int(budget[pick]) - fixed if budget[pick] > 0 else \
+        pieces = engine - int(budget[pick]) - engine_fixed_bytes(sc, g.id, t) if budget[pick] > 0 else \
             int(weights_per_gpu_bytes(sc.model, prec, np.array([t]))[0])
         row = {C.GPU: g.id, C.TENSOR_PARALLEL: t, C.PRECISION: prec, C.KV_DTYPE: str(r[C.KV_DTYPE]),
                C.CONTEXT: int(r[C.CONTEXT]), C.BATCH: n, C.SEQ_LEN: int(asked[C.SEQ_LEN]),

@@ -1,15 +1,13 @@
 """How far a real GPU's need may lie from the estimate's total, and so which verdicts a measurement must settle.
 
-The estimate's total is the peak PyTorch allocates plus what it assumes for the rest (today the scenario's
-`overheads`: a flat CUDA context, the cuBLAS workspace and an allocator reserve, a fraction of the peak). The rest is
-known only within ranges; `uncertainty_bytes` is the one place that turns them into bytes for a row:
+The estimate's total is the peak PyTorch allocates plus what it models for the rest (components/overhead.py: memory
+outside the allocator, library workspaces, the allocator's reserve; or the scenario's `overheads:` overrides). The
+rest is known only within ranges; `uncertainty_bytes` is the one place that turns them into bytes for a row:
 
     outside the allocator  the CUDA context with its modules, from the public measurements of this GPU generation's
                            loading mode (components/runtime.py, catalog/runtime.json: 254-612 MiB with lazy
                            loading on most GPUs), plus NCCL's buffers for every parallel group of more than one GPU
-                           (up to ~1.8 GiB per communicator, measured), which the estimate does not count
-    cuBLAS workspaces      inside the allocator but not in the traced step: runtime.py's size for the GPU's compute
-                           capability (32 MiB per handle and stream on Hopper and later) against the one assumed
+                           (up to ~1.8 GiB per communicator, measured, counted at that upper end)
     fragmentation          reserved minus allocated: 0.8 % to 9 % of the peak allocated (FRAGMENTATION, from the
                            allocator replays in shared/ALLOCATOR.md: peak reserved / peak allocated 1.008-1.03 with
                            AdamW, 1.09 in one Adafactor case) against the reserve assumed
@@ -17,8 +15,9 @@ known only within ranges; `uncertainty_bytes` is the one place that turns them i
     above = Σ max(0, high − assumed)      below = Σ max(0, assumed − low)
 
 A "fits" whose margin is below `above`, or a "does not fit" whose shortfall is below `below`, could flip on real
-hardware: the report flags it "verify by measuring". When the estimate carries a runtime model's columns
-(`non_torch_bytes`, `reserved_bytes`; issue 13), those are what is assumed and the ranges stay as above.
+hardware: the report flags it "verify by measuring". What is assumed is read from the row's own columns
+(`non_torch_bytes`, `reserved_bytes`), so an override in `overheads:` moves the assumed point, not the ranges.
+The cuBLAS workspaces (allocator_extra_bytes) follow from the GPU's compute capability and are taken as known.
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import columns as C
+from ..components.overhead import fixed_bytes
 from ..components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
 from ..scenario import GPUSpec, Scenario
 from .format import percent, size
@@ -34,8 +34,8 @@ from .format import percent, size
 # reserved − allocated, as a fraction of the peak allocated: the allocator replays of shared/ALLOCATOR.md (BERT-large,
 # fp32 and fp16 autocast, AdamW 1.008-1.03, one Adafactor case 1.09; expandable segments 1.001-1.011)
 FRAGMENTATION = (0.008, 0.09)
-NON_TORCH = "non_torch_bytes"  # issue 13's columns, read when present
-RESERVED = "reserved_bytes"
+NON_TORCH = C.NON_TORCH
+RESERVED = C.RESERVED
 _LAYOUT = (C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL)
 
 
@@ -56,18 +56,17 @@ def ranges(row: Mapping[str, Any], sc: Scenario) -> dict[str, tuple[int, int, in
     `peak_allocated_bytes` (and the parallel axes of its layout, if any)."""
     gpu = _gpu(sc, row[C.GPU])
     peak = int(row[C.PEAK_ALLOCATED])
-    rt = parse_runtime(None, gpu)
+    rt = parse_runtime(dict(sc.overheads.runtime), gpu)
     context = cuda_context_bytes(rt)
     mem = runtime_memory(rt, _layout(row), gpu, sc.mode)
-    ov = sc.overheads
-    outside_assumed = int(row[NON_TORCH]) if NON_TORCH in row else int(ov.cuda_context_bytes)
-    cublas_assumed = 0 if NON_TORCH in row else int(ov.cublas_workspace_bytes)  # the runtime model counts its own
-    cublas = 0 if NON_TORCH in row else int(mem.allocator_extra_bytes)
-    frag_assumed = (int(row[RESERVED]) - peak if RESERVED in row
-                    else math.ceil(peak * float(ov.allocator_reserve_fraction)))
+    nccl = mem.non_torch_bytes - context.bytes
+    # what the estimate assumed: the row's own columns, or (a plan row without them) what the estimator would take
+    outside_assumed = int(row[NON_TORCH]) if NON_TORCH in row else \
+        fixed_bytes(sc.overheads, gpu, sc.mode, _layout(row))[0]
+    frag_assumed = (int(row[RESERVED]) - peak - int(row.get(C.ALLOCATOR_EXTRA, 0))) if RESERVED in row else \
+        math.ceil(peak * sc.overheads.reserve_fraction)
     return {
-        "outside": (int(context.low), int(mem.non_torch_bytes), outside_assumed),
-        "cublas": (cublas, cublas, cublas_assumed),
+        "outside": (int(context.low) + nccl, int(mem.non_torch_bytes), outside_assumed),
         "fragmentation": (math.floor(peak * FRAGMENTATION[0]), math.ceil(peak * FRAGMENTATION[1]), frag_assumed),
     }
 
@@ -92,13 +91,10 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     groups = [f"{a.split('_')[0]} {n}" for a, n in _layout(row).items() if n > 1]
     outside = (f"outside PyTorch {size(lo)}–{size(hi)} ({size(assumed)} assumed; CUDA context"
                + (f", NCCL for the {', '.join(groups)} groups)" if groups else ")"))
-    cu = r["cublas"]
-    cublas = "" if cu[0] == cu[2] else f", cuBLAS workspaces {size(cu[0])} ({size(cu[2])} assumed)"
-    f_assumed = (sc.overheads.allocator_reserve_fraction if RESERVED not in row
-                 else (int(row[RESERVED]) - int(row[C.PEAK_ALLOCATED])) / max(int(row[C.PEAK_ALLOCATED]), 1))
+    f_assumed = r["fragmentation"][2] / max(int(row[C.PEAK_ALLOCATED]), 1)
     frag = (f", fragmentation {percent(FRAGMENTATION[0])}–{percent(FRAGMENTATION[1])} of the peak "
             f"({percent(f_assumed)} assumed)")
-    return outside + cublas + frag
+    return outside + frag
 
 
 def measure_command(config_path: str, sc: Scenario, point: Mapping[str, Any]) -> str:

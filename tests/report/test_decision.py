@@ -16,7 +16,7 @@ from nnmem_sweep.config import load_scenario, parse_scenario_text
 from nnmem_sweep.report import decision, render_report
 from nnmem_sweep.report.uncertainty import FRAGMENTATION, flips, uncertainty_bytes
 from nnmem_sweep.runner import run_scenario
-from nnmem_sweep.scenario import GPUSpec
+from nnmem_sweep.scenario import GPUSpec, Overheads
 
 from .conftest import make_scenario, toy_run
 
@@ -27,16 +27,15 @@ PEAK = 22_553_600_000  # the toy's answer: 2·4e9 + 8e9 + 8 · 4096 · 200,000
 # ------------------------------------------------------------------------------------------------ uncertainty
 
 def test_uncertainty_by_hand():
-    """A GPU of no stated generation (lazy loading): the CUDA context measured 266,076,160 (pytorch#86509, 287,047,680
-    less its 20 MiB of allocator) to 641,728,512 B (unsloth#9362), 512 MiB assumed; cuBLAS of an unknown compute
-    capability 8,519,680 B per handle-stream pair, two in training, one assumed; fragmentation 0.8–9 % of the peak,
-    none assumed (the toy's reserve is 0)."""
+    """Lazy loading: the CUDA context measured 266,076,160 (pytorch#86509, 287,047,680 less its 20 MiB of allocator)
+    to 641,728,512 B (unsloth#9362), 512 MiB assumed (the toy scenario's override); the cuBLAS workspaces are in the
+    row's allocator_extra_bytes, taken as known; fragmentation 0.8–9 % of the peak, none assumed (reserve 0)."""
     sc = make_scenario()
     row = {C.GPU: "a100-40gb", C.PEAK_ALLOCATED: PEAK}
     assert FRAGMENTATION == (0.008, 0.09)
     below, above = uncertainty_bytes(row, sc)
     assert below == 536_870_912 - 266_076_160
-    assert above == (641_728_512 - 536_870_912) + (2 * 8_519_680 - 8_519_680) + 2_029_824_000
+    assert above == (641_728_512 - 536_870_912) + 2_029_824_000
     # with a runtime model's columns (issue 13) those are what is assumed: 600 MiB outside, 2 % reserved
     row |= {"non_torch_bytes": 629_145_600, "reserved_bytes": PEAK + 451_072_000}
     assert uncertainty_bytes(row, sc) == ((629_145_600 - 266_076_160) + (451_072_000 - 180_428_800),
@@ -45,12 +44,17 @@ def test_uncertainty_by_hand():
 
 def test_uncertainty_counts_nccl_for_every_parallel_group_and_hoppers_cublas():
     """TP 2 x DP 4 on an H100: two NCCL communicators of up to 1,932,735,283 B each (vllm#10511: non-torch memory
-    from TP 1 to TP 2), which the estimate does not count; cuBLAS 32 MiB per pair on compute capability 9.0."""
+    from TP 1 to TP 2), which the toy's override (512 MiB for all memory outside the allocator) leaves out."""
     sc = make_scenario(gpus=(get_gpu("h100-sxm"),))
     row = {C.GPU: "h100-sxm", C.PEAK_ALLOCATED: PEAK, C.TENSOR_PARALLEL: 2, C.DATA_PARALLEL: 4,
            C.PIPELINE_PARALLEL: 1}
     _, above = uncertainty_bytes(row, sc)
-    assert above == (641_728_512 + 2 * 1_932_735_283 - 536_870_912) + (2 * 32 * 2**20 - 8_519_680) + 2_029_824_000
+    assert above == (641_728_512 + 2 * 1_932_735_283 - 536_870_912) + 2_029_824_000
+    # modelled instead of overridden, the communicators are counted: only the context's range is left above
+    modelled = make_scenario(gpus=(get_gpu("h100-sxm"),), overheads=Overheads(allocator_reserve_fraction=0.0,
+                                                                             gpus=(get_gpu("h100-sxm"),)))
+    _, above = uncertainty_bytes(row, modelled)
+    assert above == 2_029_824_000
 
 
 @pytest.mark.parametrize("margin,below,above,flip", [
