@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from nnmem_sweep import config, config_schema
+from nnmem_sweep.derive.cache import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
@@ -21,6 +22,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def expected_lines(rel: str) -> list[str]:
     """What stderr must hold for a bad config: its .expected lines, each prefixed with the path as typed."""
     lines = (ROOT / rel).with_suffix(".expected").read_text(encoding="utf-8").splitlines()
+    installed = versions().get("transformers")  # the placeholder of messages naming the installed release
+    lines = [line.replace("transformers <installed> ", f"transformers {installed} ") for line in lines]
     return [f"{rel}:{line}" if line[:1].isdigit() else f"{rel}: {line}" for line in lines]
 
 

@@ -111,7 +111,8 @@ def test_table_rows_may_name_parallel_axes_and_then_unnamed_ones_split_the_table
     assert [t["caption"] for t in tables] == ["checkpointing selective, ZeRO 1", "checkpointing selective, ZeRO 3",
                                               "checkpointing full, ZeRO 1", "checkpointing full, ZeRO 3"]
     assert all(t["axis_headers"] == ["TP"] for t in tables)
-    assert [[c["text"] for c in r["cells"]] for r in tables[1]["rows"]] == [["–", "1"], ["4", "8"]]
+    # (A100 40GB, H100) at ZeRO 3: TP 4 holds 3 and 8 (two NCCL communicators, TP and DP, of 1.8 GiB each)
+    assert [[c["text"] for c in r["cells"]] for r in tables[1]["rows"]] == [["–", "1"], ["3", "8"]]
     # naming only grid axes: the layouts follow them as rows (one table, not a table per layout)
     sc = with_report(LAYOUTS, "report: {table_rows: [checkpointing]}\n")
     tables, heat = report_tables.max_batch_tables(sc, layouts.max_batch)
@@ -245,9 +246,9 @@ def test_diff_keys_each_layout_on_its_own(layouts):
                   gpu=r.gpu)
         assert (r.old_max_batch, r.new_max_batch) == (csv_max_batch(layouts.max_batch, **at),
                                                       csv_max_batch(new.max_batch, **at))
-    # H100, full checkpointing, TP 4 ZeRO 3 fits 38 with 5% headroom; with 30% fewer
+    # H100, full checkpointing, TP 4 ZeRO 3 fits 36 with 5% headroom; with 30% fewer
     h100 = d[(d.gpu == "h100-sxm") & (d.checkpointing == "full") & (d.tensor_parallel == 4) & (d.zero_stage == 3)]
-    assert len(h100) == 1 and h100.iloc[0]["old_max_batch"] == 38 and h100.iloc[0]["change"] == D.DECREASE
+    assert len(h100) == 1 and h100.iloc[0]["old_max_batch"] == 36 and h100.iloc[0]["change"] == D.DECREASE
     text = D.format_diff(d, "a", "b")
     assert "[checkpointing  gpu  zero_stage  tensor_parallel]" in text
 
@@ -268,11 +269,13 @@ def test_a_scenario_gaining_a_parallel_block_meets_it_on_the_one_gpu_layout():
 
 def test_target_speaks_of_layouts(layouts):
     # batch 4 at the layout asked (selective, TP 1, ZeRO 1) fits no GPU. Per GPU the fewest changes that fit, recipe
-    # first: the A100 40GB needs TP 4 and ZeRO 3 (4; TP 4 ZeRO 1 holds 3), the H100 TP 4 alone (8): the answer
+    # first: on the A100 40GB selective checkpointing holds 3 at best (TP 4, ZeRO 3: memory outside the allocator
+    # includes an NCCL communicator per parallel group), so it needs full checkpointing and TP 4; the H100 TP 4
+    # alone (8): the answer
     sc = parse_scenario_text(LAYOUTS + "target: {batch: 4, seq_len: 4096}\n")
     page, rows = _page(sc, layouts)
     a100, h100 = rows.values()
-    assert a100["recipe (* not as asked)"].endswith("TP 4 + SP · PP 1 · DP 8 · ZeRO 3 *")
+    assert a100["recipe (* not as asked)"] == "bf16-master adamw, full checkpointing, TP 4 + SP · PP 1 · DP 8 · ZeRO 1 *"
     assert h100["recipe (* not as asked)"].endswith("TP 4 + SP · PP 1 · DP 8 · ZeRO 1 *")
     assert page["answer"] == ("32 × H100 SXM5 80GB (H100 80GB HBM3) with bf16-master adamw, selective checkpointing, "
                               "TP 4 + SP · PP 1 · DP 8 · ZeRO 1 (not the recipe asked: TP 4; the recipe asked fits no "
