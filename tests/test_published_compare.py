@@ -130,3 +130,17 @@ def test_format_table_shows_each_miss_and_why(table):
     text = P.format_table(P.estimated(table))
     assert "tp1-weights" in text and "14.958 GiB" in text and "+141.7%  OFF" in text
     assert text.count("why:") == 9 + 1  # nine misses and the KV budget's note
+
+
+def test_accuracy_cli_prints_the_published_table_after_the_truth_table(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from nnmem_sweep.accuracy import accuracy_cli
+
+    truth = Path(__file__).resolve().parent / "data" / "truth" / "gpt2-infer-fp32-b4-s512-d16.json"
+    shutil.copy(truth, tmp_path / truth.name)
+    assert accuracy_cli(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert out.index("gpt2-infer-fp32-b4-s512-d16") < out.index("published real-GPU measurements (tests/data/published)")
+    assert out.rstrip().splitlines()[-1].startswith("published real-GPU measurements: 47, 20 estimated")
