@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import columns as C
+from . import columns as C, published_compare
 from .catalog.optimizers import get_optimizer
 from .catalog.precisions import get_precision
 from .components import finetune as F
@@ -304,5 +304,10 @@ def accuracy_cli(truth_dir: str | Path) -> int:
     print(f"\nall: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
           f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
           "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")
+    pub = published_compare.compare_published()
+    print("\npublished real-GPU measurements (tests/data/published), estimated with the same configuration:")
+    print(published_compare.format_table(published_compare.estimated(pub)))
+    print(f"\n{published_compare.summary_line(pub)}; not estimated: "
+          f"{len(pub) - len(published_compare.estimated(pub))} (the source files' `missing`)")
     sys.stdout.flush()
     return 0

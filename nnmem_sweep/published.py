@@ -4,8 +4,8 @@ Each file names its source (URL, how it measured) and lists measurements, each w
 configuration as the source states it, the statistic (NVML used, max allocated, vLLM's profile lines, an
 out-of-memory message's figures ...), the value as printed with its unit and precision, and which scenario of ours
 would express it (`expressible_as`) or what the estimator lacks for it (`missing`). Loading checks all of that and
-turns each printed value into the range of bytes it allows; it computes no estimate (the accuracy report does, once
-the estimator covers the models).
+turns each printed value into the range of bytes it allows; it computes no estimate (published_compare.py maps each
+expressible measurement to the estimator call for the same statistic; `make accuracy` and the report show it).
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def options(sc: Scenario) -> dict:
     }
 
 
-def _activation_peak(sc: Scenario, precisions: tuple, tokens: int) -> np.ndarray:
+def activation_peak_bytes(sc: Scenario, precisions: tuple, tokens: int) -> np.ndarray:
     """Per precision: the temporaries of one prefill of `tokens` tokens (batch 1), from the inference estimator."""
     n = len(precisions)
     frame = pd.DataFrame({
@@ -154,7 +154,7 @@ def _budget_frame(sc: Scenario, axes_last: dict[str, tuple]) -> tuple[pd.DataFra
     by_id = {g.id: g.memory_bytes for g in sc.gpus}
     engine = np.array([by_id[g] * u.numerator // u.denominator for g in gpus], dtype=np.int64)[g_code]
     weights = np.stack([weights_per_gpu_bytes(arch, p, t) for p in precisions])[p_code, np.arange(len(frame))]
-    act = _activation_peak(sc, precisions, opt["max_num_batched_tokens"])[p_code]
+    act = activation_peak_bytes(sc, precisions, opt["max_num_batched_tokens"])[p_code]
     tps = pd.Index([int(x) for x in opt["tensor_parallel"]])
     table = np.array([[engine_fixed_bytes(sc, g, tp) for tp in tps] for g in gpus], dtype=np.int64)
     fixed = table[g_code, tps.get_indexer(t)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import hashlib
 
-from .. import accuracy, formulas
+from .. import accuracy, formulas, published_compare
 from ..config import load_scenario
 from ..diff import changes_since as diff_since, config_at_revision
 from ..errors import Problem, ScenarioError
@@ -54,6 +54,15 @@ def load_validation(truth_dir: Path | None = None):
     return accuracy.compare(accuracy.load_cases(folder))
 
 
+def load_published_comparison(validation: Any = AUTO, published: Any = AUTO):
+    """The published measurements against the estimator for the Validation section: published_compare's frame when
+    both are left to their defaults, `published` as given otherwise (None: no such table)."""
+    if isinstance(published, str) and published == AUTO:
+        return published_compare.compare_published() \
+            if isinstance(validation, str) and validation == AUTO else None
+    return published
+
+
 def templates_dir(sc) -> Path | None:
     """The user's template folder from `report.templates`, relative to the scenario file."""
     value = sc.report.get("templates")
@@ -76,10 +85,13 @@ def tables_run_id(result: Any, sha256: str) -> str:
 
 def render_report(result: Any, out_dir: Path, config_path: str | Path | None = None, *, progress: bool = False,
                   formulas: list | str = AUTO, validation: Any = AUTO, pdf: Any = True,
-                  changes: Any = None, run_id: str | None = None, provenance: Any = None) -> list[Path]:
+                  changes: Any = None, run_id: str | None = None, provenance: Any = None,
+                  published: Any = AUTO) -> list[Path]:
     """Write report.html and report.pdf for a RunResult (scenario, results, max_batch).
 
     `formulas` and `validation` default to what the code registers and what tests/data/truth holds; tests pin them.
+    `published` (published_compare's frame of published real-GPU measurements) defaults to tests/data/published's
+    comparison where `validation` is left to its default, else to none.
     `changes` (a diff.Changes) adds the "Changes since REV" section. `run_id` and `provenance` come from the output
     set the report belongs to (make_report); on its own the report computes both (tables_run_id). `pdf`: False for
     the HTML only, True to render the PDF here, or a function HTML -> PDF bytes (make_report's pdfproc child).
@@ -93,7 +105,7 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
                         load_formulas() if formulas == AUTO else formulas,
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
-                        getattr(result, "cluster", None))
+                        getattr(result, "cluster", None), load_published_comparison(validation, published))
     # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
     ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
     checkpoint("html")

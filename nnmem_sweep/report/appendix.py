@@ -1,5 +1,6 @@
 """The report's appendix sections built from data: "Formulas and sources" (the formulas registered in the code,
-formulas.py) and "Validation" (accuracy.compare's measured vs estimated table)."""
+formulas.py) and "Validation" (accuracy.compare's measured vs estimated table, and published_compare's published
+real-GPU measurements against their estimates)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import published_compare as P
 from .format import DASH, gib_number, signed_percent
 
 
@@ -39,10 +41,37 @@ def _cell(col: str, v: Any) -> str:
     return str(v)
 
 
-def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
-    """Measured vs estimated (accuracy.compare's frame): one row per case, GiB and signed relative error."""
+def _published_range(low: int, high: int) -> str:
+    lo, hi = gib_number(low, 2), gib_number(high, 2)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def published(table: pd.DataFrame | None) -> dict[str, Any] | None:
+    """The published real-GPU measurements the estimator takes (published_compare's frame): source, statistic,
+    published range and estimate in GiB, signed error to the range's nearest end, and why a miss misses."""
     if table is None or len(table) == 0:
         return None
+    est = P.estimated(table)
+    rows = [[f"{r[P.FILE].removesuffix('.json')}: {r[P.ID]}", r[P.STATISTIC], _published_range(r[P.LOW], r[P.HIGH]),
+             gib_number(r[P.ESTIMATED], 2), signed_percent(r[P.ERROR]), "yes" if r[P.WITHIN] else "no",
+             "yes" if r[P.IN_SAMPLE] else "no", r[P.WHY] or DASH] for r in est.to_dict("records")]
+    s = P.summary(table)
+    stats = (f"{s['estimated']} of {s['measurements']} published figures estimated (the others lack what the "
+             f"estimator needs, as each source file says); median |error| {s['median_abs_error'] * 100:.1f}%, largest "
+             f"under {s['max_under'] * 100:+.1f}%, largest over {s['max_over'] * 100:+.1f}%; {s['within_target']} "
+             f"within −{P.TARGET_UNDER * 100:.0f}% .. +{P.TARGET_OVER * 100:.0f}%, {s['in_sample']} in sample (the "
+             f"model's own data holds that figure), {s['within_target_out_of_sample']} of "
+             f"{s['estimated'] - s['in_sample']} out-of-sample within target.")
+    return {"headers": ["source: id", "statistic", "published (GiB)", "estimated (GiB)", "error", "within target",
+                        "in sample", "why"], "rows": rows, "stats": stats}
+
+
+def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None = None) -> dict[str, Any] | None:
+    """Measured vs estimated (accuracy.compare's frame): one row per case, GiB and signed relative error; with
+    published_compare's frame, the published real-GPU measurements too (`published`)."""
+    if table is None or len(table) == 0:
+        pub = published(published_table)
+        return None if pub is None else {"headers": [], "rows": [], "count": "0", "stats": "", "published": pub}
     cols = [(c, h) for c, h in _VALIDATION_COLUMNS if c in table.columns]
     rows = [[_cell(c, v) for (c, _), v in zip(cols, rec)]
             for rec in table[[c for c, _ in cols]].itertuples(index=False, name=None)]
@@ -56,4 +85,5 @@ def validation(table: pd.DataFrame | None) -> dict[str, Any] | None:
             if "within_tolerance" in table.columns:
                 stats += f"; {int(table['within_tolerance'].sum())} of {len(table)} within their stated tolerance"
             stats += "."
-    return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats}
+    return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats,
+            "published": published(published_table)}

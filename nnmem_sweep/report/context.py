@@ -49,7 +49,8 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
                   all_formulas: list, validation_table: pd.DataFrame | None = None,
                   serving_plan: pd.DataFrame | None = None,
                   serving_context: pd.DataFrame | None = None, changes: Any = None,
-                  cluster_options: pd.DataFrame | None = None) -> dict[str, Any]:
+                  cluster_options: pd.DataFrame | None = None,
+                  published_table: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
     `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
     section, report/serving.py); None leaves the section out. `changes`: a diff.Changes (the "Changes since REV"
@@ -91,7 +92,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         },
         "assumptions": assumed,
         "formulas": formulas(all_formulas),
-        "validation": validation(validation_table),
+        "validation": validation(validation_table, published_table),
         "serving": serving_section(sc, serving_plan, serving_context, point),
         "changes": changes_section(changes, prov, sc),
         "cluster": cluster_section(sc, cluster_options),

@@ -235,6 +235,22 @@ def test_validation_section_present_only_with_data(fixed, run):
     assert "Median |error| 10.0%, largest 10.0% over 1 cases" in html and "0 of 2 within" in html
 
 
+def test_published_measurements_in_the_validation_section(fixed, run):
+    """The published real-GPU figures (published_compare) appear under Validation, with the summary; pinned off by
+    default in these tests (validation=None leaves the whole section out, as the golden shows)."""
+    from nnmem_sweep.published_compare import compare_published
+
+    assert "Published real-GPU measurements" not in render(run, fixed / "a")
+    html = render(run, fixed / "p", published=compare_published())
+    assert 'id="validation"' in html and "<h3>Published real-GPU measurements</h3>" in html
+    # Llama 3 8B bf16: 8,030,261,248 x 2 B = 14.957 GiB estimated vs vLLM's 14.96 GiB; 80 GB part: 79.09 vs 79.22
+    assert ("<td>vllm-pr10511-llama3-8b: tp1-weights</td><td>vllm_model_weights</td><td>14.96</td><td>14.96</td>"
+            "<td>+0.0%</td><td>yes</td><td>no</td>") in html
+    assert "<td>79.22</td><td>79.09</td><td>-0.2%</td>" in html
+    assert "20 of 47 published figures estimated" in html and "11 within −3% .. +5%" in html
+    assert "cases measured with PyTorch" not in html  # no truth table given: only the published one
+
+
 def test_letter_paper(fixed, run):
     sc = replace(run.scenario, report={**run.scenario.report, "paper": "Letter"})
     assert "size: Letter portrait" in render(replace(run, scenario=sc), fixed / "o")
