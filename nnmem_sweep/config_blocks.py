@@ -27,6 +27,7 @@ from typing import Any
 from . import columns as C
 from .catalog import names
 from .catalog.gpus import get_gpu, unknown_gpu_message
+from .allocator import AllocatorOptions
 from .cluster import parse_cluster
 from .components import finetune as F
 from .components.finetune_method import parse_finetune
@@ -173,7 +174,25 @@ def check_overheads(data: dict, ck: Checker, gpus: tuple[GPUSpec, ...] = ()) -> 
     return Overheads(cuda_context_bytes=sizes["cuda_context"], cublas_workspace_bytes=sizes["cublas_workspace"],
                      allocator_reserve_fraction=float(reserve) if reserve is not None and
                      ck.clean("overheads.allocator_reserve") else None,
-                     runtime=tuple(sorted(runtime.items())), gpus=tuple(gpus))
+                     runtime=tuple(sorted(runtime.items())), gpus=tuple(gpus), allocator_conf=check_allocator(data, ck))
+
+
+def check_allocator(data: dict, ck: Checker) -> str:
+    """The `allocator:` block (PYTORCH_CUDA_ALLOC_CONF text, or its options as keys) as conf text, checked by the
+    allocator model's own parser; "" when absent."""
+    given = data.get("allocator")
+    if given is None or not ck.clean("allocator"):
+        return ""
+    if isinstance(given, dict):
+        text = ",".join(f"{k}:{('True' if v else 'False') if isinstance(v, bool) else v}" for k, v in given.items())
+    else:
+        text = str(given)
+    try:
+        AllocatorOptions.from_alloc_conf(text)
+    except ValueError as e:
+        ck.add("allocator", str(e))
+        return ""
+    return text
 
 
 def check_model(data: dict, ck: Checker):

@@ -57,13 +57,18 @@ class Overheads:
     allocator_reserve_fraction: float | None = None  # reserved-minus-allocated / peak allocated; None = modelled
     runtime: tuple[tuple[str, Any], ...] = ()  # the scenario's `runtime:` block (cuda, torch, lazy_loading ...)
     gpus: tuple["GPUSpec", ...] = ()  # the scenario's GPUs: their generation decides the modelled figures
+    allocator_conf: str = ""  # the `allocator:` block as PYTORCH_CUDA_ALLOC_CONF text ("" = PyTorch's defaults)
+    replayed_reserve_fraction: float | None = None  # from the runner's replays (replays.py); None = none replayed
     reserve_note: str = ""  # how the reserve in force was obtained (set by the runner after its replays)
 
     @property
     def reserve_fraction(self) -> float:
-        """The fraction in force: as given, else the default (a replay replaces it: runner.run_scenario)."""
-        return DEFAULT_ALLOCATOR_RESERVE if self.allocator_reserve_fraction is None \
-            else float(self.allocator_reserve_fraction)
+        """The fraction in force: as given, else the replays' (replays.py), else the default."""
+        if self.allocator_reserve_fraction is not None:
+            return float(self.allocator_reserve_fraction)
+        if self.replayed_reserve_fraction is not None:
+            return float(self.replayed_reserve_fraction)
+        return DEFAULT_ALLOCATOR_RESERVE
 
 
 @dataclass(frozen=True)
