@@ -10,7 +10,7 @@ import importlib
 
 from . import citations, serving  # noqa: F401  (serving: registers)
 from .catalog import optimizers, precisions  # noqa: F401  (register)
-from .components import activations, cpu_kernels, derived, finetune, kv, optimizer, overhead, weights  # noqa: F401
+from .components import activations, cpu_kernels, derived, finetune, kv, optimizer, overhead, reserve, weights  # noqa: F401
 from .models import count, layers  # noqa: F401  (register)
 from .parallel import activations as parallel_activations, states as parallel_states  # noqa: F401
 from .allocator import rules  # noqa: F401  (registers)
