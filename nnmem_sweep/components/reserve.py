@@ -121,7 +121,7 @@ def replayed_reserve(arch, mode: str, rows: pd.DataFrame, options: AllocatorOpti
     counts = np.zeros(n, dtype=np.int64)
     notes: list[str] = []
     for i in range(n):
-        note, seq = _row_sequence(arch, mode, rows.iloc[[i]], device, steps)
+        note, seq = row_sequence(arch, mode, rows.iloc[[i]], device, steps)
         if seq is not None:
             r = replay(seq, options)
             res["reserved"][i], res["allocated"][i] = r.peak_reserved_bytes, r.peak_allocated_bytes
@@ -131,8 +131,10 @@ def replayed_reserve(arch, mode: str, rows: pd.DataFrame, options: AllocatorOpti
     return ReserveReplay(res["reserved"], res["allocated"], res["traced"], counts, tuple(notes))
 
 
-def _row_sequence(arch, mode: str, row: pd.DataFrame, device: str, steps: int) -> tuple[str, np.ndarray | None]:
-    """(one-line note, the sequence to replay or None)."""
+def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda",
+                 steps: int = STEPS) -> tuple[str, np.ndarray | None]:
+    """What replayed_reserve replays for one row (a one-row frame): (a one-line note, the (n, 2) int64 sequence,
+    or None where there is none: the note says why)."""
     if getattr(arch, "kind", "") != "derived":
         return f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None
     try:
