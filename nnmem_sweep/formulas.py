@@ -20,7 +20,7 @@ from .throughput import defaults, flops, inference, training  # noqa: F401  (reg
 replay = importlib.import_module(".allocator.replay", __package__)
 
 REGISTERING_MODULES = (serving, optimizers, precisions, activations, cpu_kernels, derived, finetune, kv, optimizer,
-                       overhead, weights, count, layers, parallel_activations, parallel_states, replay, rules, defaults,
+                       overhead, reserve, weights, count, layers, parallel_activations, parallel_states, replay, rules, defaults,
                        flops, inference, training)
 
 
