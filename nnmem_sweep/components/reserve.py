@@ -38,6 +38,7 @@ from . import derived
 from .plan import precisions
 
 STEPS = 2  # the second step starts from the cache the first left: the steady state
+DECODE_STEPS = 3  # decode steps of a traced request (derive/step.DECODE_STEPS; step.py needs torch, this does not)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda",
         return f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None
     try:
         with derive.stored_only():
-            recipes, states, key, state, b, s, _ = derived.frame_inputs(arch, mode, row, device)
+            recipes, states, key, state, b, s, dec = derived.frame_inputs(arch, mode, row, device)
     except UsageError as e:
         return f"not replayed: {e}", None
     prec = precisions((str(row[C.PRECISION].iloc[0]),), mode)[0]
@@ -164,5 +165,8 @@ def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda",
         temps = _split(T, params, 1) if impl == "foreach" else ([T] if T > 0 else [])
         what += (f"; M + S {M + S:,} B in {len(persistent)} blocks, T_opt {T:,} B in {len(temps)} "
                  f"({opt.name} {impl})")
+    else:
+        what += f" (the traced request: prefill and {DECODE_STEPS} decode steps, the row generates {int(dec[0])})"
     seq = _sequence(ev, kind, kinds, persistent, temps, steps)
-    return f"replayed {len(seq):,} events: {steps} steps of {what}", seq
+    unit = "steps" if mode == "train" else "requests"
+    return f"replayed {len(seq):,} events: {steps} {unit} of {what}", seq
