@@ -32,13 +32,15 @@ def test_sequence_composition_by_hand():
     ev = np.array([[0, 100], [1, 50], [2, 8], [3, 40], [3, -40]], dtype=np.int64)
     kinds = ["input", "param", "temp"]
     kind = np.array([1, 1, 0, 2, 2])
-    seq = R._sequence(ev, kind, kinds, persistent=[60, 30], step_temps=[20], steps=2)
-    stride = 4 + 2 + 1  # trace ids 0-3, two persistent blocks, one temporary
+    seq = R._sequence(ev, kind, kinds, before=[60], state=[30, 15], step_temps=[20], steps=2)
+    stride = 4 + 1 + 2 + 1  # trace ids 0-3, one master block, two state blocks, one temporary
     assert seq.tolist() == [
-        [0, 100], [1, 50], [4, 60], [5, 30],  # weights, then M + S
-        [2, 8], [3, 40], [3, -40], [6, 20], [6, -20], [2, -8],  # step 1: the step, T_opt, the step's leftovers
-        [2 + stride, 8], [3 + stride, 40], [3 + stride, -40], [6 + stride, 20], [6 + stride, -20], [2 + stride, -8]]
-    assert int(np.cumsum(seq[:, 1]).max()) == 100 + 50 + 60 + 30 + 8 + 40
+        [0, 100], [1, 50], [4, 60],  # weights, then M
+        [2, 8], [3, 40], [3, -40], [5, 30], [6, 15],  # step 1: the step, then S made by the first step()
+        [7, 20], [7, -20], [2, -8],  # T_opt, the step's leftovers
+        [2 + stride, 8], [3 + stride, 40], [3 + stride, -40], [7 + stride, 20], [7 + stride, -20], [2 + stride, -8]]
+    # the peak: step 2's activation with M and S live
+    assert int(np.cumsum(seq[:, 1]).max()) == 100 + 50 + 60 + 30 + 15 + 8 + 40
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,10 @@ def test_replay_reaches_the_estimators_peak(tiny):
     assert (out.peak_reserved_bytes >= out.peak_allocated_bytes).all()
     assert (out.peak_allocated_bytes >= out.traced_peak_bytes).all()
     assert "2 steps of 660 traced events at batch 4, seq 512" in out.notes[1]
-    assert "M + S 1,763,840 B in 42 blocks" in out.notes[1]  # fp32 weights: AdamW's two states, 21 tensors
+    assert "S 1,763,840 B in 42 made in step 1" in out.notes[1]  # fp32 weights: AdamW's two states, 21 tensors
+    resumed = R.replayed_reserve(arch, "train", rows, lazy_state=False)  # the state loaded before step 1
+    assert resumed.traced_peak_bytes.tolist() == est["peak_allocated_bytes"].tolist()
+    assert "S 1,763,840 B in 42 before step 1" in resumed.notes[1]
     for i in range(len(rows)):
         _, seq = R.row_sequence(arch, "train", rows.iloc[[i]])
         rounded = int(np.cumsum(np.sign(seq[:, 1]) * np.array([round_size(abs(int(n))) for n in seq[:, 1]])).max())
