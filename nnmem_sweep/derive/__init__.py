@@ -7,6 +7,8 @@ shapes (derivation.py), not from a hand-written model of the family.
                       per region
     get_kv_layout(source, precision) -> dict: what a causal LM's KV cache holds per layer (kvcache.py; the
                       serving plan's bytes per sequence)
+    events.events_at(plan, batch, seq_len) -> (n, 2) int64: the step's own (id, ±bytes) allocation sequence at a
+                      shape, for the caching-allocator replay (components/reserve.py); plans store it per region
 
 Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
 """

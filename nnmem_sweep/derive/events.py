@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..allocator.rules import TORCH_ALLOCATOR
+from ..citations import formula, source
 from . import solve
+
+TRACED_SEQUENCE = source("nnmem-traced-sequence", "nnmem_sweep derived plans: a step's storage allocations and "
+                         "frees in order, recorded under FakeTensorMode (derive/trace.py, what MemTracker counts), "
+                         "each allocation's bytes solved as an integer polynomial in (b, s) and checked at probes "
+                         "left out", "nnmem_sweep/derive/events.py")
 
 
 def encode(events: np.ndarray, alloc_kind: list[str], coef: np.ndarray) -> dict:
@@ -43,6 +50,9 @@ def encode(events: np.ndarray, alloc_kind: list[str], coef: np.ndarray) -> dict:
     return {"kinds": kinds, "rows": [list(k) for k in rows], "seq": seq}
 
 
+@formula("derived_event_bytes", "bytes_j(b, s) = c_j · (1, s, b, b·s, b·s², s²) for allocation j, −bytes_j at its "
+         "free; 0 B: dropped with its free", TRACED_SEQUENCE, TORCH_ALLOCATOR,
+         where="derive/events.py; NativeCachingAllocator::allocate (size 0: an empty pointer, no block)")
 def decode(doc: dict, b: int, s: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(events (n, 2) int64 [allocation ordinal, ±bytes], the kind index of each event's allocation, kind names) at
     (b, s); zero-byte allocations and their frees dropped. Raises ValueError where a size evaluates negative (the
