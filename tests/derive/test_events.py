@@ -89,3 +89,20 @@ def test_plan_without_sequence_still_evaluates(tiny):
     assert evaluate(old, 4, 512) == evaluate(plan, 4, 512)
     with pytest.raises(ValueError, match="no allocation sequence"):
         E.events_at(old, 4, 512)
+
+
+def test_shipped_qwen3_sequence_is_the_traced_one(tmp_path, monkeypatch):
+    """configs/qwen3.yaml's shipped plan (Qwen3 8B, bf16-mixed): at a shape no probe traced, its stored sequence is
+    the one the model's code allocates, all 13,492 events."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from nnmem_sweep.config import load_scenario
+    from nnmem_sweep.derive import derivation, get_plan, stored_only
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))  # the shipped plan, not one a user cache holds
+    source = load_scenario("configs/qwen3.yaml").model.derived.source
+    with stored_only():
+        plan = get_plan(source, "train", "bf16-mixed", "flash", "none")
+    probe = derivation._Probe(source, "train", "bf16-mixed", "flash", "none", "cuda", False)
+    ev = E.events_at(plan, 5, 200)
+    assert len(ev) == 13_492 and np.array_equal(ev, _canonical(probe(5, 200).trace.events))
