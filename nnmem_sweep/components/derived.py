@@ -340,6 +340,13 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
     return recipes, W, key, key, b, s, dec
 
 
+def frame_inputs(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
+    """What the estimator reads for `frame`'s rows: (recipes {code: DerivedPlan}, states {W, M, S, T, G: arrays
+    over state codes} (train) or W' per code (infer), recipe code per row, state code per row, b, s,
+    decode_tokens (infer; None in training)). components/reserve.py replays the rows' plans from it."""
+    return _read(arch, mode, frame, device)
+
+
 def frame_components(arch, mode: str, frame: pd.DataFrame, device: str = "cuda") -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row (peak.estimate_components)."""
     recipes, states, key, state, b, s, dec = _read(arch, mode, frame, device)

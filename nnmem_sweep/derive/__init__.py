@@ -7,6 +7,8 @@ shapes (derivation.py), not from a hand-written model of the family.
                       per region
     get_kv_layout(source, precision) -> dict: what a causal LM's KV cache holds per layer (kvcache.py; the
                       serving plan's bytes per sequence)
+    events.events_at(plan, batch, seq_len) -> (n, 2) int64: the step's own (id, ±bytes) allocation sequence at a
+                      shape, for the caching-allocator replay (components/reserve.py); plans store it per region
 
 Both are cached on disk (cache.py); the first derivation needs torch and transformers (the `measure` extra).
 """
@@ -96,7 +98,7 @@ def prefetch(source: ModelSource, requests: list[tuple[str, str, str, str, str]]
 
     from . import cache
 
-    if _STORED_ONLY:
+    if _STORED_ONLY or _backward_ran():
         return
     missing = list(dict.fromkeys(w for r in requests for w in [_what(source, *r)] if not cache.stored(
         source.digest(), w)))
@@ -107,6 +109,16 @@ def prefetch(source: ModelSource, requests: list[tuple[str, str, str, str, str]]
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
         for f in [pool.submit(_derive_one, source, w, progress, _ship_to()) for w in missing]:
             f.result()
+
+
+def _backward_ran() -> bool:
+    """Whether this process traced a backward pass: autograd's engine then refuses to run in a forked child
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so the plans are
+    derived here one after another (`make derive`: the second scenario of a run)."""
+    import sys
+
+    step = sys.modules.get(f"{__name__}.step")
+    return bool(step is not None and step.BACKWARD_RAN)
 
 
 def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:

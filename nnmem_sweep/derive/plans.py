@@ -21,6 +21,7 @@ class Region:
     moments: tuple[M.Moment, ...]
     end: dict[str, tuple[int, ...]]  # kind -> coefficients live after the step (the optimizer step's company)
     s_hi: int | None = None
+    replay: dict | None = field(default=None, compare=False, repr=False)  # events.encode's sequence (optional)
 
     def holds(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """Rows in the region (the lowest region also takes s below s_lo: extrapolated, see the plan's notes)."""
@@ -93,7 +94,8 @@ def to_json(plan: DerivedPlan) -> dict:
         return {"b_lo": r.b_lo, "b_hi": r.b_hi, "s_lo": r.s_lo, "s_hi": r.s_hi,
                 "end": {k: list(v) for k, v in r.end.items()},
                 "moments": [[m.phase, m.event, m.op, {k: list(v) for k, v in m.live.items() if any(v)}]
-                            for m in r.moments]}
+                            for m in r.moments],
+                **({"replay": r.replay} if r.replay is not None else {})}
 
     return {"mode": plan.mode, "recipe": plan.recipe, "attention": plan.attention,
             "checkpointing": plan.checkpointing, "device": plan.device, "param_bytes": plan.param_bytes,
@@ -110,7 +112,7 @@ def from_json(d: dict) -> DerivedPlan:
 
     regions = tuple(Region(r["b_lo"], r["b_hi"], r["s_lo"],
                            tuple(M.Moment(ph, ev, op, live(lv)) for ph, ev, op, lv in r["moments"]),
-                           live(r["end"]), r.get("s_hi")) for r in d["regions"])
+                           live(r["end"]), r.get("s_hi"), r.get("replay")) for r in d["regions"])
     return DerivedPlan(d["mode"], d["recipe"], d["attention"], d["checkpointing"], d["device"], regions,
                        int(d["param_bytes"]), int(d["grad_bytes"]), tuple(tuple(p) for p in d["probes"]),
                        int(d["events"]), float(d.get("seconds", 0.0)), tuple(d.get("notes", ())))

@@ -1,0 +1,187 @@
+"""The caching allocator's reserve from a replay of the step's own allocation sequence (issue 13).
+
+For a derived model the plan stores, per region, the traced step's allocations and frees in order with each size
+an integer polynomial in (b, s) (derive/events.py). At a row's shape that sequence, with what the trace does not
+run added around it, goes through the model of PyTorch's CUDA caching allocator (allocator/): its peak reserved
+bytes against its peak allocated bytes is the reserve the flat `allocator_reserve` fraction stands in for.
+
+What is replayed for a training row (`STEPS` steps from a fresh process, the allocator's cache carried from one
+to the next):
+    parameters and buffers (as the trace registered them) · master weights M (one block per parameter) ·
+    [the traced step (inputs, forward, backward) · in the first step only, the optimizer state S (torch.optim
+    makes it lazily inside the first step(): one block per state tensor per parameter, kept) · the optimizer
+    step's temporaries T_opt (foreach: one block per parameter, all live at once; otherwise one block), then
+    freed · every storage of the step still live freed (zero_grad(set_to_none=True), the next batch's inputs)]
+    × STEPS.
+M, S and T_opt are the catalogs' bytes (as the estimator's), split over the parameters in proportion to their
+bytes. lazy_state=False puts S before the first step with M (a run resumed from a checkpoint). Where the state is
+made changes the reserve by up to a quarter of the peak on Qwen3 8B's rows: which segments the state lands in
+(freed activations', or fresh ones below them) shapes every later step.
+An inference row: the weights, then the traced request (prefill and derive/step.DECODE_STEPS decode steps at the
+prompt's length) × STEPS.
+
+Not replayed (-1, with a note saying why): hand-modelled families (no traced sequence), plans not stored (deriving
+needs torch and minutes: never during a report), plans derived before sequences were stored, quantised weights
+(the trace holds the bf16 layout, not the quantised blocks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import columns as C
+from .. import derive
+from ..allocator import AllocatorOptions, replay
+from ..allocator.rules import TORCH_ALLOCATOR
+from ..catalog.optimizers import TORCH_OPTIM, get_optimizer
+from ..citations import formula
+from ..derive import events as E
+from ..derive.kinds import BUFFER, PARAM
+from ..errors import UsageError
+from . import derived
+from .plan import precisions
+
+STEPS = 2  # the second step starts from the cache the first left: the steady state
+DECODE_STEPS = 3  # decode steps of a traced request (derive/step.DECODE_STEPS; step.py needs torch, this does not)
+
+
+@dataclass(frozen=True)
+class ReserveReplay:
+    """Per row of the frame replayed (int64 arrays; -1 where nothing was replayed)."""
+
+    peak_reserved_bytes: np.ndarray  # the replay's max_memory_reserved()
+    peak_allocated_bytes: np.ndarray  # the replay's max_memory_allocated(): block sizes (512 B rounding, unsplit rests)
+    traced_peak_bytes: np.ndarray  # the largest running sum of the replayed requests' own bytes (the plan's peak)
+    events: np.ndarray  # events replayed
+    notes: tuple[str, ...]  # one line per row: what was replayed, or why not
+
+    def ratio(self) -> np.ndarray:
+        """peak reserved / peak allocated (NaN where not replayed)."""
+        ok = self.peak_allocated_bytes > 0
+        out = np.full(len(ok), np.nan)
+        out[ok] = self.peak_reserved_bytes[ok] / self.peak_allocated_bytes[ok]
+        return out
+
+
+def _split(total: int, weights: list[int], parts: int) -> list[int]:
+    """`total` over `parts` blocks per weight, in proportion to the weights, summing to `total` exactly (Python
+    integers: total · weight overflows int64 for large models); the rounding remainder goes to the first block."""
+    w_sum = sum(weights) * parts
+    if total <= 0 or w_sum <= 0 or parts <= 0:
+        return []
+    blocks = [total * w // w_sum for w in weights for _ in range(parts)]
+    blocks[0] += total - sum(blocks)
+    return [n for n in blocks if n > 0]
+
+
+def _state_blocks(opt) -> int:
+    """Blocks per parameter of the optimizer state: one per state tensor (8-bit: state1, state2; Adafactor: the
+    row and column factors)."""
+    return len(opt.state)
+
+
+def _sequence(ev: np.ndarray, kind: np.ndarray, kinds: list[str], before: list[int], state: list[int],
+              step_temps: list[int], steps: int) -> np.ndarray:
+    """The replayed sequence: the leading parameter/buffer registrations, the `before` blocks (kept: master
+    weights), then `steps` times: the traced rest, in the first step the `state` blocks (kept: torch.optim creates
+    its state inside the first step(), after backward), `step_temps` allocated then freed, every storage of the
+    step still live freed. Ids: the trace's below N, then the kept blocks, each later step's shifted by a stride."""
+    ids = ev[:, 0]
+    allocs = ev[:, 1] > 0
+    held = allocs & np.isin(kind, [kinds.index(k) for k in (PARAM, BUFFER) if k in kinds])
+    head = len(ev) if held.all() else int(np.argmin(held))  # the registrations before the step's first event
+    body = ev[head:]
+    n_ids = int(ids.max()) + 1 if len(ev) else 0
+    p, q, t = len(before), len(state), len(step_temps)
+    stride = n_ids + p + q + t
+    kept = ~np.isin(body[:, 0], ids[:head])  # a free of a registered storage happens once, in the first step
+    b_alloc = body[:, 1] > 0
+    left = body[b_alloc & ~np.isin(body[:, 0], body[~b_alloc, 0])]  # allocated in the step, live at its end
+
+    def block(first: int, sizes: list[int], sign: int) -> np.ndarray:
+        return np.stack([np.arange(first, first + len(sizes), dtype=np.int64),
+                         sign * np.asarray(sizes, dtype=np.int64)], axis=1).reshape(-1, 2)
+
+    out = [ev[:head], block(n_ids, before, 1)]
+    for k in range(steps):
+        shift = np.array([k * stride, 0], dtype=np.int64)
+        out.append(body + shift if k == 0 else body[kept] + shift)
+        if k == 0:
+            out.append(block(n_ids + p, state, 1))
+        temps = k * stride + n_ids + p + q
+        out += [block(temps, step_temps, 1), block(temps, step_temps, -1)]
+        out.append(np.stack([left[:, 0] + k * stride, -left[:, 1]], axis=1))
+    return np.concatenate(out).astype(np.int64)
+
+
+@formula("replayed_reserve_bytes", "max over the replay of Σ segment bytes: weights, M and S (per parameter), "
+         "then per step the traced sequence at (b, s) and T_opt, through the caching-allocator model",
+         TORCH_ALLOCATOR, derived.DERIVED, TORCH_OPTIM,
+         where="components/reserve.py module docstring; DeviceCachingAllocator::malloc / free",
+         note="M, S and T_opt are split over the parameters in proportion to their bytes (torch.optim keeps "
+         "each state tensor, and _foreach ops their outputs, per parameter); the order of a steady-state step")
+def replayed_reserve(arch, mode: str, rows: pd.DataFrame, options: AllocatorOptions = AllocatorOptions(),
+                     device: str = "cuda", steps: int = STEPS, lazy_state: bool = True) -> ReserveReplay:
+    """Replay each row of `rows` (the grid's axis columns: batch, seq_len, precision, ... as the estimator reads
+    them) through the allocator model under `options`, without a capacity (the peak, not the verdict). For a
+    few rows (each replay is tens of thousands of events in Python: ~0.1 s for Qwen3 8B). lazy_state=False:
+    the optimizer state exists before the first step (resumed from a checkpoint: load_state_dict)."""
+    n = len(rows)
+    res = {k: np.full(n, -1, dtype=np.int64) for k in ("reserved", "allocated", "traced")}
+    counts = np.zeros(n, dtype=np.int64)
+    notes: list[str] = []
+    for i in range(n):
+        note, seq = row_sequence(arch, mode, rows.iloc[[i]], device, steps, lazy_state)
+        if seq is not None:
+            r = replay(seq, options)
+            res["reserved"][i], res["allocated"][i] = r.peak_reserved_bytes, r.peak_allocated_bytes
+            res["traced"][i] = int(np.cumsum(seq[:, 1]).max())
+            counts[i] = len(seq)
+        notes.append(note)
+    return ReserveReplay(res["reserved"], res["allocated"], res["traced"], counts, tuple(notes))
+
+
+def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda", steps: int = STEPS,
+                 lazy_state: bool = True) -> tuple[str, np.ndarray | None]:
+    """What replayed_reserve replays for one row (a one-row frame): (a one-line note, the (n, 2) int64 sequence,
+    or None where there is none: the note says why)."""
+    if getattr(arch, "kind", "") != "derived":
+        return f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None
+    try:
+        with derive.stored_only():
+            recipes, states, key, state_code, b, s, dec = derived.frame_inputs(arch, mode, row, device)
+    except UsageError as e:
+        return f"not replayed: {e}", None
+    prec = precisions((str(row[C.PRECISION].iloc[0]),), mode)[0]
+    if prec.quant:
+        return f"not replayed: {prec.name} weights are quantised blocks, the trace holds the bf16 layout", None
+    plan = recipes[int(key[0])]
+    bi, si = int(b[0]), int(s[0])
+    try:
+        ev, kind, kinds = E.region_events(plan, bi, si)
+    except ValueError as e:
+        return f"not replayed: {e}", None
+    params = [int(x) for x in ev[(ev[:, 1] > 0) & (kind == (kinds.index(PARAM) if PARAM in kinds else -1)), 1]]
+    before: list[int] = []
+    state: list[int] = []
+    temps: list[int] = []
+    what = f"{len(ev):,} traced events at batch {bi}, seq {si}"
+    if mode == "train":
+        opt = get_optimizer(str(row[C.OPTIMIZER].iloc[0]))
+        impl = str(row[C.OPTIMIZER_IMPL].iloc[0])
+        st = int(state_code[0])
+        M, S, T = (int(states[x][st]) for x in ("M", "S", "T"))
+        before, state = _split(M, params, 1), _split(S, params, _state_blocks(opt))
+        if not lazy_state:
+            before, state = before + state, []
+        temps = _split(T, params, 1) if impl == "foreach" else ([T] if T > 0 else [])
+        what += (f"; M {M:,} B in {len(_split(M, params, 1))} blocks before step 1, S {S:,} B in "
+                 f"{len(_split(S, params, _state_blocks(opt)))} {'made in' if lazy_state else 'before'} step 1, "
+                 f"T_opt {T:,} B in {len(temps)} ({opt.name} {impl})")
+    else:
+        what += f" (the traced request: prefill and {DECODE_STEPS} decode steps, the row generates {int(dec[0])})"
+    seq = _sequence(ev, kind, kinds, before, state, temps, steps)
+    unit = "steps" if mode == "train" else "requests"
+    return f"replayed {len(seq):,} events: {steps} {unit} of {what}", seq
