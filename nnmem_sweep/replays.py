@@ -1,16 +1,19 @@
 """The allocator reserve of a scenario from replays where the verdict is decided (issue 13).
 
 Replaying a step's allocation sequence through the caching-allocator model (components/reserve.py, allocator/)
-costs tens of thousands of events in Python per row, so not every row is replayed: only the rows whose verdict a
-reserve can flip, the boundary of each max-batch cell (its largest batch that fits and the next one) and the
-target. The largest reserve those replays need,
+costs tens of thousands of events in Python per replay, so not every row is replayed. Per recipe (the non-batch,
+non-GPU axes) one row is: the largest batch that fits on any of the scenario's GPUs (found with the default
+reserve). A step "fits" when it completes in the allocator model within the capacity it is given; PyTorch's
+allocator frees its cached segments and retries when a segment does not fit (`release_cached_blocks`), so what a
+step needs is less than the peak it reserves when memory is plentiful. The least capacity with which the row
+completes is found by bisection (to 1/RESOLUTION of its peak; completing is taken as monotone in the capacity), and
 
-    f = max over the replayed rows of (peak_reserved − peak_allocated) / peak_allocated     (rounded up to 1e-4)
+    f(recipe) = (least capacity that completes − peak_allocated) / peak_allocated
 
-is then the reserve of every row of the scenario (`Overheads.replayed_reserve_fraction`), and the report says how
-many rows were replayed and the range they gave. A replay does not depend on the GPU (its sequence is the step's;
-the capacity only decides an out-of-memory error, which a fit by the estimator's total, with f the largest
-replayed, already rules out), so rows are replayed once per distinct point.
+is the reserve of every row of the recipe (`Overheads.replayed_by_recipe`); the largest of them is the reserve of
+any recipe not replayed (`Overheads.replayed_reserve_fraction`). The report says how many rows were replayed and
+the range they gave. `reserved_bytes` is therefore the memory the allocator needs for the step, not what
+max_memory_reserved() shows on a GPU with memory to spare (the unlimited replay's peak, larger).
 
 Not replayed: a reserve given in `overheads:` (it stands), models without a traced sequence (hand-modelled
 families; components/reserve.py says why for each row); those keep the default, labelled "not replayed".
@@ -18,40 +21,70 @@ families; components/reserve.py says why for each row); those keep the default, 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import columns as C
-from .allocator import AllocatorOptions
-from .components.reserve import replayed_reserve
-from .fit import MAX_BATCH_CAP, max_batch
+from .allocator import AllocatorOptions, replay
+from .components.reserve import row_sequence
+from .derive.cache import memo
+from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
 from .scenario import Scenario
 from .serving import sweep_prefill_logits
 
-MAX_REPLAYS = 24  # distinct points replayed at most (each ~0.1 s for an 8B model): the largest batches first
-RESOLUTION = 10_000  # f is rounded up to a multiple of 1 / RESOLUTION
+MAX_ROWS = 64  # recipes replayed at most (a bisection: ~7 replays of ~0.05 s for an 8B model, then cached): largest first
+RESOLUTION = 200  # the bisection stops within 0.5 % of the peak; f is rounded up to a multiple of 1 / RESOLUTION
+DEFAULT_NOTE = "a default between the 0.8-9 % the first replays of the allocator model measured"
 
 
-def boundary_points(sc: Scenario) -> pd.DataFrame:
-    """The distinct (non-GPU) points where a reserve decides a verdict: each max-batch cell's largest batch that
-    fits and the next one, and the target's batch; the largest batches first, at most MAX_REPLAYS."""
+def boundary_rows(sc: Scenario) -> pd.DataFrame:
+    """Per recipe the largest batch that fits any GPU (with its GPU); the largest batches first, at most MAX_ROWS."""
     points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
     mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=sweep_prefill_logits(sc))
-    axes = [c for c in point_axes(sc) if c in mb.columns and c != C.GPU]
-    b = mb[C.MAX_BATCH].to_numpy(dtype=np.int64)
-    cells = mb[axes]
-    rows = [cells[b > 0].assign(**{C.BATCH: b[b > 0]}),
-            cells[(b < MAX_BATCH_CAP)].assign(**{C.BATCH: b[b < MAX_BATCH_CAP] + 1})]
-    if sc.target.get("batch"):
-        rows.append(cells.assign(**{C.BATCH: int(sc.target["batch"])}))
-    out = pd.concat(rows, ignore_index=True)
-    keys = [c for c in out.columns]
-    out = out.astype({c: str for c in axes if isinstance(out[c].dtype, pd.CategoricalDtype)})
-    out = out.drop_duplicates(keys).sort_values(C.BATCH, ascending=False, kind="stable")
-    return out.head(MAX_REPLAYS).reset_index(drop=True)
+    recipe = [c for c in point_axes(sc) if c in mb.columns and c != C.GPU]
+    fit = mb[mb[C.MAX_BATCH] > 0]
+    best = fit.sort_values(C.MAX_BATCH, ascending=False, kind="stable").drop_duplicates(recipe)
+    out = best.assign(**{C.BATCH: best[C.MAX_BATCH]})[recipe + [C.GPU, C.BATCH]]
+    return out.head(MAX_ROWS).reset_index(drop=True)
+
+
+def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int]:
+    """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak)."""
+    peak = int(np.cumsum(seq[:, 1]).max())
+    high = replay(seq, options).peak_reserved_bytes  # completes: nothing is ever refused
+    low = peak - 1  # cannot complete: less than what is live at once
+    step = max(peak // RESOLUTION, 1)
+    while high - low > step:
+        mid = (low + high) // 2
+        if replay(seq, options, capacity_bytes=mid).oom:
+            low = mid
+        else:
+            high = mid
+    return peak, high
+
+
+@functools.cache
+def _allocator_source_digest() -> str:
+    """The allocator model's own source: a cached result is recomputed when a rule changes."""
+    folder = Path(__file__).resolve().parent / "allocator"
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("*.py")))).hexdigest()
+
+
+def _replay_row(sc: Scenario, row: pd.DataFrame, options: AllocatorOptions) -> tuple[str, float | None]:
+    """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. The bisection
+    is kept in the user's cache (derive/cache.py), keyed by the sequence, the options and the allocator model."""
+    note, seq = row_sequence(sc.model, sc.mode, row)
+    if seq is None:
+        return note, None
+    key = f"{hashlib.sha256(seq.tobytes()).hexdigest()} {options!r} {RESOLUTION} {_allocator_source_digest()}"
+    doc = memo("replays", key, lambda: dict(zip(("peak", "need"), least_capacity(seq, options))))
+    return note, (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
 
 
 def with_replayed_reserve(sc: Scenario) -> Scenario:
@@ -60,24 +93,32 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return sc
     if sc.model.kind != "derived":
-        note = (f"not replayed: {sc.model.name} is modelled by hand, with no traced allocation sequence; a default "
-                "between the 0.8-9 % the first replays of the allocator model measured")
+        note = f"not replayed: {sc.model.name} is modelled by hand, with no traced allocation sequence; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
-    rows = boundary_points(sc)
+    rows = boundary_rows(sc)
     options = AllocatorOptions.from_alloc_conf(ov.allocator_conf) if ov.allocator_conf else AllocatorOptions()
-    rr = replayed_reserve(sc.model, sc.mode, rows, options)
-    ok = (rr.traced_peak_bytes > 0) & (rr.peak_reserved_bytes >= 0)
-    if not ok.any():
-        reason = rr.notes[0] if rr.notes else "no boundary row"
-        note = f"{reason}; a default between the 0.8-9 % the first replays of the allocator model measured"
+    recipe = [c for c in rows.columns if c not in (C.GPU, C.BATCH)]
+    by_recipe: dict[tuple[str, ...], float] = {}
+    fractions, skipped = [], []
+    for i in range(len(rows)):
+        note, frac = _replay_row(sc, rows.iloc[[i]], options)
+        if frac is None:
+            skipped.append(note)
+            continue
+        fractions.append(frac)
+        key = tuple(str(v) for v in rows.iloc[i][recipe])
+        by_recipe[key] = max(by_recipe.get(key, 0.0), max(math.ceil(frac * RESOLUTION) / RESOLUTION, 0.0))
+    if not by_recipe:
+        note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
-    extra = (rr.peak_reserved_bytes[ok] - rr.traced_peak_bytes[ok]) / rr.traced_peak_bytes[ok]
-    f = max(math.ceil(float(extra.max()) * RESOLUTION) / RESOLUTION, 0.0)
     conf = f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf else "PyTorch's default allocator settings"
-    note = (f"the largest of {int(ok.sum())} replays of the step's own allocation sequence through the caching-allocator "
-            f"model ({conf}) at the rows where the verdict is decided (each max-batch cell's boundary and the target): "
-            f"{100 * float(extra.min()):.2f}-{100 * float(extra.max()):.2f} % of the peak")
-    skipped = int((~ok).sum())
+    note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
+            f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
+            f"{len(fractions)} rows where the verdict is decided (per recipe the largest batch that fits): "
+            f"{100 * min(by_recipe.values()):.1f}-{100 * max(by_recipe.values()):.1f} % of the peak; each recipe "
+            "takes its own, a recipe not replayed the largest")
     if skipped:
-        note += f"; {skipped} row(s) not replayed ({rr.notes[int(np.flatnonzero(~ok)[0])]})"
-    return dataclasses.replace(sc, overheads=dataclasses.replace(ov, replayed_reserve_fraction=f, reserve_note=note))
+        note += f"; {len(skipped)} row(s) not replayed ({skipped[0]})"
+    return dataclasses.replace(sc, overheads=dataclasses.replace(
+        ov, replayed_reserve_fraction=max(by_recipe.values()), replayed_axes=tuple(recipe),
+        replayed_by_recipe=tuple(sorted(by_recipe.items())), reserve_note=note))

@@ -28,6 +28,7 @@ from .estimate import estimate_frame
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, checked_size, expand_grid, point_axes, product_frame
 from .outputs import OutputSet
+from .replays import with_replayed_reserve
 from .scenario import Scenario
 from .tablefile import csv_bytes, extension, write_table
 
@@ -54,7 +55,10 @@ def _progress(enabled: bool, start: float, done: int, total: int) -> None:
 
 
 def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False) -> RunResult:
+    """The grid, max batch and plans of `sc`, with the allocator reserve its replays give (replays.py): the
+    RunResult's scenario is that one."""
     start = time.perf_counter()
+    sc = with_replayed_reserve(sc)
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
     logits = serving.sweep_prefill_logits(sc)

@@ -58,7 +58,10 @@ class Overheads:
     runtime: tuple[tuple[str, Any], ...] = ()  # the scenario's `runtime:` block (cuda, torch, lazy_loading ...)
     gpus: tuple["GPUSpec", ...] = ()  # the scenario's GPUs: their generation decides the modelled figures
     allocator_conf: str = ""  # the `allocator:` block as PYTORCH_CUDA_ALLOC_CONF text ("" = PyTorch's defaults)
-    replayed_reserve_fraction: float | None = None  # from the runner's replays (replays.py); None = none replayed
+    replayed_reserve_fraction: float | None = None  # the largest of the runner's replays (replays.py); None = none
+    # per recipe (the non-batch, non-GPU axes, as text) the largest replayed fraction: ((axis, ...), ((value, ...), f))
+    replayed_axes: tuple[str, ...] = ()
+    replayed_by_recipe: tuple[tuple[tuple[str, ...], float], ...] = ()
     reserve_note: str = ""  # how the reserve in force was obtained (set by the runner after its replays)
 
     @property

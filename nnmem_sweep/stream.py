@@ -39,6 +39,7 @@ from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .outputs import RUN_JSON, OutputSet
+from .replays import with_replayed_reserve
 from .runner import estimate_frame, plan_tables
 from .scenario import Scenario
 from .tablefile import TableWriter, csv_bytes, extension
@@ -94,6 +95,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     ext = extension(fmt)
     n = checked_size(sc, max_rows)
     start = time.perf_counter()
+    sc = with_replayed_reserve(sc)  # as run_scenario: the reserve of the replays at the max-batch boundaries
     gpus = tuple(g.id for g in sc.gpus)
     axes = axes_of(sc) | {C.GPU: gpus}
     points_axes = point_axes(sc) | {C.GPU: gpus}

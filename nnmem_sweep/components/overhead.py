@@ -39,7 +39,7 @@ class RowOverheads:
 
     non_torch: np.ndarray
     allocator_extra: np.ndarray
-    reserve_fraction: float
+    reserve_fraction: float | np.ndarray  # one for every row, or per row (replayed per recipe)
 
     @property
     def fixed(self) -> np.ndarray:
@@ -76,9 +76,10 @@ def fixed_bytes(ov: Overheads, gpu: GPUSpec | None, mode: str, layout: dict[str,
 def row_overheads(ov: Overheads, frame: pd.DataFrame, mode: str) -> RowOverheads:
     """The fixed parts per row of `frame` (its `gpu` column and the parallel dimensions it holds)."""
     n = len(frame)
+    f = reserve_fractions(ov, frame)
     if ov.cuda_context_bytes is not None and ov.cublas_workspace_bytes is not None:  # all given: no lookup at all
         return RowOverheads(np.full(n, int(ov.cuda_context_bytes), dtype=np.int64),
-                            np.full(n, int(ov.cublas_workspace_bytes), dtype=np.int64), ov.reserve_fraction)
+                            np.full(n, int(ov.cublas_workspace_bytes), dtype=np.int64), f)
     dims = [d for d in LAYOUT_KEYS if d in frame.columns]
     if C.GPU in frame.columns:
         gpu_codes, gpu_ids = pd.factorize(frame[C.GPU], sort=False)
@@ -96,15 +97,30 @@ def row_overheads(ov: Overheads, frame: pd.DataFrame, mode: str) -> RowOverheads
         spec = None if gpu_id is None else _gpu_spec(ov, str(gpu_id))
         outside[i], inside[i] = fixed_bytes(ov, spec, mode, dict(zip(dims, (int(v) for v in key[1:]))))
     inverse = inverse.reshape(-1)
-    return RowOverheads(outside[inverse], inside[inverse], ov.reserve_fraction)
+    return RowOverheads(outside[inverse], inside[inverse], f)
+
+
+def reserve_fractions(ov: Overheads, frame: pd.DataFrame) -> float | np.ndarray:
+    """The reserve fraction in force: one number, or per row where the runner replayed recipes one by one (a recipe
+    of the frame it did not replay takes the largest replayed, `Overheads.reserve_fraction`)."""
+    axes = list(ov.replayed_axes)
+    if ov.allocator_reserve_fraction is not None or not ov.replayed_by_recipe or \
+            not all(a in frame.columns for a in axes):
+        return ov.reserve_fraction
+    by_recipe = dict(ov.replayed_by_recipe)
+    recipes = frame[axes].drop_duplicates()
+    f = [by_recipe.get(tuple(str(v) for v in key), ov.reserve_fraction)
+         for key in recipes.itertuples(index=False, name=None)]
+    table = recipes.assign(_f=np.asarray(f, dtype=np.float64))
+    return frame[axes].merge(table, on=axes, how="left")["_f"].to_numpy()
 
 
 @formula("reserve_bytes", "⌈f · peak_allocated⌉", TORCH_CUDA_NOTES, where="memory management (reserved vs allocated)",
          note="f from replays of the step's allocations through the allocator model (allocator/), else 5 %, "
          "labelled 'not replayed'; rounded up to a whole byte")
-def reserve_bytes(peak_allocated: np.ndarray, fraction: float) -> np.ndarray:
+def reserve_bytes(peak_allocated: np.ndarray, fraction: float | np.ndarray) -> np.ndarray:
     peak = np.asarray(peak_allocated, dtype=np.int64)
-    return np.ceil(peak * float(fraction)).astype(np.int64)
+    return np.ceil(peak * np.asarray(fraction, dtype=np.float64)).astype(np.int64)
 
 
 @formula("reserved_bytes", "peak_allocated + allocator_extra + reserve", TORCH_CUDA_NOTES,

@@ -95,6 +95,18 @@ def ship(source_digest: str, what: tuple, doc: dict[str, Any], root: Path = SHIP
     return path
 
 
+def memo(kind: str, key_text: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A small computed document kept in the user's cache under `kind`, keyed by the sha256 of `key_text` (which
+    must name everything the result depends on); make() it when absent. NNMEM_SWEEP_REDERIVE=1 recomputes."""
+    path = cache_dir() / kind / f"{hashlib.sha256(key_text.encode()).hexdigest()}.json"
+    found = None if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1" else _read(path)
+    if found is not None:
+        return found
+    doc = make()
+    _write(path, doc)
+    return doc
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         raw = path.read_bytes()

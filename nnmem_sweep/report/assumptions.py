@@ -220,8 +220,14 @@ def runtime_assumptions(sc: Scenario) -> list[str]:
             nccl = nccl_bytes({"tensor_parallel": 2})[0]
             items.append(f"NCCL: one communicator per parallel group of more than one GPU, "
                          f"{gib(nccl.bytes, 2)} each on every GPU of the group, outside the allocator ({nccl.source}).")
-    items.append(f"Allocator reserve (reserved minus allocated): {percent(o.reserve_fraction)} of the peak allocated"
-                 f"{'; ' + o.reserve_note if o.reserve_note else (', as given (overheads.allocator_reserve)' if o.allocator_reserve_fraction is not None else '; not replayed: a default between the 0.8-9 % the first replays of the allocator model measured')}.")
+    if o.allocator_reserve_fraction is not None:
+        how = "as given (overheads.allocator_reserve)"
+    else:
+        how = o.reserve_note or ("not replayed: a default between the 0.8-9 % the first replays of the allocator "
+                                 "model measured")
+    upto = "up to " if o.replayed_by_recipe and len({f for _, f in o.replayed_by_recipe}) > 1 else ""
+    items.append(f"Allocator reserve (reserved minus allocated): {upto}{percent(o.reserve_fraction)} of the peak "
+                 f"allocated; {how}.")
     return items
 
 

@@ -1,0 +1,71 @@
+"""The allocator reserve from replays at the max-batch boundaries (replays.py): the least capacity a step needs in
+the allocator model, per recipe, and what the estimate then does with it."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep.allocator import AllocatorOptions, replay
+from nnmem_sweep.config import load_scenario
+from nnmem_sweep.replays import RESOLUTION, least_capacity, with_replayed_reserve
+from nnmem_sweep.runner import run_scenario
+from nnmem_sweep.units import MiB
+
+
+def test_least_capacity_releases_cached_segments_as_pytorch_does():
+    # 20 MiB allocated and freed, then 30 MiB: the free 20 MiB segment cannot hold it, so with memory to spare a
+    # second segment is mapped (50 MiB reserved); within 30 MiB the allocator frees the cached segment and retries
+    # (release_cached_blocks): the step needs 30 MiB, no reserve at all
+    seq = np.array([[0, 20 * MiB], [0, -20 * MiB], [1, 30 * MiB], [1, -30 * MiB]], dtype=np.int64)
+    assert replay(seq).peak_reserved_bytes == 50 * MiB
+    assert replay(seq, capacity_bytes=30 * MiB).oom is False
+    assert replay(seq, capacity_bytes=30 * MiB - 1).oom is True
+    peak, need = least_capacity(seq, AllocatorOptions())
+    assert peak == 30 * MiB and 30 * MiB <= need <= 30 * MiB + peak // RESOLUTION
+
+
+def test_hand_modelled_families_and_given_reserves_are_not_replayed():
+    sc = load_scenario("configs/llama.yaml")
+    out = with_replayed_reserve(sc)
+    assert out.overheads.replayed_reserve_fraction is None and out.overheads.reserve_fraction == 0.05
+    assert out.overheads.reserve_note.startswith("not replayed: Llama 3.1 8B is modelled by hand")
+    given = dataclasses.replace(sc, overheads=dataclasses.replace(sc.overheads, allocator_reserve_fraction=0.02))
+    assert with_replayed_reserve(given) is given
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return run_scenario(load_scenario("configs/qwen3.yaml"))
+
+
+def test_each_recipe_takes_the_reserve_its_replay_needs(qwen3):
+    ov = qwen3.scenario.overheads
+    table = dict(ov.replayed_by_recipe)
+    assert len(table) >= 20 and ov.reserve_note.startswith("replayed: ")
+    assert ov.replayed_reserve_fraction == max(table.values()) and 0 < min(table.values())
+    res = qwen3.results
+    keys = res[list(ov.replayed_axes)].astype(str).agg("|".join, axis=1)
+    f = keys.map({"|".join(k): v for k, v in table.items()}).fillna(ov.replayed_reserve_fraction).to_numpy()
+    reserve = res[C.RESERVED] - res[C.PEAK_ALLOCATED] - res[C.ALLOCATOR_EXTRA]
+    assert (reserve.to_numpy() == np.ceil(res[C.PEAK_ALLOCATED].to_numpy() * f).astype(np.int64)).all()
+    assert (res[C.TOTAL] == res[C.RESERVED] + res[C.NON_TORCH]).all()
+
+
+def test_the_replayed_boundary_completes_within_its_capacity(qwen3):
+    """A row the estimate says fits, at the boundary, completes in the allocator model within the capacity it has
+    there (usable less memory outside the allocator and the library workspaces)."""
+    from nnmem_sweep.components.reserve import row_sequence
+
+    from nnmem_sweep.estimate import estimate_frame
+
+    sc, mb, res = qwen3.scenario, qwen3.max_batch, qwen3.results
+    cell = mb[mb[C.MAX_BATCH] > 0].sort_values(C.MAX_BATCH).iloc[-1]
+    axes = list(sc.overheads.replayed_axes) + [C.GPU]
+    same = res[np.logical_and.reduce([res[a].astype(str) == str(cell[a]) for a in axes])].iloc[[0]]
+    frame = same[list(C.GRID_AXES) + [C.GPU, C.GPU_MEMORY]].assign(**{C.BATCH: int(cell[C.MAX_BATCH])})
+    r = estimate_frame(sc.model, sc.mode, frame.reset_index(drop=True), sc.overheads, sc.headroom)
+    _, seq = row_sequence(sc.model, "train", r)
+    capacity = int(r[C.USABLE].iloc[0] - r[C.NON_TORCH].iloc[0] - r[C.ALLOCATOR_EXTRA].iloc[0])
+    assert bool(r[C.FITS].iloc[0]) and not replay(seq, capacity_bytes=capacity).oom
+    assert replay(seq, capacity_bytes=int(r[C.PEAK_ALLOCATED].iloc[0])).oom  # no room for any reserve: it fails
