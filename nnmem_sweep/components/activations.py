@@ -67,6 +67,8 @@ class TrainActivations:
     forward_temp: Term  # extra at the top of forward: logits, their fp32 copy, log_softmax output
     backward_start_temp: tuple[Term, ...]  # extra at the start of backward (the max of these)
     backward_end_temp: tuple[Term, ...]  # extra at the end of backward, one Term per moment (each its own phase)
+    # the same moments when the gradients were kept from the step before (zero_grad "zeros"); None: as above
+    backward_end_temp_kept: tuple[Term, ...] | None = None
 
 
 # ---------------------------------------------------------------- per-layer terms (bytes per token)
@@ -273,6 +275,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
         forward_temp=loss_forward_temp(arch, p),
         backward_start_temp=tuple(bwd_start),
         backward_end_temp=embedding_backward_temp(arch, p),
+        backward_end_temp_kept=embedding_backward_temp_kept(arch, p),
     )
 
 
@@ -287,6 +290,15 @@ def embedding_backward_temp(arch: Architecture, p: Precision) -> tuple[Term, ...
         return (grad_out,)  # the dense gradient becomes .grad itself
     wte = arch.vocab * arch.hidden * p.grad_bytes
     return (grad_out + Term(const=wte), Term(const=2 * wte))
+
+
+@formula("embedding_backward_temporary_kept_bytes", "r·h per token + V·h·g  (gradients kept: zero_grad zeros)",
+         HF_MODELING, where="torch/csrc/autograd/functions/accumulate_grad.h: a parameter whose .grad is defined "
+         "gets the new gradient added in place (variable_grad += new_grad), so embedding_dense_backward's dense (V, h) "
+         "gradient is a temporary beside G, tied or not, and no out-of-place sum is made",
+         note="g = gradient bytes; G counts every gradient from the start of the step")
+def embedding_backward_temp_kept(arch: Architecture, p: Precision) -> tuple[Term, ...]:
+    return (Term(tok=p.residual_bytes * arch.hidden, const=arch.vocab * arch.hidden * p.grad_bytes),)
 
 
 # Activation functions evaluated without autograd: tensors of width I alive at once inside the MLP besides the

@@ -19,6 +19,7 @@ kv_cache, temporary = the rest; master and optimizer state from the catalogs.
 """
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import numpy as np
@@ -266,10 +267,30 @@ def recipe_weights(arch, plan, prec: Precision) -> int:
     return weights_bytes(arch, prec) if prec.quant else plan.param_bytes
 
 
+@formula("derived_kept_gradients_bytes", "moment k with gradients kept: live_k − grad_k + G",
+         DERIVED, source("torch-accumulate-grad", "PyTorch, AccumulateGrad: a defined .grad gets the new gradient "
+                         "added in place", "torch/csrc/autograd/functions/accumulate_grad.h"),
+         where="zero_grad 'zeros' (set_to_none=False): every traced gradient is allocated from the start of the step",
+         note="measured: forward and backward peaks + G, optimizer unchanged (tests/data/truth/*-zerograd-*)")
+def kept_gradients(plan):
+    """The plan of a recipe traced with the gradients set to None (derive/step.py), for a loop that keeps them
+    (zero_grad "zeros"): each moment's traced gradients (those made so far) replaced by all of them, G. A gradient
+    being made is then added into its .grad in place; the trace counted it as gradient already, so the moment's
+    total is the same transient-for-gradient swap (the traced out-of-place tied-embedding sum stays an upper bound)."""
+    def moment(m):
+        width = len(next(iter(m.live.values())))  # the coefficients over (1, s, b, b·s, b·s², s²)
+        return dataclasses.replace(m, live=dict(m.live, grad=(int(plan.grad_bytes),) + (0,) * (width - 1)))
+
+    regions = tuple(dataclasses.replace(r, moments=tuple(moment(m) for m in r.moments)) for r in plan.regions)
+    return dataclasses.replace(plan, regions=regions)
+
+
 def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple, a_names: tuple,
-                 c_names: tuple, device: str, progress: bool = False):
+                 c_names: tuple, device: str, progress: bool = False, z_names: tuple = ()):
     """(recipes {code: plan}, states {W, M, S, T, G: arrays over state codes}) for the names of a training frame.
-    Recipe code = (p, a, c) row-major; state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
+    Recipe code = (p, a, c[, z]) row-major (z: the zero_grad names when the frame has the column; "zeros" takes
+    `kept_gradients` of the traced plan); state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
+    nZ = max(len(z_names), 1)
     nP, nO, nI, nA, nC = len(precs), len(o_names), len(i_names), len(a_names), len(c_names)
     _prefetch(arch, [("train", p.name, a, c, device) for p in precs for a in a_names for c in c_names], progress)
     recipes = {}
@@ -279,7 +300,9 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
         for a_i, att in enumerate(a_names):
             for c_i, ck in enumerate(c_names):
                 plan = _plan(arch, "train", prec.name, att, ck, device, progress)
-                recipes[(p_i * nA + a_i) * nC + c_i] = plan
+                for z_i in range(nZ):
+                    zeros = z_names and z_names[z_i] == "zeros"
+                    recipes[((p_i * nA + a_i) * nC + c_i) * nZ + z_i] = kept_gradients(plan) if zeros else plan
                 states["W"][p_i, :, :, a_i, c_i] = recipe_weights(arch, plan, prec)
                 states["G"][p_i, :, :, a_i, c_i] = plan.grad_bytes
         states["M"][p_i] = master_weights_bytes(arch, prec)
@@ -320,11 +343,13 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         o_code, o_names = codes(frame, C.OPTIMIZER)
         i_code, i_names = codes(frame, C.OPTIMIZER_IMPL)
         c_code, c_names = codes(frame, C.CHECKPOINTING)
-        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names),
+        z_code, z_names = codes(frame, C.ZERO_GRAD) if C.ZERO_GRAD in frame.columns else (0, ())
+        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
+                                        z_names),
                                  lambda: train_inputs(arch, precs, o_names, i_names, a_names, c_names, device,
-                                                      progress=True))
+                                                      progress=True, z_names=z_names))
         nA, nC = len(a_names), len(c_names)
-        key = (p_code.astype(np.int64) * nA + a_code) * nC + c_code
+        key = ((p_code.astype(np.int64) * nA + a_code) * nC + c_code) * max(len(z_names), 1) + z_code
         state = combine([p_code, o_code, i_code, a_code, c_code],
                         (len(p_names), len(o_names), len(i_names), nA, nC))
         return recipes, states, key, state, b, s, None

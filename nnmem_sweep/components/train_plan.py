@@ -1,7 +1,11 @@
 """The plan of a training step on one GPU (components/plan.py), from the component formulas: the peak as a moment,
 the largest of a few phase totals.
 
-The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads.
+The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads. With the optional
+zero_grad axis at "zeros" (zero_grad(set_to_none=False), or DDP's gradient buckets) the grads G of the trainable
+parameters stay allocated from the step before: G joins the forward and backward-start moments, and backward adds
+each new gradient into them in place (the backward-end moments hold the embedding's dense gradient as a temporary
+instead of a tied sum). The optimizer moment is unchanged. Measured: tests/data/truth/*-zerograd-*.json.
 
     forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
     backward start  W + M + S + saved activations + loss-backward temporaries; or + the last layer's MLP
@@ -31,7 +35,7 @@ from . import activations as act
 from . import finetune
 from .finetune_method import FULL
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
-from .plan import Plan, consts, lift, precisions, terms_array
+from .plan import NCOEF, Plan, consts, lift, precisions, terms_array
 from .terms import Term
 from .weights import gradients_bytes, master_weights_bytes, weights_bytes
 
@@ -50,8 +54,32 @@ def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_
     return W, M, G, S, T
 
 
+ZEROS = "zeros"  # columns.ZERO_GRAD: gradients kept between steps
+
+
+def over_zero_grad(arr: np.ndarray, z_names: tuple, zeros: np.ndarray | None = None) -> np.ndarray:
+    """A (*sizes, NCOEF) coefficient array spread over the zero_grad axis, (*sizes, nZ, NCOEF): `arr` where the
+    gradients are set to None, `zeros` (default `arr`) where they are kept."""
+    kept = arr if zeros is None else np.broadcast_to(zeros, arr.shape)
+    return np.stack([kept if z == ZEROS else arr for z in z_names], axis=-2)
+
+
+def with_zero_grad(axes: tuple, sizes: tuple, phases: list, z_names: tuple, kept_phases: list):
+    """The plan's (axes, sizes, phases) with the zero_grad axis last (none without z_names): every phase as it is
+    where the gradients are set to None, as in `kept_phases` (the same moments, same order) where they are kept."""
+    if not z_names:
+        return axes, sizes, phases
+    out = []
+    for (name, comps), (_, kept) in zip(phases, kept_phases):
+        zero = np.zeros((*sizes, NCOEF), dtype=np.int64)
+        out.append((name, {c: over_zero_grad(comps.get(c, zero), z_names, kept.get(c, zero))
+                           for c in dict.fromkeys([*comps, *kept])}))
+    return (*axes, C.ZERO_GRAD), (*sizes, len(z_names)), out
+
+
 def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
-                a_names: tuple = (), c_names: tuple = ()) -> Plan:
+               a_names: tuple = (), c_names: tuple = (), z_names: tuple = ()) -> Plan:
+    """z_names: the frame's zero_grad values when it has the column (then the plan's last axis), else ()."""
     precs = precisions(p_names, "train")
     ft = arch.finetune or FULL
     if ft.adapters:  # LoRA / QLoRA: frozen base, adapters trained (components/finetune.py)
@@ -68,7 +96,8 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
             phases = [("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: A}))]
         else:
             phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes)
-        return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases)
+        return Plan(*with_zero_grad((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases, z_names,
+                                    _layer_net_kept(phases, g) if arch.kind != "params" else phases))
 
     nA, nC = len(a_names), len(c_names)
     sizes = (nP, nO, nI, nA, nC)
@@ -87,16 +116,34 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     # each backward moment its own phase: a max of affine terms is not affine in batch
     bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
                  for j in range(n_bwd)]
-    n_end = max(len(t.backward_end_temp) for t in terms)
-    bwd_end = [table([t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms])
-               for j in range(n_end)]
+    ends = [t.backward_end_temp for t in terms]
+    kept_ends = [t.backward_end_temp if t.backward_end_temp_kept is None else t.backward_end_temp_kept for t in terms]
+    n_end = max(len(e) for e in ends + (kept_ends if z_names else []))
+
+    def end_moments(per: list) -> list[np.ndarray]:
+        return [table([e[j] if j < len(e) else Term() for e in per]) for j in range(n_end)]
+
+    bwd_end = end_moments(ends)
     phases = [
         ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
         *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
         ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
     ]
-    return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING), sizes, phases)
+    axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
+    if not z_names:
+        return Plan(axes, sizes, phases)
+    kept = [dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp}),
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in bwd_start],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t}) for t in end_moments(kept_ends)],
+            phases[-1][1]]
+    return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
+
+
+def _layer_net_kept(phases: list, G: np.ndarray) -> list:
+    """Layer nets with the gradients kept: every moment holds all of them, G (each backward moment's gradients of the
+    later layers are part of G; the layer being differentiated is added into its gradient in place)."""
+    return [(name, dict(comps, **{C.GRADIENTS: G})) for name, comps in phases]
 
 
 def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None):
