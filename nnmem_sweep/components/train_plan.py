@@ -95,9 +95,11 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
             A = lift(terms_array([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
             phases = [("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: A}))]
         else:
-            phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes)
-        return Plan(*with_zero_grad((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases, z_names,
-                                    _layer_net_kept(phases, g) if arch.kind != "params" else phases))
+            phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes,
+                                     kept_gradients=False if z_names else None)
+        kept = phases if arch.kind == "params" or not z_names else \
+            layer_net_train(arch, precs, device, states, g, T_opt, sizes, kept_gradients=True)
+        return Plan(*with_zero_grad((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases, z_names, kept))
 
     nA, nC = len(a_names), len(c_names)
     sizes = (nP, nO, nI, nA, nC)
@@ -140,33 +142,44 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
 
 
-def _layer_net_kept(phases: list, G: np.ndarray) -> list:
-    """Layer nets with the gradients kept: every moment holds all of them, G (each backward moment's gradients of the
-    later layers are part of G; the layer being differentiated is added into its gradient in place)."""
-    return [(name, dict(comps, **{C.GRADIENTS: G})) for name, comps in phases]
 
-
-def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None):
+def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None, kept_gradients=None):
     """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer.
     grads_share (parallel layouts): the rank's gradient bytes per combination; each moment's gradients are then
-    that share of the whole model's."""
+    that share of the whole model's. kept_gradients (zero_grad axis; None without it): False for the moments with
+    the gradients set to None, True for the same moments with every gradient allocated from the start, G, and at a
+    layer's backward moment its own new gradients beside them (made by the layer's backward kernel, then added
+    into .grad in place); both keep the moments either way can peak at."""
     nets = [act.layer_net_train(arch, p, device) for p in precs]
     nP = len(precs)
 
     def table(ts: list[Term]) -> np.ndarray:  # per precision
         return lift(terms_array(ts, (nP,)), (0,), sizes)
 
+    def own(net, j: int) -> int:  # the moments run from the last layer: their gradients are suffix sums
+        return net.backward[j][0] - (net.backward[j - 1][0] if j else 0)
+
     saved = table([t.saved for t in nets])
     inputs = table([t.inputs for t in nets])
     fwd = table([t.forward_temp for t in nets])
-    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
+    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd},
+                               **({C.GRADIENTS: G} if kept_gradients else {})))]
     # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
-    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
-    keep = [j for j in range(len(keys[0]))
-            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
-                       for i in range(len(keys[0])))]
-    for j in dict.fromkeys(keep):
-        grads = lift(consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
+    variants = [lambda net, j: net.backward[j][0]]
+    if kept_gradients is not None:
+        variants.append(lambda net, j: net.backward[-1][0] + own(net, j))
+    keep = []
+    for grads_at in variants:
+        keys = [[(grads_at(net, j) + a.const + t.const, a.seq + t.seq) for j, (_, a, t) in enumerate(net.backward)]
+                for net in nets]
+        keep += [j for j in range(len(keys[0]))
+                 if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
+                            for i in range(len(keys[0])))]
+    for j in sorted(set(keep)) if kept_gradients is not None else dict.fromkeys(keep):
+        if kept_gradients:
+            grads = G + lift(consts([own(net, j) for net in nets], (nP,)), (0,), sizes)
+        else:
+            grads = lift(consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
         if grads_share is not None:  # ⌈moment's bytes · rank's gradient bytes / whole model's⌉, per combination
             full = lift(consts([gradients_bytes(arch, p) for p in precs], (nP,)), (0,), sizes)
             num = grads.astype(object) * grads_share.astype(object)  # Python ints: the product can pass 2^63

@@ -238,6 +238,8 @@ ZERO_GRAD_CASES: list[dict[str, Any]] = [
     _train("llama-3.2-1b", 4, 1024, "bf16-mixed", **ZEROS),
     _train("qwen3-0.6b", 4, 2048, "bf16", **ZEROS),
     _lora("qwen2.5-0.5b", 4, 1024, "bf16", 8, QV, **ZEROS),
+    {**next(c for c in CASES if c["id"] == "cnn-vgg-cifar-train-fp32-sgd-momentum-b64"),
+     "id": "cnn-vgg-cifar-train-fp32-sgd-momentum-zerograd-b64", **ZEROS},
 ]
 CASES += ZERO_GRAD_CASES
 

@@ -96,6 +96,8 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
     left in place), or one inference request (see `_run_infer`). Returns the totals it can read afterwards
     (gradients, optimizer state, KV cache bytes)."""
     totals: dict[str, int] = {}
+    if w.zero_grad not in ZERO_GRADS:
+        raise ValueError(f"zero_grad {w.zero_grad!r} not in {ZERO_GRADS}")
     if w.mode == "train":
         w.model.train()
         for step in range(1, w.steps + 1):
