@@ -115,6 +115,10 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     inputs = table([t.inputs for t in terms])
     fwd_tmp = table([t.forward_temp for t in terms])
     n_bwd = max(len(t.backward_start_temp) for t in terms)
+
+    def table_moments(per: list, n: int) -> list[np.ndarray]:  # moment j of every combination (Term() past its own)
+        return [table([e[j] if j < len(e) else Term() for e in per]) for j in range(n)]
+
     # each backward moment its own phase: a max of affine terms is not affine in batch
     bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
                  for j in range(n_bwd)]
@@ -135,10 +139,19 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
     if not z_names:
         return Plan(axes, sizes, phases)
+    n_kept = max(len(t.backward_kept_temp) for t in terms)
+    kept_only = [table([t.backward_kept_temp[j] if j < len(t.backward_kept_temp) else Term() for t in terms])
+                 for j in range(n_kept)]
     kept = [dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp}),
-            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in bwd_start],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in table_moments(
+                [t.backward_start_temp if t.backward_start_temp_kept is None else t.backward_start_temp_kept
+                 for t in terms], n_bwd)],
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t}) for t in end_moments(kept_ends)],
-            phases[-1][1]]
+            phases[-1][1],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in kept_only]]
+    # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
+    # goes to the earlier phase, so nothing changes there)
+    phases += [phases[1]] * n_kept
     return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
 
 
