@@ -20,12 +20,6 @@ CASES = [c for c in load_cases(TRUTH) if "layers" not in c["inputs"] and not c["
 HAND = [c for c in CASES if hand_modelled_case(c)]
 NEW = [c for c in CASES if not hand_modelled_case(c)]
 NOT_DERIVED = {"t5-base-infer-fp32-b8-s512-d32": "an encoder-decoder's request is not derived"}
-# Gradients kept between steps (zero_grad "zeros", components/derived.py kept_gradients): the traced set_to_none moments
-# with their gradients replaced by all of them, G. Exact where the peak is the loss's backward (every other zeros case);
-# at small b·s the peak is the LM head's new weight gradient beside G (or the tied embedding's sum), a moment the
-# set_to_none trace does not hold: derived - measured, in bytes (the hand model has that moment: test_zero_grad.py).
-KEPT_GRADIENT_MISSES = {"gpt2-train-fp32-sgd-zerograd-b1-s128": -111_578_624,
-                        "pythia-1.4b-train-bf16-sgd-zerograd-b1-s128": -142_180_352}
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +44,6 @@ def test_derived_is_exact(derived, case):
         assert row["estimate_error"], "now derived: drop it from NOT_DERIVED"
         return
     assert row["estimate_error"] == "", row["estimate_error"]
-    if cid in KEPT_GRADIENT_MISSES:
-        assert int(row["estimated_peak_bytes"]) - int(row["measured_peak_bytes"]) == KEPT_GRADIENT_MISSES[cid]
-        return
     assert _exact(row), (f"{cid}: derived {row['estimated_peak_bytes']:,} vs measured "
                                f"{row['measured_peak_bytes']:,}")
 
@@ -62,9 +53,6 @@ def test_where_derived_and_hand_differ_the_derived_is_the_measured_figure(derive
     cid = case["case_id"]
     d, h = int(derived.loc[cid, "estimated_peak_bytes"]), int(hand.loc[cid, "estimated_peak_bytes"])
     measured = int(hand.loc[cid, "measured_peak_bytes"])
-    if cid in KEPT_GRADIENT_MISSES:  # the hand model has the head's moment with kept gradients; the trace has not
-        assert abs(h - measured) <= 8 and d - measured == KEPT_GRADIENT_MISSES[cid]
-        return
     assert d == measured
     assert abs(h - d) <= 0.005 * measured  # the hand model's own deviation stays within 0.5 %
 
