@@ -178,3 +178,13 @@ def test_tied_head_at_small_batch():
     assert ez["phases"]["backward"] - et["phases"]["backward"] == wte
     assert ez["phases"]["forward"] - et["phases"]["forward"] == G
     assert ez["peak_bytes"] - z["measured"]["peak_bytes"] == et["peak_bytes"] - t["measured"]["peak_bytes"] == -8
+
+
+def test_report_states_zero_grad_only_where_named():
+    from nnmem_sweep.report.assumptions import assumptions
+
+    titles = [g["title"] for g in assumptions(scenario(TINY_LLAMA))["groups"]]
+    assert not any("zero_grad" in t for t in titles)  # the golden report's scenario: unchanged
+    groups = assumptions(scenario(TINY_LLAMA, zero_grad=("zeros",)))["groups"]
+    (items,) = [g["items"] for g in groups if g["title"] == "Gradients between steps (zero_grad)"]
+    assert len(items) == 1 and items[0].startswith("zeros: zero_grad(set_to_none=False)")

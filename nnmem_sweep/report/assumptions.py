@@ -154,7 +154,7 @@ _ZERO_GRAD = {
                    "after each step, so forward and the start of backward hold none.",
     "zeros": "zeros: zero_grad(set_to_none=False), torch < 2.0's default (DDP's gradient_as_bucket_view buckets "
              "alike), keeps them allocated: one more copy of the trainable parameters' gradients at forward and "
-             "backward, none at the optimizer step (measured with PyTorch's MemTracker).",
+             "backward; the optimizer step's peak is unchanged (measured with PyTorch's MemTracker).",
 }
 
 
