@@ -37,6 +37,9 @@ PAIRS = [
     # 335,174,458 parameters (BertForMaskedLM, the case's params), fp32 gradients
     ("bert-large-train-fp32-adamw-zerograd-b8-s512", "bert-large-train-fp32-adamw-b8-s512", 335_174_458 * 4),
     ("llama-3.2-1b-train-bf16-adamw-zerograd-b1-s2048", "llama-3.2-1b-train-bf16-adamw-b1-s2048", LLAMA_1B * 2),
+    # full checkpointing: the loss's backward is still the peak (the recomputed last layer is below it)
+    ("llama-3.2-1b-train-bf16-adamw-ckptfull-zerograd-b8-s2048", "llama-3.2-1b-train-bf16-adamw-ckptfull-b8-s2048",
+     LLAMA_1B * 2),
     # bf16-mixed: fp32 parameters, so fp32 gradients (autocast's bf16 weight copies get none)
     ("llama-3.2-1b-train-bf16-mixed-adamw-zerograd-b4-s1024", "llama-3.2-1b-train-bf16-mixed-adamw-b4-s1024",
      LLAMA_1B * 4),

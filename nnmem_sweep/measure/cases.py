@@ -238,6 +238,7 @@ ZERO_GRAD_CASES: list[dict[str, Any]] = [
     _train("llama-3.2-1b", 4, 1024, "bf16-mixed", **ZEROS),
     _train("qwen3-0.6b", 4, 2048, "bf16", **ZEROS),
     _lora("qwen2.5-0.5b", 4, 1024, "bf16", 8, QV, **ZEROS),
+    _train("llama-3.2-1b", 8, 2048, "bf16", ckpt="full", **ZEROS),  # the recomputed last layer beside G
     # small b·s, so the LM head's new weight gradient beside all of G (backward right after the loss) is the peak:
     # GPT-2's tied head (hand-modelled), Pythia's untied one (derived)
     _train("gpt2", 1, 128, "fp32", "sgd", **ZEROS),
