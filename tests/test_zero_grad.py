@@ -191,3 +191,16 @@ def test_report_states_zero_grad_only_where_named():
     groups = assumptions(scenario(TINY_LLAMA, zero_grad=("zeros",)))["groups"]
     (items,) = [g["items"] for g in groups if g["title"] == "Gradients between steps (zero_grad)"]
     assert len(items) == 1 and items[0].startswith("zeros: zero_grad(set_to_none=False)")
+
+
+def test_estimate_point_takes_zero_grad():
+    from nnmem_sweep.errors import UsageError
+    from nnmem_sweep.estimate import estimate_point
+
+    kw = dict(model="bert-large", precision="fp32", batch=8, seq_len=512, optimizer="adamw")
+    none, zeros = estimate_point(**kw), estimate_point(**kw, zero_grad="zeros")
+    assert C.ZERO_GRAD not in none.index and zeros[C.ZERO_GRAD] == "zeros"
+    # BERT-large's 335,174,458 parameters (the preset, MLM head tied), fp32 gradients
+    assert zeros[C.PEAK_ALLOCATED] - none[C.PEAK_ALLOCATED] == zeros[C.GRADIENTS] == 335_174_458 * 4
+    with pytest.raises(UsageError, match="train mode only"):
+        estimate_point(model="bert-large", mode="infer", zero_grad="zeros")

@@ -3,9 +3,11 @@ the largest of a few phase totals.
 
 The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads. With the optional
 zero_grad axis at "zeros" (zero_grad(set_to_none=False), or DDP's gradient buckets) the grads G of the trainable
-parameters stay allocated from the step before: G joins the forward and backward-start moments, and backward adds
-each new gradient into them in place (the backward-end moments hold the embedding's dense gradient as a temporary
-instead of a tied sum). The optimizer moment is unchanged. Measured: tests/data/truth/*-zerograd-*.json.
+parameters stay allocated from the step before: G joins the forward and backward-start moments and backward adds
+each new gradient into them in place, so the new gradient is a temporary beside G (the embedding's at the backward
+end; a tied head's, held by the autograd engine until the embedding's is added to it, after the loss), and the
+head's backward, its new weight gradient beside G, is a moment of its own. The optimizer moment is unchanged.
+Measured: tests/data/truth/*-zerograd-*.json (FINDINGS.md).
 
     forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
     backward start  W + M + S + saved activations + loss-backward temporaries; or + the last layer's MLP
@@ -57,10 +59,10 @@ def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_
 ZEROS = "zeros"  # columns.ZERO_GRAD: gradients kept between steps
 
 
-def over_zero_grad(arr: np.ndarray, z_names: tuple, zeros: np.ndarray | None = None) -> np.ndarray:
+def over_zero_grad(arr: np.ndarray, z_names: tuple, kept: np.ndarray) -> np.ndarray:
     """A (*sizes, NCOEF) coefficient array spread over the zero_grad axis, (*sizes, nZ, NCOEF): `arr` where the
-    gradients are set to None, `zeros` (default `arr`) where they are kept."""
-    kept = arr if zeros is None else np.broadcast_to(zeros, arr.shape)
+    gradients are set to None, `kept` where they are kept."""
+    kept = np.broadcast_to(kept, arr.shape)
     return np.stack([kept if z == ZEROS else arr for z in z_names], axis=-2)
 
 
@@ -120,16 +122,11 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
         return [table([e[j] if j < len(e) else Term() for e in per]) for j in range(n)]
 
     # each backward moment its own phase: a max of affine terms is not affine in batch
-    bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
-                 for j in range(n_bwd)]
+    bwd_start = table_moments([t.backward_start_temp for t in terms], n_bwd)
     ends = [t.backward_end_temp for t in terms]
     kept_ends = [t.backward_end_temp if t.backward_end_temp_kept is None else t.backward_end_temp_kept for t in terms]
     n_end = max(len(e) for e in ends + (kept_ends if z_names else []))
-
-    def end_moments(per: list) -> list[np.ndarray]:
-        return [table([e[j] if j < len(e) else Term() for e in per]) for j in range(n_end)]
-
-    bwd_end = end_moments(ends)
+    bwd_end = table_moments(ends, n_end)
     phases = [
         ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
@@ -140,20 +137,19 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     if not z_names:
         return Plan(axes, sizes, phases)
     n_kept = max(len(t.backward_kept_temp) for t in terms)
-    kept_only = [table([t.backward_kept_temp[j] if j < len(t.backward_kept_temp) else Term() for t in terms])
-                 for j in range(n_kept)]
+    kept_only = table_moments([t.backward_kept_temp for t in terms], n_kept)
     kept = [dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp}),
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in table_moments(
                 [t.backward_start_temp if t.backward_start_temp_kept is None else t.backward_start_temp_kept
                  for t in terms], n_bwd)],
-            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t}) for t in end_moments(kept_ends)],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})
+              for t in table_moments(kept_ends, n_end)],
             phases[-1][1],
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in kept_only]]
     # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
     # goes to the earlier phase, so nothing changes there)
     phases += [phases[1]] * n_kept
     return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
-
 
 
 def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None, kept_gradients=None):
