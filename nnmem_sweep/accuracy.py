@@ -132,6 +132,8 @@ def _frame(case: dict[str, Any]) -> pd.DataFrame:
         C.OPTIMIZER_IMPL: ["none" if infer else i.get("optimizer_impl", "foreach")],
         C.CHECKPOINTING: [i.get("checkpointing", "none")], C.ATTENTION: [attention_for_estimate(case)],
         C.CACHE_TOKENS: [0], C.DECODE_TOKENS: [int(i.get("decode_tokens") or 0)],
+        # the optional axis only where the case ran it (columns.OPTIONAL_AXES)
+        **({C.ZERO_GRAD: [i["zero_grad"]]} if "zero_grad" in i else {}),
     })
 
 

@@ -90,6 +90,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
         optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
         attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
+        zero_grad=args.zero_grad,
     )
     print(format_breakdown(row))
     return 0
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-tokens", type=int, default=None, help="inference: prompt tokens in the KV cache")
     s.add_argument("--decode-tokens", type=int, default=None, help="inference: tokens generated")
     s.add_argument("--gpu", default="h100-sxm", help="GPU id from `nnmem-sweep gpus`")
+    s.add_argument("--zero-grad", default=None, choices=["set_to_none", "zeros"],
+                   help="training: what zero_grad leaves between steps (zeros keeps the gradients; default "
+                        "set_to_none)")
     s.set_defaults(fn=cmd_estimate)
 
     s = sub.add_parser("measure", help="measure real PyTorch allocations for a scenario's points (needs [measure])",

@@ -26,6 +26,11 @@ GRID_AXES = (BATCH, SEQ_LEN, PRECISION, OPTIMIZER, OPTIMIZER_IMPL, CHECKPOINTING
              CACHE_TOKENS, DECODE_TOKENS)
 # Axes other than batch: max_batch.csv has one row per combination of these and GPU.
 NON_BATCH_AXES = tuple(a for a in GRID_AXES if a != BATCH)
+# Optional grid axes: a column (after GRID_AXES, also in max_batch.csv) only when the scenario's grid names the axis;
+# a frame without the column is estimated at OPTIONAL_DEFAULTS, so existing outputs keep their columns.
+ZERO_GRAD = "zero_grad"  # set_to_none (torch >= 2.0's zero_grad default) | zeros (gradients kept between steps)
+OPTIONAL_AXES = (ZERO_GRAD,)
+OPTIONAL_DEFAULTS = {ZERO_GRAD: "set_to_none"}
 
 MODE = "mode"  # train | infer
 MODEL = "model"

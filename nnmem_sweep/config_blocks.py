@@ -4,7 +4,9 @@ reports every problem to the Checker (config_check.py) at its key path, and retu
 Scenario (config.py assembles them):
 
     check_grid       grid:       the axes, defaults per mode (AXIS_DEFAULTS), values that fit the mode, a static
-                                 cache that holds the prompt and the generated tokens
+                                 cache that holds the prompt and the generated tokens; the optional axes
+                                 (columns.OPTIONAL_AXES) only where named
+    check_zero_grad  grid:       zero_grad 'zeros' on one GPU only (no parallel layouts, no cluster search)
     check_gpus       gpus:       catalog ids or inline GPUs, each once
     check_overheads  overheads:  the runtime overheads (defaults in scenario.py)
     check_model      model:      a preset, a config.json, explicit fields or a layer list (models/resolve.py)
@@ -95,6 +97,12 @@ def check_grid(data: dict, mode: str, ck: Checker) -> dict[str, tuple[Any, ...]]
             elif axis in (C.CACHE_TOKENS, C.DECODE_TOKENS) and mode == "train" and v != 0:
                 ck.add(where, f"{axis} applies to infer mode only (this scenario has mode: train)")
         out[axis] = dedupe(values)
+    for axis in C.OPTIONAL_AXES:  # only when named: a scenario that does not name one has no column for it
+        if axis not in grid:
+            continue
+        out[axis] = dedupe(as_list(grid[axis]))
+        if mode == "infer" and ck.clean(f"grid.{axis}"):
+            ck.add(f"grid.{axis}", f"{axis} applies to train mode only (this scenario has mode: infer)")
     if mode == "infer" and all(ck.clean(f"grid.{a}") for a in (C.SEQ_LEN, C.DECODE_TOKENS, C.CACHE_TOKENS)):
         need = max(out[C.SEQ_LEN], default=0) + max(out[C.DECODE_TOKENS], default=0)
         for i, tokens in enumerate(as_list(grid.get(C.CACHE_TOKENS, 0))):  # as written, so [i] is the user's
@@ -244,6 +252,11 @@ def check_report(data: dict, grid: dict[str, tuple[Any, ...]], ck: Checker) -> d
             if axis in C.PARALLEL_AXES:
                 ck.add(f"report.table_rows[{i}]", f"{axis} is a parallel axis, but this scenario has no parallel: "
                                                   f"block; add one (parallel: {{{axis}: [...]}}) or use a grid axis")
+    if isinstance(rows, list) and ck.clean("report.table_rows"):
+        for i, axis in enumerate(rows):
+            if axis in C.OPTIONAL_AXES and axis not in grid:
+                ck.add(f"report.table_rows[{i}]", f"{axis} is an optional axis this scenario's grid does not name; "
+                                                  f"add grid.{axis} or leave it out of the rows")
     if "templates" in report and ck.clean("report.templates"):
         folder = (ck.base_dir / report["templates"]).resolve()
         if not folder.is_dir():
@@ -359,6 +372,16 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
     if mode == "infer" and model.derived.source.spec.get("is_encoder_decoder"):
         ck.add("mode", f"an encoder-decoder's generation is measured (`nnmem-sweep measure`) but not derived: its "
                        f"decoder cache grows with the generated tokens; training is derived ({model.name})")
+
+
+def check_zero_grad(data: dict, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
+    """Gradients kept between steps (zero_grad 'zeros') are planned on one GPU: not with parallel layouts or the
+    cluster search (which plans them)."""
+    if "zeros" not in grid.get(C.ZERO_GRAD, ()) or not ck.clean(f"grid.{C.ZERO_GRAD}"):
+        return
+    if parallel or isinstance(data.get("cluster"), dict):
+        ck.add(f"grid.{C.ZERO_GRAD}", "zero_grad 'zeros' is modelled on one GPU, not yet with parallel layouts or the "
+                                      "cluster search; use set_to_none (or leave zero_grad out)")
 
 
 def check_node(data: dict, ck: Checker) -> dict[str, int]:

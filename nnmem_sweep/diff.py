@@ -54,16 +54,19 @@ def _frame(mb) -> pd.DataFrame:
 
 
 def key_columns(*frames: pd.DataFrame) -> list[str]:
-    """A cell's key: the non-batch axes and GPU, then the parallel axes when any of `frames` has one of them."""
+    """A cell's key: the non-batch axes and GPU, the optional axes any of `frames` has (columns.OPTIONAL_AXES),
+    then the parallel axes when any of them has one of those."""
+    optional = [a for a in C.OPTIONAL_AXES if any(a in f.columns for f in frames)]
     parallel = any(a in f.columns for f in frames for a in C.PARALLEL_AXES)
-    return [*KEY, *(C.PARALLEL_AXES if parallel else ())]
+    return [*KEY, *optional, *(C.PARALLEL_AXES if parallel else ())]
 
 
 def _table(mb: pd.DataFrame, key: list[str]) -> pd.DataFrame:
     """Key columns as plain strings/ints (categoricals of two runs never share categories) and max_batch; a
-    parallel axis the table lacks holds its default (the one-GPU layout)."""
+    parallel or optional axis the table lacks holds its default (the one-GPU layout; set_to_none)."""
     n = len(mb)
-    cols = {k: mb[k] if k in mb.columns else pd.Series([C.PARALLEL_DEFAULTS[k]] * n, index=mb.index) for k in key}
+    defaults = {**C.PARALLEL_DEFAULTS, **C.OPTIONAL_DEFAULTS}
+    cols = {k: mb[k] if k in mb.columns else pd.Series([defaults[k]] * n, index=mb.index) for k in key}
     out = {k: (v.astype(str) if not pd.api.types.is_integer_dtype(v) else v.astype(np.int64))
            for k, v in cols.items()}
     out[C.MAX_BATCH] = mb[C.MAX_BATCH].astype(np.int64)

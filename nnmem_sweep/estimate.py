@@ -123,8 +123,9 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
                    optimizer_impl: str | None = "foreach", checkpointing: str = "none", attention: str = "flash",
                    gpu: str | GPUSpec = "h100-sxm", cache_tokens: int | None = None,
                    decode_tokens: int | None = None, overheads: Overheads | None = None,
-                   headroom: float | None = None) -> pd.Series:
-    """One row of the estimator for the given values; bad names raise UsageError (one line)."""
+                   headroom: float | None = None, zero_grad: str | None = None) -> pd.Series:
+    """One row of the estimator for the given values; bad names raise UsageError (one line). zero_grad (train):
+    None leaves the optional axis out (set_to_none); "zeros" keeps the gradients between steps."""
     if mode not in names.MODES:
         raise UsageError(f"unknown mode {mode!r}; use train or infer")
     arch = _resolve_model(model)
@@ -140,6 +141,10 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
         raise UsageError(f"unknown checkpointing {checkpointing!r}; use {', '.join(names.CHECKPOINTING)}")
     if attention not in names.ATTENTION:
         raise UsageError(f"unknown attention {attention!r}; use {', '.join(names.ATTENTION)}")
+    if zero_grad is not None and zero_grad not in names.ZERO_GRADS:
+        raise UsageError(f"unknown zero_grad {zero_grad!r}; use {', '.join(names.ZERO_GRADS)}")
+    if zero_grad is not None and mode == "infer":
+        raise UsageError("zero_grad applies to train mode only")
     for label, v in (("batch", batch), ("seq_len", seq_len)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise UsageError(f"{label} must be a positive integer, got {v!r}")
@@ -155,7 +160,7 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
         C.BATCH: [batch], C.SEQ_LEN: [seq_len], C.PRECISION: [precision], C.OPTIMIZER: [optimizer],
         C.OPTIMIZER_IMPL: [optimizer_impl], C.CHECKPOINTING: [checkpointing], C.ATTENTION: [attention],
         C.CACHE_TOKENS: [cache_tokens], C.DECODE_TOKENS: [decode_tokens], C.GPU: [spec.id],
-        C.GPU_MEMORY: [spec.memory_bytes],
+        C.GPU_MEMORY: [spec.memory_bytes], **({C.ZERO_GRAD: [zero_grad]} if zero_grad is not None else {}),
     })
     row = estimate_frame(arch, mode, frame, overheads, headroom).iloc[0].copy()
     row[C.MODEL] = arch.name
@@ -179,6 +184,8 @@ def format_breakdown(row: pd.Series) -> str:
     else:
         head += f"  cache_tokens {row[C.CACHE_TOKENS]}  decode_tokens {row[C.DECODE_TOKENS]}"
     head += f"  attention {row[C.ATTENTION]}"
+    if C.ZERO_GRAD in row.index:  # the optional axis, only where it was given
+        head += f"  zero_grad {row[C.ZERO_GRAD]}"
     lines.append(head)
     lines.append(f"{'component':<36}{'GiB':>12}{'bytes':>22}")
 

@@ -24,7 +24,7 @@ INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
 BOOL_AXES = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION)
 MAX_ROWS = 20_000_000  # default row limit of a run (--max-rows): a few GB of frames at most
 CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION,
-                    C.PIPELINE_SCHEDULE, C.OFFLOAD)
+                    C.PIPELINE_SCHEDULE, C.OFFLOAD, C.ZERO_GRAD)
 
 
 def _axis_values(sc: Scenario, axis: str) -> tuple:
@@ -35,9 +35,11 @@ def _axis_values(sc: Scenario, axis: str) -> tuple:
 
 
 def axes_of(sc: Scenario) -> dict[str, tuple]:
-    """Every axis the scenario's rows vary over, in column order: the grid axes, then the parallel axes when the
-    scenario has a `parallel:` block (columns.PARALLEL_AXES; none of them otherwise)."""
+    """Every axis the scenario's rows vary over, in column order: the grid axes, the optional axes the scenario's
+    grid names (columns.OPTIONAL_AXES), then the parallel axes when the scenario has a `parallel:` block
+    (columns.PARALLEL_AXES; none of them otherwise)."""
     axes = {a: _axis_values(sc, a) for a in C.GRID_AXES}
+    axes.update({a: _axis_values(sc, a) for a in C.OPTIONAL_AXES if a in sc.grid})
     for a in C.PARALLEL_AXES if sc.parallel else ():
         axes[a] = tuple(sc.parallel.get(a) or (C.PARALLEL_DEFAULTS[a],))
     return axes

@@ -130,8 +130,16 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
             axis_codes += [a_code, c_code]
             names += (a_names, c_names)
         if par_layout.has_parallel_columns(frame):
+            if kept_gradients(frame):
+                raise UsageError("zero_grad 'zeros' is not modelled with a parallel: block yet; use set_to_none")
             return par_plan.prepare_train(arch, mode, frame, device, axis_codes, names, b, s)
-        plan = cached(arch, ("train", device, *names), lambda: train_plan(arch, device, *names))
+        z_names: tuple = ()
+        if C.ZERO_GRAD in frame.columns:  # optional axis: the plan's last one when the frame has it
+            z_code, z_names = codes(frame, C.ZERO_GRAD)
+            axis_codes.append(z_code)
+        if arch.kind != "transformer":
+            names += ((), ())  # the plan's attention and checkpointing names: none
+        plan = cached(arch, ("train", device, *names, z_names), lambda: train_plan(arch, device, *names, z_names))
         return plan, combine(axis_codes, plan.sizes), b, s
     if mode == "infer":
         if par_layout.has_parallel_columns(frame):  # tensor and pipeline parallel inference: a rank's model
@@ -148,6 +156,11 @@ def _prepare(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, re
         return None, (tables, p_code.astype(np.int64), a_code), b, s
     precisions(p_names, mode)
     raise UsageError(f"unknown mode {mode!r}; use train or infer")
+
+
+def kept_gradients(frame: pd.DataFrame) -> bool:
+    """Whether any row keeps its gradients between steps (zero_grad "zeros"; the column is optional)."""
+    return C.ZERO_GRAD in frame.columns and bool((frame[C.ZERO_GRAD].astype(str) == "zeros").any())
 
 
 def _infer_any(arch, frame, key, b, s):

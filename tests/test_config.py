@@ -340,14 +340,18 @@ def test_schema_vocabularies_match_names_py() -> None:
     assert _enum("optimizer_impl") == [*names.OPTIMIZER_IMPLS, names.OPTIMIZER_NONE]
     assert _enum("checkpointing") == list(names.CHECKPOINTING)
     assert _enum("attention") == list(names.ATTENTION)
+    assert _enum("zero_grad") == list(names.ZERO_GRADS)
     assert config_schema.SCHEMA["properties"]["mode"]["enum"] == list(names.MODES)
-    # the grid's axes, and the parallel axes (issue 4 names them grid axes; the parallel: block takes them too)
-    assert set(config_schema.SCHEMA["properties"]["grid"]["properties"]) == set(C.GRID_AXES + C.PARALLEL_AXES)
+    # the grid's axes, the optional ones, and the parallel axes (issue 4 names them grid axes; the parallel: block
+    # takes them too)
+    assert set(config_schema.SCHEMA["properties"]["grid"]["properties"]) == set(
+        C.GRID_AXES + C.OPTIONAL_AXES + C.PARALLEL_AXES)
     assert all(config_schema.SCHEMA["properties"]["grid"]["properties"][a]["else"]
                == config_schema.SCHEMA["properties"]["parallel"]["properties"][a]["else"] for a in C.PARALLEL_AXES)
-    # table rows: the grid's non-batch axes, and the parallel axes (config refuses those without a parallel: block)
+    # table rows: the grid's non-batch axes, the optional ones and the parallel axes (config refuses those without a
+    # parallel: block, and an optional one the grid does not name)
     assert config_schema.SCHEMA["properties"]["report"]["properties"]["table_rows"]["items"]["enum"] == list(
-        C.NON_BATCH_AXES + C.PARALLEL_AXES)
+        C.NON_BATCH_AXES + C.OPTIONAL_AXES + C.PARALLEL_AXES)
 
 
 def test_schema_documents_the_defaults_it_applies() -> None:

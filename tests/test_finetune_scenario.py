@@ -26,7 +26,8 @@ def scenario_of(inputs: dict) -> object:
         mode: train
         grid: {{batch: {inputs['batch']}, seq_len: {inputs['seq_len']}, precision: {inputs['precision']},
                 optimizer: {inputs['optimizer']}, optimizer_impl: {inputs['optimizer_impl']},
-                checkpointing: {inputs['checkpointing']}, attention: {inputs['attention']}}}
+                checkpointing: {inputs['checkpointing']}, attention: {inputs['attention']},
+                zero_grad: {inputs.get('zero_grad', 'set_to_none')}}}
         gpus: [h100-sxm]
         finetune: {json.dumps(ft)}
         """)

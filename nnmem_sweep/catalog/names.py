@@ -24,5 +24,7 @@ OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "adafactor",
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 CHECKPOINTING = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
+# what optimizer.zero_grad() leaves between steps (the optional grid axis zero_grad; workload/steps.py runs both)
+ZERO_GRADS = ("set_to_none", "zeros")
 
 PAPER_SIZES = ("A4", "Letter")

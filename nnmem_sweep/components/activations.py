@@ -67,6 +67,12 @@ class TrainActivations:
     forward_temp: Term  # extra at the top of forward: logits, their fp32 copy, log_softmax output
     backward_start_temp: tuple[Term, ...]  # extra at the start of backward (the max of these)
     backward_end_temp: tuple[Term, ...]  # extra at the end of backward, one Term per moment (each its own phase)
+    # the same moments when the gradients were kept from the step before (zero_grad "zeros"); None: as above
+    backward_start_temp_kept: tuple[Term, ...] | None = None
+    backward_end_temp_kept: tuple[Term, ...] | None = None
+    # backward moments of their own only when the gradients are kept (beside saved activations), e.g. the LM head's
+    # new weight gradient next to all of G before it is added in place
+    backward_kept_temp: tuple[Term, ...] = ()
 
 
 # ---------------------------------------------------------------- per-layer terms (bytes per token)
@@ -273,6 +279,10 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
         forward_temp=loss_forward_temp(arch, p),
         backward_start_temp=tuple(bwd_start),
         backward_end_temp=embedding_backward_temp(arch, p),
+        # after the loss (the first), a tied head's gradient waits in the engine's buffer
+        backward_start_temp_kept=(bwd_start[0], *(t + tied_head_gradient(arch, p) for t in bwd_start[1:])),
+        backward_end_temp_kept=embedding_backward_temp_kept(arch, p),
+        backward_kept_temp=head_weight_gradient_kept(arch, p),
     )
 
 
@@ -287,6 +297,37 @@ def embedding_backward_temp(arch: Architecture, p: Precision) -> tuple[Term, ...
         return (grad_out,)  # the dense gradient becomes .grad itself
     wte = arch.vocab * arch.hidden * p.grad_bytes
     return (grad_out + Term(const=wte), Term(const=2 * wte))
+
+
+@formula("embedding_backward_temporary_kept_bytes",
+         "the moments above + V·h·g  (gradients kept: zero_grad zeros)", HF_MODELING,
+         where="torch/csrc/autograd/functions/accumulate_grad.h: a parameter whose .grad is defined gets the new "
+         "gradient added in place (variable_grad += new_grad), so the embedding's new dense (V, h) gradient (tied: the "
+         "sum of its two, made by the engine's input buffer as before) is a temporary beside all of G",
+         note="g = gradient bytes; G counts every gradient from the start of the step; measured on GPT-2 (tied)")
+def embedding_backward_temp_kept(arch: Architecture, p: Precision) -> tuple[Term, ...]:
+    wte = Term(const=arch.vocab * arch.hidden * p.grad_bytes)
+    return tuple(t + wte for t in embedding_backward_temp(arch, p))
+
+
+def tied_head_gradient(arch: Architecture, p: Precision) -> Term:
+    """A tied LM head's weight gradient, held by the autograd engine's input buffer from the head's backward until the
+    embedding's gradient is added to it: beside every later backward moment (with the gradients kept, beside G)."""
+    if not (arch.tied_embeddings and arch.head in ("causal_lm", "masked_lm")):
+        return ZERO
+    return Term(const=arch.vocab * arch.hidden * p.grad_bytes)
+
+
+@formula("head_weight_gradient_kept_bytes", "V·h·g + (V·e + r·h) per token  (gradients kept: zero_grad zeros)",
+         HF_MODELING, where="the LM head's backward right after the loss: the gradient of the logits (in the logits' "
+         "dtype, after the fp32 upcast's backward), of the head's input, and the head's new (V, h) weight gradient "
+         "before AccumulateGrad adds it into the kept .grad (accumulate_grad.h)",
+         note="with the gradients set to None the new gradient is .grad itself, counted in the moments after it")
+def head_weight_gradient_kept(arch: Architecture, p: Precision) -> tuple[Term, ...]:
+    if arch.head not in ("causal_lm", "masked_lm"):
+        return ()
+    v, h = arch.vocab, arch.hidden
+    return (Term(const=v * h * p.grad_bytes, tok=v * p.act_bytes + p.residual_bytes * h),)
 
 
 # Activation functions evaluated without autograd: tensors of width I alive at once inside the MLP besides the

@@ -9,8 +9,10 @@ training peak is the largest of
 
 with W' the weights of the recipe (the traced parameters, or the catalog's quantised bytes), M, S and T_opt the
 precision and optimizer catalogs' master copy, state and step temporaries (as for hand-modelled families), and G the
-traced gradients. An inference row's peak is the largest prefill moment at (b, s) and decode moment at
-(b, s + decode_tokens − 1), the cache length of the last generated token's step.
+traced gradients. A loop that keeps its gradients between steps (zero_grad "zeros") has a trace of its own: the
+step traced with every gradient allocated from its start (derive/step.py). An inference row's peak is the largest
+prefill moment at (b, s) and decode moment at (b, s + decode_tokens − 1), the cache length of the last generated
+token's step.
 
 Moments that cannot win anywhere in the rows' range of b and s are dropped before evaluating (a box test in
 float64 with a margin, so only moments beaten by a clear amount go); the rest are evaluated exactly in int64.
@@ -241,12 +243,14 @@ def infer_rows(b: np.ndarray, s: np.ndarray, dec: np.ndarray, recipes: dict, W: 
 INFER_MOMENTS = ("forward", "prefill", "decode", "decode+")
 
 
-def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, device: str, progress: bool):
+def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, device: str, progress: bool,
+          zero_grad: str = "set_to_none"):
     if checkpointing == "selective":
         raise UsageError("checkpointing 'selective' is Megatron's recipe (recompute attention only); a model derived "
                          "from its transformers code checkpoints whole layers: use none or full")
     try:
-        return derive.get_plan(arch.derived.source, mode, precision, attention, checkpointing, device, progress)
+        return derive.get_plan(arch.derived.source, mode, precision, attention, checkpointing, device, progress,
+                               zero_grad)
     except derive.DerivationError as e:
         raise UsageError(f"{arch.name}: {e}") from None
 
@@ -267,11 +271,14 @@ def recipe_weights(arch, plan, prec: Precision) -> int:
 
 
 def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple, a_names: tuple,
-                 c_names: tuple, device: str, progress: bool = False):
+                 c_names: tuple, device: str, progress: bool = False, z_names: tuple = ()):
     """(recipes {code: plan}, states {W, M, S, T, G: arrays over state codes}) for the names of a training frame.
-    Recipe code = (p, a, c) row-major; state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
+    Recipe code = (p, a, c[, z]) row-major (z: the zero_grad names when the frame has the column; "zeros" traces
+    the step with the gradients kept); state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
+    nZ = max(len(z_names), 1)
     nP, nO, nI, nA, nC = len(precs), len(o_names), len(i_names), len(a_names), len(c_names)
-    _prefetch(arch, [("train", p.name, a, c, device) for p in precs for a in a_names for c in c_names], progress)
+    _prefetch(arch, [("train", p.name, a, c, device, z) for p in precs for a in a_names for c in c_names
+                     for z in z_names or ("set_to_none",)], progress)
     recipes = {}
     shape = (nP, nO, nI, nA, nC)
     states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G")}
@@ -279,7 +286,10 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
         for a_i, att in enumerate(a_names):
             for c_i, ck in enumerate(c_names):
                 plan = _plan(arch, "train", prec.name, att, ck, device, progress)
-                recipes[(p_i * nA + a_i) * nC + c_i] = plan
+                for z_i in range(nZ):  # the trace with the gradients kept: its own plan ("bf16+zeros")
+                    zeros = bool(z_names) and z_names[z_i] == "zeros"
+                    recipes[((p_i * nA + a_i) * nC + c_i) * nZ + z_i] = \
+                        _plan(arch, "train", prec.name, att, ck, device, progress, "zeros") if zeros else plan
                 states["W"][p_i, :, :, a_i, c_i] = recipe_weights(arch, plan, prec)
                 states["G"][p_i, :, :, a_i, c_i] = plan.grad_bytes
         states["M"][p_i] = master_weights_bytes(arch, prec)
@@ -320,11 +330,13 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         o_code, o_names = codes(frame, C.OPTIMIZER)
         i_code, i_names = codes(frame, C.OPTIMIZER_IMPL)
         c_code, c_names = codes(frame, C.CHECKPOINTING)
-        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names),
+        z_code, z_names = codes(frame, C.ZERO_GRAD) if C.ZERO_GRAD in frame.columns else (0, ())
+        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
+                                        z_names),
                                  lambda: train_inputs(arch, precs, o_names, i_names, a_names, c_names, device,
-                                                      progress=True))
+                                                      progress=True, z_names=z_names))
         nA, nC = len(a_names), len(c_names)
-        key = (p_code.astype(np.int64) * nA + a_code) * nC + c_code
+        key = ((p_code.astype(np.int64) * nA + a_code) * nC + c_code) * max(len(z_names), 1) + z_code
         state = combine([p_code, o_code, i_code, a_code, c_code],
                         (len(p_names), len(o_names), len(i_names), nA, nC))
         return recipes, states, key, state, b, s, None

@@ -1,7 +1,13 @@
 """The plan of a training step on one GPU (components/plan.py), from the component formulas: the peak as a moment,
 the largest of a few phase totals.
 
-The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads.
+The modelled step is step 2: optimizer state exists; zero_grad(set_to_none=True) freed the grads. With the optional
+zero_grad axis at "zeros" (zero_grad(set_to_none=False), or DDP's gradient buckets) the grads G of the trainable
+parameters stay allocated from the step before: G joins the forward and backward-start moments and backward adds
+each new gradient into them in place, so the new gradient is a temporary beside G (the embedding's at the backward
+end; a tied head's, held by the autograd engine until the embedding's is added to it, after the loss), and the
+head's backward, its new weight gradient beside G, is a moment of its own. The optimizer moment is unchanged.
+Measured: tests/data/truth/*-zerograd-*.json (FINDINGS.md).
 
     forward         W + M + S + saved activations + forward temporaries (logits, fp32 copy, log_softmax)
     backward start  W + M + S + saved activations + loss-backward temporaries; or + the last layer's MLP
@@ -31,7 +37,7 @@ from . import activations as act
 from . import finetune
 from .finetune_method import FULL
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
-from .plan import Plan, consts, lift, precisions, terms_array
+from .plan import NCOEF, Plan, consts, lift, precisions, terms_array
 from .terms import Term
 from .weights import gradients_bytes, master_weights_bytes, weights_bytes
 
@@ -50,8 +56,32 @@ def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_
     return W, M, G, S, T
 
 
+ZEROS = "zeros"  # columns.ZERO_GRAD: gradients kept between steps
+
+
+def over_zero_grad(arr: np.ndarray, z_names: tuple, kept: np.ndarray) -> np.ndarray:
+    """A (*sizes, NCOEF) coefficient array spread over the zero_grad axis, (*sizes, nZ, NCOEF): `arr` where the
+    gradients are set to None, `kept` where they are kept."""
+    kept = np.broadcast_to(kept, arr.shape)
+    return np.stack([kept if z == ZEROS else arr for z in z_names], axis=-2)
+
+
+def with_zero_grad(axes: tuple, sizes: tuple, phases: list, z_names: tuple, kept_phases: list):
+    """The plan's (axes, sizes, phases) with the zero_grad axis last (none without z_names): every phase as it is
+    where the gradients are set to None, as in `kept_phases` (the same moments, same order) where they are kept."""
+    if not z_names:
+        return axes, sizes, phases
+    out = []
+    for (name, comps), (_, kept) in zip(phases, kept_phases):
+        zero = np.zeros((*sizes, NCOEF), dtype=np.int64)
+        out.append((name, {c: over_zero_grad(comps.get(c, zero), z_names, kept.get(c, zero))
+                           for c in dict.fromkeys([*comps, *kept])}))
+    return (*axes, C.ZERO_GRAD), (*sizes, len(z_names)), out
+
+
 def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
-                a_names: tuple = (), c_names: tuple = ()) -> Plan:
+               a_names: tuple = (), c_names: tuple = (), z_names: tuple = ()) -> Plan:
+    """z_names: the frame's zero_grad values when it has the column (then the plan's last axis), else ()."""
     precs = precisions(p_names, "train")
     ft = arch.finetune or FULL
     if ft.adapters:  # LoRA / QLoRA: frozen base, adapters trained (components/finetune.py)
@@ -67,8 +97,11 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
             A = lift(terms_array([act.params_activations(arch, p) for p in precs], (nP,)), (0,), sizes)
             phases = [("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: A}))]
         else:
-            phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes)
-        return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases)
+            phases = layer_net_train(arch, precs, device, states, g, T_opt, sizes,
+                                     kept_gradients=False if z_names else None)
+        kept = phases if arch.kind == "params" or not z_names else \
+            layer_net_train(arch, precs, device, states, g, T_opt, sizes, kept_gradients=True)
+        return Plan(*with_zero_grad((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL), sizes, phases, z_names, kept))
 
     nA, nC = len(a_names), len(c_names)
     sizes = (nP, nO, nI, nA, nC)
@@ -84,42 +117,78 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     inputs = table([t.inputs for t in terms])
     fwd_tmp = table([t.forward_temp for t in terms])
     n_bwd = max(len(t.backward_start_temp) for t in terms)
+
+    def table_moments(per: list, n: int) -> list[np.ndarray]:  # moment j of every combination (Term() past its own)
+        return [table([e[j] if j < len(e) else Term() for e in per]) for j in range(n)]
+
     # each backward moment its own phase: a max of affine terms is not affine in batch
-    bwd_start = [table([t.backward_start_temp[j] if j < len(t.backward_start_temp) else Term() for t in terms])
-                 for j in range(n_bwd)]
-    n_end = max(len(t.backward_end_temp) for t in terms)
-    bwd_end = [table([t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term() for t in terms])
-               for j in range(n_end)]
+    bwd_start = table_moments([t.backward_start_temp for t in terms], n_bwd)
+    ends = [t.backward_end_temp for t in terms]
+    kept_ends = [t.backward_end_temp if t.backward_end_temp_kept is None else t.backward_end_temp_kept for t in terms]
+    n_end = max(len(e) for e in ends + (kept_ends if z_names else []))
+    bwd_end = table_moments(ends, n_end)
     phases = [
         ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
         *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
         ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
     ]
-    return Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING), sizes, phases)
+    axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
+    if not z_names:
+        return Plan(axes, sizes, phases)
+    n_kept = max(len(t.backward_kept_temp) for t in terms)
+    kept_only = table_moments([t.backward_kept_temp for t in terms], n_kept)
+    kept = [dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp}),
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in table_moments(
+                [t.backward_start_temp if t.backward_start_temp_kept is None else t.backward_start_temp_kept
+                 for t in terms], n_bwd)],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})
+              for t in table_moments(kept_ends, n_end)],
+            phases[-1][1],
+            *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in kept_only]]
+    # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
+    # goes to the earlier phase, so nothing changes there)
+    phases += [phases[1]] * n_kept
+    return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
 
 
-def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None):
+def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None, kept_gradients=None):
     """Layer nets: forward end, one backward moment per layer (those not dominated by another), optimizer.
     grads_share (parallel layouts): the rank's gradient bytes per combination; each moment's gradients are then
-    that share of the whole model's."""
+    that share of the whole model's. kept_gradients (zero_grad axis; None without it): False for the moments with
+    the gradients set to None, True for the same moments with every gradient allocated from the start, G, and at a
+    layer's backward moment its own new gradients beside them (made by the layer's backward kernel, then added
+    into .grad in place); both keep the moments either way can peak at."""
     nets = [act.layer_net_train(arch, p, device) for p in precs]
     nP = len(precs)
 
     def table(ts: list[Term]) -> np.ndarray:  # per precision
         return lift(terms_array(ts, (nP,)), (0,), sizes)
 
+    def own(net, j: int) -> int:  # the moments run from the last layer: their gradients are suffix sums
+        return net.backward[j][0] - (net.backward[j - 1][0] if j else 0)
+
     saved = table([t.saved for t in nets])
     inputs = table([t.inputs for t in nets])
     fwd = table([t.forward_temp for t in nets])
-    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd}))]
+    phases = [("forward", dict(states, **{C.ACTIVATIONS: saved + inputs, C.TEMPORARY: fwd},
+                               **({C.GRADIENTS: G} if kept_gradients else {})))]
     # a moment is dominated when another has at least its batch-independent and its per-sample bytes everywhere
-    keys = [[(g + a.const + t.const, a.seq + t.seq) for g, a, t in net.backward] for net in nets]
-    keep = [j for j in range(len(keys[0]))
-            if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
-                       for i in range(len(keys[0])))]
-    for j in dict.fromkeys(keep):
-        grads = lift(consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
+    variants = [lambda net, j: net.backward[j][0]]
+    if kept_gradients is not None:
+        variants.append(lambda net, j: net.backward[-1][0] + own(net, j))
+    keep = []
+    for grads_at in variants:
+        keys = [[(grads_at(net, j) + a.const + t.const, a.seq + t.seq) for j, (_, a, t) in enumerate(net.backward)]
+                for net in nets]
+        keep += [j for j in range(len(keys[0]))
+                 if not any(all(kk[i][0] >= kk[j][0] and kk[i][1] >= kk[j][1] and kk[i] != kk[j] for kk in keys)
+                            for i in range(len(keys[0])))]
+    for j in sorted(set(keep)) if kept_gradients is not None else dict.fromkeys(keep):
+        if kept_gradients:
+            grads = G + lift(consts([own(net, j) for net in nets], (nP,)), (0,), sizes)
+        else:
+            grads = lift(consts([net.backward[j][0] for net in nets], (nP,)), (0,), sizes)
         if grads_share is not None:  # ⌈moment's bytes · rank's gradient bytes / whole model's⌉, per combination
             full = lift(consts([gradients_bytes(arch, p) for p in precs], (nP,)), (0,), sizes)
             num = grads.astype(object) * grads_share.astype(object)  # Python ints: the product can pass 2^63

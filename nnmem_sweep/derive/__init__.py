@@ -18,7 +18,7 @@ import contextlib
 
 from .card import ModelCard
 from .plans import DerivedPlan
-from .source import TRACE_RECIPE, DerivationError, ModelSource
+from .source import KEPT_GRADIENTS, TRACE_RECIPE, DerivationError, ModelSource
 
 __all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "get_kv_layout",
            "shipping", "stored_only", "MISSING_EXTRA"]
@@ -79,18 +79,21 @@ def get_card(source: ModelSource) -> ModelCard:
     return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make, _ship_to()))
 
 
-def _what(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str, device: str) -> tuple:
-    """The cache key of a plan: the trace recipe (bf16-master and the quantised recipes trace the bf16 model)."""
+def _what(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str, device: str,
+          zero_grad: str = "set_to_none") -> tuple:
+    """The cache key of a plan: the trace recipe (bf16-master and the quantised recipes trace the bf16 model; a
+    training step with the gradients kept, zero_grad "zeros", its own: "bf16+zeros")."""
     if mode != "train":
         checkpointing = "none"
     if source.kind == "module":  # no attention kernel choice
         attention = "none"
-    return (mode, TRACE_RECIPE[precision], attention, checkpointing, device)
+    kept = KEPT_GRADIENTS if mode == "train" and zero_grad == "zeros" else ""
+    return (mode, TRACE_RECIPE[precision] + kept, attention, checkpointing, device)
 
 
-def prefetch(source: ModelSource, requests: list[tuple[str, str, str, str, str]], progress: bool = False) -> None:
+def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False) -> None:
     """Derive, in parallel processes (one per CPU core), the plans of `requests` ((mode, precision, attention,
-    checkpointing, device) each) that no cache or shipped plan holds yet; get_plan then finds them stored. Tracing
+    checkpointing, device[, zero_grad]) each) that no cache or shipped plan holds yet; get_plan then finds them stored. Tracing
     is single-threaded Python: two recipes on two cores take the time of one."""
     import os
     from concurrent.futures import ProcessPoolExecutor
@@ -132,11 +135,11 @@ def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> No
 
 
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
-             device: str = "cuda", progress: bool = False) -> DerivedPlan:
+             device: str = "cuda", progress: bool = False, zero_grad: str = "set_to_none") -> DerivedPlan:
     from . import cache
     from .plans import from_json, to_json
 
-    what = _what(source, mode, precision, attention, checkpointing, device)
+    what = _what(source, mode, precision, attention, checkpointing, device, zero_grad)
     _, recipe, attention, checkpointing, _ = what
 
     def make() -> dict:

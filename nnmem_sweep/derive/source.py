@@ -23,6 +23,11 @@ TRACE_RECIPE = {
 }
 
 
+# The trace recipe's suffix for a training step whose gradients were kept from the step before (zero_grad "zeros":
+# optimizer.zero_grad(set_to_none=False)): step.run gives every trainable parameter a zeroed .grad first.
+KEPT_GRADIENTS = "+zeros"
+
+
 class DerivationError(ValueError):
     """The model cannot be derived (not buildable, not polynomial in the shape, ...): one line for the user."""
 
@@ -62,10 +67,14 @@ def _is_image(cfg: dict[str, Any]) -> bool:
 
 def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpointing: str, device: str,
          batch: int = 2, seq_len: int = 64) -> dict[str, Any]:
-    """The `measure` case (measure/build.py) of one probe: the same dict `nnmem-sweep measure` runs."""
-    c: dict[str, Any] = {"mode": mode, "batch": batch, "seq_len": seq_len, "precision": recipe,
+    """The `measure` case (measure/build.py) of one probe: the same dict `nnmem-sweep measure` runs. A recipe
+    ending in KEPT_GRADIENTS ("bf16+zeros") traces the step with the gradients kept from the step before."""
+    precision, kept = (recipe[:-len(KEPT_GRADIENTS)], True) if recipe.endswith(KEPT_GRADIENTS) else (recipe, False)
+    c: dict[str, Any] = {"mode": mode, "batch": batch, "seq_len": seq_len, "precision": precision,
                          "attention": attention, "checkpointing": checkpointing,
                          "optimizer": "none", "optimizer_impl": "foreach", "decode_tokens": 0}
+    if kept:
+        c["zero_grad"] = "zeros"
     if device == "cuda":
         c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (workload/build.py native_dropout)
     if source.decoder_seq_len:

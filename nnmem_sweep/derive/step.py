@@ -4,7 +4,8 @@ The workload is `measure`'s own (measure/build.py make_workload, measure/tracker
 inputs, loss and generate() loop, recorded by a trace.Recorder instead of MemTracker. Differences, both stated in
 the report: the optimizer is not run (its state and step temporaries come from the optimizer catalog,
 components/optimizer.py, as for hand-modelled families; the traced step starts with the gradients set to None, as
-zero_grad(set_to_none=True) leaves them), and a request runs three decode steps (every step after the first is the second at a
+zero_grad(set_to_none=True) leaves them, or with a case's zero_grad "zeros" with every trainable parameter's
+gradient allocated and zeroed, as zero_grad(set_to_none=False) leaves them), and a request runs three decode steps (every step after the first is the second at a
 longer cache).
 
 CUDA's kernels where the CPU's differ (MEASURING.md): dropout keeps a 1-byte mask (F.dropout routed to
@@ -116,8 +117,15 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     if not train:
         w.decode_tokens = DECODE_STEPS
     model.zero_grad(set_to_none=True)
+    kept = []
+    if train and case.get("zero_grad") == "zeros":  # kept from the step before: zeroed, allocated before it starts
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                kept.append(p.grad)
     rec = Recorder()
     rec.external(model.parameters(), PARAM)
+    rec.external(kept, GRAD)
     rec.external(model.buffers(), BUFFER)
     rec.external([v for v in w.inputs.values() if isinstance(v, torch.Tensor)], INPUT)
     attention = contextlib.nullcontext()

@@ -42,6 +42,8 @@ def _train(model: str, batch: int, seq: int, precision: str, optimizer: str = "a
         tag += f"-{attention}"
     if extra.get("dropout_impl") == "native":
         tag += "-nativedropout"
+    if extra.get("zero_grad") == "zeros":
+        tag += "-zerograd"
     if "head" in extra:
         tag += "-" + extra["head"].removeprefix(model.split("-")[0].capitalize()).lower()
     return {"id": f"{tag}-b{batch}{_shape_tag(seq, extra)}", "model": model, "mode": "train", "batch": batch,
@@ -225,6 +227,26 @@ FAMILY_CASES: list[dict[str, Any]] = [
     _infer("resnet-50", 128, 0, "fp32", 0, **RESNET50),
 ]
 CASES += FAMILY_CASES
+
+# Gradients kept between steps (issue 13): optimizer.zero_grad(set_to_none=False), torch < 2.0's default (and DDP's
+# gradient_as_bucket_view buckets): the zeroed gradients stay allocated through step 2's forward and backward
+# accumulates into them. Each beside its set_to_none twin above (same shapes), so the difference is the measurement.
+ZEROS = {"zero_grad": "zeros"}
+ZERO_GRAD_CASES: list[dict[str, Any]] = [
+    _train("bert-large", 8, 512, "fp32", **ZEROS),
+    _train("llama-3.2-1b", 1, 2048, "bf16", **ZEROS),
+    _train("llama-3.2-1b", 4, 1024, "bf16-mixed", **ZEROS),
+    _train("qwen3-0.6b", 4, 2048, "bf16", **ZEROS),
+    _lora("qwen2.5-0.5b", 4, 1024, "bf16", 8, QV, **ZEROS),
+    _train("llama-3.2-1b", 8, 2048, "bf16", ckpt="full", **ZEROS),  # the recomputed last layer beside G
+    # small b·s, so the LM head's new weight gradient beside all of G (backward right after the loss) is the peak:
+    # GPT-2's tied head (hand-modelled), Pythia's untied one (derived)
+    _train("gpt2", 1, 128, "fp32", "sgd", **ZEROS),
+    _train("pythia-1.4b", 1, 128, "bf16", "sgd", **ZEROS),
+    {**next(c for c in CASES if c["id"] == "cnn-vgg-cifar-train-fp32-sgd-momentum-b64"),
+     "id": "cnn-vgg-cifar-train-fp32-sgd-momentum-zerograd-b64", **ZEROS},
+]
+CASES += ZERO_GRAD_CASES
 
 for _c in CASES:
     _c.setdefault("tolerance", {"peak": PEAK_TOLERANCE, "states": STATE_TOLERANCE})

@@ -36,8 +36,9 @@ def parse_points(points: list[str]) -> dict[str, str]:
         axis, value = axis.strip(), value.strip()
         if not sep or not axis or not value:
             raise UsageError(f"--point {p!r}: use AXIS=VALUE, e.g. --point batch=4")
-        if axis not in C.GRID_AXES:
-            raise UsageError(f"--point {p!r}: unknown axis {axis!r}; use one of {', '.join(C.GRID_AXES)}")
+        if axis not in C.GRID_AXES + C.OPTIONAL_AXES:
+            raise UsageError(f"--point {p!r}: unknown axis {axis!r}; use one of "
+                             f"{', '.join(C.GRID_AXES + C.OPTIONAL_AXES)}")
         out[axis] = value
     return out
 
@@ -74,9 +75,16 @@ def _skip_reason(row: dict[str, Any], mode: str) -> str:
     return ""
 
 
+def point_axes(frame: pd.DataFrame) -> list[str]:
+    """The grid axes, and the optional ones (columns.OPTIONAL_AXES) the frame has."""
+    return list(C.GRID_AXES) + [a for a in C.OPTIONAL_AXES if a in frame.columns]
+
+
 def select_points(frame: pd.DataFrame, filters: dict[str, str], limit: int) -> pd.DataFrame:
-    points = frame[list(C.GRID_AXES)].astype(str).drop_duplicates()
+    points = frame[point_axes(frame)].astype(str).drop_duplicates()
     for axis, value in filters.items():
+        if axis not in points.columns:
+            raise UsageError(f"--point {axis}={value}: the scenario's grid does not name {axis}")
         points = points[points[axis] == value]
     if points.empty:
         raise UsageError("no grid point matches " + ", ".join(f"{a}={v}" for a, v in filters.items()))
@@ -105,7 +113,8 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
         case = {**spec, "mode": sc.mode, "batch": row[C.BATCH], "seq_len": row[C.SEQ_LEN],
                 "precision": row[C.PRECISION], "optimizer": row[C.OPTIMIZER],
                 "optimizer_impl": row[C.OPTIMIZER_IMPL], "checkpointing": row[C.CHECKPOINTING],
-                "attention": row[C.ATTENTION], "decode_tokens": row[C.DECODE_TOKENS]}
+                "attention": row[C.ATTENTION], "decode_tokens": row[C.DECODE_TOKENS],
+                **({"zero_grad": row[C.ZERO_GRAD]} if C.ZERO_GRAD in row else {})}
         t0 = time.perf_counter()
         try:
             m = measure_case(case, fake=True)
@@ -133,7 +142,7 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
     ok = df[STATUS] == "measured" if STATUS in df else pd.Series(False, index=df.index)
     if not ok.any():
         return df
-    pts = df.loc[ok, list(C.GRID_AXES)].copy()
+    pts = df.loc[ok, point_axes(df)].copy()
     pts[C.GPU_MEMORY] = sc.gpus[0].memory_bytes
     est = estimate_frame(sc.model, sc.mode, pts, sc.overheads, sc.headroom, device="cpu")
     df[ESTIMATED_ATTENTION] = pd.Series(pts[C.ATTENTION], index=pts.index)

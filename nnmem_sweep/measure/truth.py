@@ -14,7 +14,7 @@ from .cases import FINETUNE_DIR, case_by_id
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len")
+              "module", "kwargs", "decoder_seq_len", "zero_grad")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -44,8 +44,13 @@ KIND_METHOD = {
 }
 
 
-def method_text(kind: str) -> str:
-    return METHOD + KIND_METHOD.get(kind, "")
+# What a case with zero_grad "zeros" runs instead of zero_grad(set_to_none=True) (issue 13).
+ZEROS_METHOD = (" zero_grad 'zeros': optimizer.zero_grad(set_to_none=False) after each step() instead, so from "
+                "step 2 on the zeroed gradients are live through forward and backward accumulates into them.")
+
+
+def method_text(kind: str, zero_grad: str = "set_to_none") -> str:
+    return METHOD + KIND_METHOD.get(kind, "") + (ZEROS_METHOD if zero_grad == "zeros" else "")
 
 
 def versions(kind: str = "") -> dict[str, str]:
@@ -90,7 +95,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     }
     rec["versions"] = versions(measured.get("input_kind", ""))
     rec["device"] = "cpu (FakeTensorMode)"
-    rec["method"] = method_text(measured.get("input_kind", ""))
+    rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"))
     return rec
 
 

@@ -151,6 +151,20 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
     return items
 
 
+_ZERO_GRAD = {
+    "set_to_none": "set_to_none: optimizer.zero_grad(set_to_none=True), torch >= 2.0's default, frees the gradients "
+                   "after each step, so forward and the start of backward hold none.",
+    "zeros": "zeros: zero_grad(set_to_none=False), torch < 2.0's default (DDP's gradient_as_bucket_view buckets "
+             "alike), keeps them allocated: one more copy of the trainable parameters' gradients at forward and "
+             "backward; the optimizer step's peak is unchanged (measured with PyTorch's MemTracker).",
+}
+
+
+def _zero_grad_assumptions(sc: Scenario) -> list[str]:
+    """What zero_grad leaves between steps, where the scenario names the axis (columns.OPTIONAL_AXES)."""
+    return [_ZERO_GRAD[str(v)] for v in sc.grid.get(C.ZERO_GRAD, ()) if str(v) in _ZERO_GRAD]
+
+
 def _cluster_assumptions(sc: Scenario) -> list[str]:
     search = sc.cluster
     if search is None:
@@ -255,6 +269,7 @@ def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
         # what the parallel model, the fine-tuning model and the cluster search rely on: only for the blocks used
         "groups": [{"title": title, "items": items} for title, items in (
             ("Parallelism and sharding", _parallel_assumptions(sc) if sc.parallel else []),
+            ("Gradients between steps (zero_grad)", _zero_grad_assumptions(sc)),
             ("Fine-tuning", _finetune_assumptions(sc)),
             ("How many GPUs", _cluster_assumptions(sc))) if items],
     }

@@ -24,6 +24,7 @@ AXIS_LABELS = {
     "attention": "attention",
     "cache_tokens": "prompt tokens",
     "decode_tokens": "decode tokens",
+    "zero_grad": "zero_grad",  # columns.OPTIONAL_AXES
     "gpu": "GPU",
     # parallel layouts (columns.PARALLEL_AXES): the short names Megatron-LM and DeepSpeed users read
     "data_parallel": "DP",

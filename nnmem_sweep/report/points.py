@@ -19,10 +19,11 @@ LAYOUT_ORDER = (C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL, C.M
 
 
 def axis_values(sc: Scenario) -> dict[str, tuple]:
-    """Every non-batch axis and its values, in the contract's order: the grid's, then, when the scenario has a
-    `parallel:` block, the parallel axes (columns.PARALLEL_DEFAULTS for those it does not name), as grid.axes_of
-    expands them."""
+    """Every non-batch axis and its values, in the contract's order: the grid's (with the optional axes it names),
+    then, when the scenario has a `parallel:` block, the parallel axes (columns.PARALLEL_DEFAULTS for those it does
+    not name), as grid.axes_of expands them."""
     axes = {a: tuple(sc.grid.get(a, ())) for a in C.NON_BATCH_AXES}
+    axes.update({a: tuple(sc.grid[a]) for a in C.OPTIONAL_AXES if a in sc.grid})  # only where the scenario names it
     for a in C.PARALLEL_AXES if sc.parallel else ():
         axes[a] = tuple(sc.parallel.get(a) or (C.PARALLEL_DEFAULTS[a],))
     return axes

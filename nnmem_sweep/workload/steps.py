@@ -62,6 +62,13 @@ class Workload:
     logits_to_keep: int = 1  # infer prefill: 1 as generate() passes; 0 keeps every position's logits
     loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
     kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
+    zero_grad: str = "set_to_none"  # ZERO_GRADS: set_to_none frees the grads after step(); zeros keeps them, zeroed
+
+
+# optimizer.zero_grad(set_to_none=True) (torch >= 2.0's default) or zero_grad(set_to_none=False) (torch < 2.0's
+# default; DDP's gradient_as_bucket_view buckets stay allocated the same way): the gradients then live through the
+# next forward and backward accumulates into them in place.
+ZERO_GRADS = ("set_to_none", "zeros")
 
 
 class Phases(Protocol):
@@ -85,10 +92,12 @@ def _autocast(dtype: torch.dtype | None):
 
 def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
     """Run the workload itself, phase by phase: `w.steps` training steps (forward keeping only the loss, backward,
-    optimizer step, zero_grad(set_to_none=True); without an optimizer, forward and backward only, the gradients
+    optimizer step, zero_grad(set_to_none=True), or zero_grad(set_to_none=False) when w.zero_grad is "zeros"; without an optimizer, forward and backward only, the gradients
     left in place), or one inference request (see `_run_infer`). Returns the totals it can read afterwards
     (gradients, optimizer state, KV cache bytes)."""
     totals: dict[str, int] = {}
+    if w.zero_grad not in ZERO_GRADS:
+        raise ValueError(f"zero_grad {w.zero_grad!r} not in {ZERO_GRADS}")
     if w.mode == "train":
         w.model.train()
         for step in range(1, w.steps + 1):
@@ -109,7 +118,7 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
                 continue
             with rec.phase("optimizer", step):
                 w.optimizer.step()
-                w.optimizer.zero_grad(set_to_none=True)
+                w.optimizer.zero_grad(set_to_none=w.zero_grad != "zeros")
             rec.step_done()  # module stats are per step; the module hooks need them within one
         if w.optimizer is not None:
             totals["optimizer_state_bytes"] = optimizer_state_bytes(w.optimizer)

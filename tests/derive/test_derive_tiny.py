@@ -36,7 +36,8 @@ def _estimate(cfg, i, device):
     prec = (get_precision(i["precision"]),)
     if i["mode"] == "train":
         rec, st = D.train_inputs(arch, prec, (i["optimizer"],), (i.get("optimizer_impl", "foreach"),),
-                                 (i.get("attention", "flash"),), (i.get("checkpointing", "none"),), device)
+                                 (i.get("attention", "flash"),), (i.get("checkpointing", "none"),), device,
+                                 z_names=(i["zero_grad"],) if "zero_grad" in i else ())
         out = D.train_rows(b, s, rec, st, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     else:
         rec, W = D.infer_inputs(arch, prec, (i.get("attention", "flash"),), device)
@@ -66,6 +67,10 @@ def _host_steps(cfg) -> int:
     (TINY_LLAMA, dict(mode="train", batch=1, seq_len=1500, precision="bf16-mixed", optimizer="sgd-momentum",
                       checkpointing="full")),
     (TINY_GPT2, dict(mode="train", batch=3, seq_len=1000, precision="fp32", optimizer="adamw", attention="eager")),
+    # gradients kept between steps (zero_grad(set_to_none=False)): the "+zeros" trace, untied and tied heads
+    (TINY_LLAMA, dict(mode="train", batch=1, seq_len=100, precision="bf16", optimizer="sgd", zero_grad="zeros")),
+    (TINY_GPT2, dict(mode="train", batch=3, seq_len=1000, precision="fp32", optimizer="adamw", attention="eager",
+                     zero_grad="zeros")),
     (TINY_LLAMA, dict(mode="infer", batch=6, seq_len=900, precision="bf16", optimizer="none", decode_tokens=5)),
     (TINY_GPT2, dict(mode="infer", batch=1, seq_len=1200, precision="fp32", optimizer="none", decode_tokens=3)),
 ])
