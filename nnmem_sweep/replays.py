@@ -87,6 +87,11 @@ def _replay_row(sc: Scenario, row: pd.DataFrame, options: AllocatorOptions) -> t
     return note, (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
 
 
+def _span(values) -> str:
+    lo, hi = 100 * min(values), 100 * max(values)
+    return f"{hi:.1f} %" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} %"
+
+
 def with_replayed_reserve(sc: Scenario) -> Scenario:
     """`sc` with the reserve its replays give (or a note saying why none was replayed)."""
     ov = sc.overheads
@@ -115,8 +120,7 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
             f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
             f"{len(fractions)} rows where the verdict is decided (per recipe the largest batch that fits): "
-            f"{100 * min(by_recipe.values()):.1f}-{100 * max(by_recipe.values()):.1f} % of the peak; each recipe "
-            "takes its own, a recipe not replayed the largest")
+            f"{_span(by_recipe.values())} of the peak; each recipe takes its own, a recipe not replayed the largest")
     if skipped:
         note += f"; {len(skipped)} row(s) not replayed ({skipped[0]})"
     return dataclasses.replace(sc, overheads=dataclasses.replace(

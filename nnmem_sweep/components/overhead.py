@@ -58,9 +58,19 @@ def _gpu_spec(ov: Overheads, gpu_id: str) -> GPUSpec | None:
     return spec
 
 
-def modelled(ov: Overheads, gpu: GPUSpec | None, mode: str, layout: dict[str, int] | None = None) -> RuntimeMemory:
+def modelled(ov: Overheads, gpu: GPUSpec | None, mode: str, layout: dict[str, int] | None = None,
+             has_convolutions: bool = False) -> RuntimeMemory:
     """The runtime model's figures for one GPU, mode and layout (the scenario's `runtime:` block applied)."""
-    return runtime_memory(dict(ov.runtime), layout or {}, gpu, mode)
+    return runtime_memory(dict(ov.runtime), layout or {}, gpu, mode, has_convolutions=has_convolutions)
+
+
+def has_convolutions(arch) -> bool:
+    """Whether a step runs cuDNN convolutions: a layer net with conv2d layers, or a `module:` factory (torchvision's
+    classifiers all begin with a convolution, ViT's patch embedding included)."""
+    if arch.kind == "layers":
+        return any(r.type.startswith("conv") for r in arch.layer_table)
+    source = getattr(getattr(arch, "derived", None), "source", None)
+    return arch.kind == "derived" and getattr(source, "kind", "") == "module"
 
 
 def fixed_bytes(ov: Overheads, gpu: GPUSpec | None, mode: str, layout: dict[str, int] | None = None) -> tuple[int, int]:

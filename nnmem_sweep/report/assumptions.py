@@ -10,7 +10,7 @@ from ..accuracy import covered
 from ..catalog import optimizers, precisions
 from ..citations import FORMULAS
 from ..components.finetune_method import targets_of
-from ..components.overhead import modelled
+from ..components.overhead import has_convolutions, modelled
 from ..components.runtime import nccl_bytes
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
 from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
@@ -224,10 +224,10 @@ def runtime_assumptions(sc: Scenario) -> list[str]:
         items.append(f"Runtime: {given}. Modelled per GPU from public measurements (catalog/runtime.json):")
         seen: dict[str, list[str]] = {}
         for g in gpu_order(sc):
-            lines = [line for line in modelled(o, g, sc.mode).lines()
+            lines = [line for line in modelled(o, g, sc.mode, has_convolutions=has_convolutions(sc.model)).lines()
                      if (o.cuda_context_bytes is None or "context" not in line)
                      and (o.cublas_workspace_bytes is None or "workspace" not in line)]
-            seen.setdefault(" ".join(lines), []).append(g.name)
+            seen.setdefault("; ".join(lines), []).append(g.name)
         items += [f"{', '.join(names)}: {lines}" for lines, names in seen.items() if lines]
         if o.cuda_context_bytes is None and (sc.parallel or (sc.mode == "infer" and any(
                 int(t) > 1 for t in (sc.serving or {}).get("tensor_parallel", ())))):

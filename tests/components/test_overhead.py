@@ -72,3 +72,15 @@ def test_scenario_columns_add_up():
     assert (extra == np.ceil(res[C.PEAK_ALLOCATED] * sc.overheads.reserve_fraction).astype(np.int64)).all()
     h100 = res[res[C.GPU].astype(str) == "h100-sxm"]
     assert set(h100[C.NON_TORCH]) == {CONTEXT_LAZY} and set(h100[C.ALLOCATOR_EXTRA]) == {2 * CUBLAS_HOPPER}
+
+
+def test_convolution_nets_list_the_cudnn_workspace_at_zero():
+    from nnmem_sweep.components.overhead import has_convolutions, modelled
+    from nnmem_sweep.config import load_scenario
+
+    cnn, llama = load_scenario("configs/cnn.yaml"), load_scenario("configs/llama.yaml")
+    assert has_convolutions(cnn.model) and not has_convolutions(llama.model)
+    mem = modelled(cnn.overheads, H100, "train", has_convolutions=True)
+    cudnn = [i for i in mem.items if i.what.startswith("cuDNN")]
+    # transient, skipped by PyTorch when it does not fit (pytorch#49207): listed, 0 bytes, nothing added
+    assert len(cudnn) == 1 and cudnn[0].bytes == 0 and mem.allocator_extra_bytes == 2 * CUBLAS_HOPPER
