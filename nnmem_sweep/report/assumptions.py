@@ -12,6 +12,7 @@ from ..citations import FORMULAS
 from ..components.finetune_method import targets_of
 from ..components.overhead import has_convolutions, modelled
 from ..components.runtime import nccl_bytes
+from ..replays import DEFAULT_NOTE
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
 from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
 from ..scenario import Scenario
@@ -237,8 +238,7 @@ def runtime_assumptions(sc: Scenario) -> list[str]:
     if o.allocator_reserve_fraction is not None:
         how = "as given (overheads.allocator_reserve)"
     else:
-        how = o.reserve_note or ("not replayed: a default between the 0.8-9 % the first replays of the allocator "
-                                 "model measured")
+        how = o.reserve_note or ("not replayed: " + DEFAULT_NOTE)
     upto = "up to " if o.replayed_by_recipe and len({f for _, f in o.replayed_by_recipe}) > 1 else ""
     items.append(f"Allocator reserve (reserved minus allocated): {upto}{percent(o.reserve_fraction)} of the peak "
                  f"allocated; {how}.")
