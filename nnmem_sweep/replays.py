@@ -15,8 +15,12 @@ any recipe not replayed (`Overheads.replayed_reserve_fraction`). The report says
 the range they gave. `reserved_bytes` is therefore the memory the allocator needs for the step, not what
 max_memory_reserved() shows on a GPU with memory to spare (the unlimited replay's peak, larger).
 
-Not replayed: a reserve given in `overheads:` (it stands), models without a traced sequence (hand-modelled
-families; components/reserve.py says why for each row); those keep the default, labelled "not replayed".
+A hand-modelled preset is replayed through its derived twin (the same preset planned from its own code,
+`model: {preset: ..., derive: true}`; both paths agree to the byte on the committed cases) when the twin's plans
+are stored (`make derive` ships those of the configs/ scenarios); the twin's reserve fraction is applied to the
+hand model's peak. Not replayed: a reserve given in `overheads:` (it stands), a model without a stored traced
+sequence (fine-tuned adapters, layer lists, params models, plans not derived; components/reserve.py says why for
+each row); those keep the default, labelled "not replayed".
 """
 from __future__ import annotations
 
@@ -31,18 +35,22 @@ import pandas as pd
 
 from . import columns as C
 from .allocator import AllocatorOptions, replay
+from . import derive
 from .components.reserve import row_sequence
+from .derive.arch import architecture_of
+from .models.resolve import ModelSpecError, resolve_model
 from .derive.cache import memo
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
 from .scenario import Scenario
 from .serving import sweep_prefill_logits
 
-MAX_ROWS = 64  # recipes replayed at most (a bisection: ~7 replays of ~0.05 s for an 8B model, then cached): largest first
+MAX_ROWS = 256  # recipes replayed at most (a bisection: 3-8 replays of ~0.05 s for an 8B model, then cached)
 RESOLUTION = 200  # the bisection stops within 0.5 % of the peak; f is rounded up to a multiple of 1 / RESOLUTION
-DEFAULT_NOTE = ("a default; the replays of derived models needed 0.5-23.5 % of the peak (Qwen3 8B: 14 of 25 recipes "
-                "under 8 %, full checkpointing with 8-bit AdamW or Adafactor the most): verify such recipes by "
-                "measuring")
+FIRST_PROBE = 4  # the first capacity tried: 2 % above the peak
+DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5 % of the peak (Llama 3.1 8B: 97 of "
+                "163 recipes under 8 %; full checkpointing with 8-bit AdamW or Adafactor the most): verify such "
+                "recipes by measuring")
 
 
 def boundary_rows(sc: Scenario) -> pd.DataFrame:
@@ -57,11 +65,15 @@ def boundary_rows(sc: Scenario) -> pd.DataFrame:
 
 
 def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int]:
-    """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak)."""
+    """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak). The
+    first probe is FIRST_PROBE steps above the peak (most recipes need less); else the bracket reaches up to the
+    peak reserved with nothing refused, which always completes."""
     peak = int(np.cumsum(seq[:, 1]).max())
-    high = replay(seq, options).peak_reserved_bytes  # completes: nothing is ever refused
-    low = peak - 1  # cannot complete: less than what is live at once
     step = max(peak // RESOLUTION, 1)
+    low = peak - 1  # cannot complete: less than what is live at once
+    high = peak + FIRST_PROBE * step
+    if replay(seq, options, capacity_bytes=high).oom:
+        low, high = high, replay(seq, options).peak_reserved_bytes
     while high - low > step:
         mid = (low + high) // 2
         if replay(seq, options, capacity_bytes=mid).oom:
@@ -78,13 +90,14 @@ def _allocator_source_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("*.py")))).hexdigest()
 
 
-def _replay_row(sc: Scenario, row: pd.DataFrame, options: AllocatorOptions) -> tuple[str, float | None]:
+def _replay_row(arch, mode: str, row: pd.DataFrame, options: AllocatorOptions) -> tuple[str, float | None]:
     """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. The bisection
     is kept in the user's cache (derive/cache.py), keyed by the sequence, the options and the allocator model."""
-    note, seq = row_sequence(sc.model, sc.mode, row)
+    note, seq = row_sequence(arch, mode, row)
     if seq is None:
         return note, None
-    key = f"{hashlib.sha256(seq.tobytes()).hexdigest()} {options!r} {RESOLUTION} {_allocator_source_digest()}"
+    key = (f"{hashlib.sha256(seq.tobytes()).hexdigest()} {options!r} {RESOLUTION} {FIRST_PROBE} "
+           f"{_allocator_source_digest()}")
     doc = memo("replays", key, lambda: dict(zip(("peak", "need"), least_capacity(seq, options))))
     return note, (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
 
@@ -94,13 +107,31 @@ def _span(values) -> str:
     return f"{hi:.1f} %" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} %"
 
 
+def derived_twin(arch, allow_deriving: bool = False):
+    """The derived Architecture of a hand-modelled preset (None when it has none, or, unless allow_deriving, when
+    its card is not stored): its traced allocation sequences stand for the hand model's."""
+    if arch.kind == "derived":
+        return arch
+    if not arch.preset or arch.finetune is not None or arch.kind not in ("transformer", "moe"):
+        return None
+    try:
+        spec = resolve_model({"preset": arch.preset, "derive": True}, Path("."))
+        if allow_deriving:
+            return architecture_of(spec)
+        with derive.stored_only():
+            return architecture_of(spec)
+    except (derive.DerivationError, ModelSpecError, ValueError):
+        return None
+
+
 def with_replayed_reserve(sc: Scenario) -> Scenario:
     """`sc` with the reserve its replays give (or a note saying why none was replayed)."""
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return sc
-    if sc.model.kind != "derived":
-        note = f"not replayed: {sc.model.name} is modelled by hand, with no traced allocation sequence; {DEFAULT_NOTE}"
+    twin = derived_twin(sc.model)
+    if twin is None:
+        note = f"not replayed: no traced allocation sequence of {sc.model.name} is stored; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     rows = boundary_rows(sc)
     options = AllocatorOptions.from_alloc_conf(ov.allocator_conf) if ov.allocator_conf else AllocatorOptions()
@@ -108,7 +139,7 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     by_recipe: dict[tuple[str, ...], float] = {}
     fractions, skipped = [], []
     for i in range(len(rows)):
-        note, frac = _replay_row(sc, rows.iloc[[i]], options)
+        note, frac = _replay_row(twin, sc.mode, rows.iloc[[i]], options)
         if frac is None:
             skipped.append(note)
             continue
@@ -119,6 +150,8 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf else "PyTorch's default allocator settings"
+    if twin is not sc.model:
+        conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
             f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
             f"{len(fractions)} rows where the verdict is decided (per recipe the largest batch that fits): "

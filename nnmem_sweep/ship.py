@@ -12,7 +12,12 @@ from .derive import cache, shipping
 
 
 def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> int:
+    """A scenario of a derived model: every plan its run needs. A hand-modelled preset: its derived twin's plans
+    (the allocation sequences replays.py replays for the hand model's allocator reserve)."""
+    import dataclasses
+
     from .config import load_scenario
+    from .replays import derived_twin
     from .runner import run_scenario
 
     with shipping(cache.SHIPPED) if ship else _nothing():
@@ -20,8 +25,12 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
             t0 = time.perf_counter()
             sc = load_scenario(path)
             if sc.model.kind != "derived":
-                print(f"{path}: {sc.model.name} has a hand model; nothing to derive", file=sys.stderr)
-                continue
+                twin = None if sc.parallel else derived_twin(sc.model, allow_deriving=True)
+                if twin is None:
+                    print(f"{path}: {sc.model.name} has a hand model and no derived twin to replay; nothing to "
+                          "derive", file=sys.stderr)
+                    continue
+                sc = dataclasses.replace(sc, model=twin)
             run_scenario(sc, progress=progress)
             print(f"{path}: every plan of {sc.model.name} derived or found ({time.perf_counter() - t0:.1f} s)")
     return 0

@@ -25,13 +25,24 @@ def test_least_capacity_releases_cached_segments_as_pytorch_does():
     assert peak == 30 * MiB and 30 * MiB <= need <= 30 * MiB + peak // RESOLUTION
 
 
-def test_hand_modelled_families_and_given_reserves_are_not_replayed():
-    sc = load_scenario("configs/llama.yaml")
+def test_models_without_a_stored_sequence_and_given_reserves_are_not_replayed():
+    sc = load_scenario("configs/cnn.yaml")  # a layer list: no derived twin
     out = with_replayed_reserve(sc)
     assert out.overheads.replayed_reserve_fraction is None and out.overheads.reserve_fraction == 0.05
-    assert out.overheads.reserve_note.startswith("not replayed: Llama 3.1 8B is modelled by hand")
-    given = dataclasses.replace(sc, overheads=dataclasses.replace(sc.overheads, allocator_reserve_fraction=0.02))
+    assert out.overheads.reserve_note.startswith("not replayed: no traced allocation sequence of")
+    llama = load_scenario("configs/llama.yaml")
+    given = dataclasses.replace(llama, overheads=dataclasses.replace(llama.overheads, allocator_reserve_fraction=0.02))
     assert with_replayed_reserve(given) is given
+
+
+def test_a_hand_modelled_preset_is_replayed_through_its_derived_twin():
+    """Llama 3.1 8B is modelled by hand; its twin planned from its own code (shipped plans with their allocation
+    sequences) has the same peak, and its replays give the hand model's reserve per recipe."""
+    sc = with_replayed_reserve(load_scenario("configs/llama.yaml"))
+    ov = sc.overheads
+    assert "derived twin" in ov.reserve_note and len(ov.replayed_by_recipe) >= 100
+    assert sc.model.kind == "transformer"  # the estimate itself stays the hand model's
+    assert ov.replayed_reserve_fraction == max(f for _, f in ov.replayed_by_recipe)
 
 
 @pytest.fixture(scope="module")

@@ -29,18 +29,18 @@ PEAK = 22_553_600_000  # the toy's answer: 2·4e9 + 8e9 + 8 · 4096 · 200,000
 def test_uncertainty_by_hand():
     """Lazy loading: the CUDA context measured 266,076,160 (pytorch#86509, 287,047,680 less its 20 MiB of allocator)
     to 641,728,512 B (unsloth#9362), 512 MiB assumed (the toy scenario's override); the cuBLAS workspaces are in the
-    row's allocator_extra_bytes, taken as known; fragmentation 0.5–23.5 % of the peak (the allocator replays of
+    row's allocator_extra_bytes, taken as known; fragmentation 0.5–32.5 % of the peak (the allocator replays of
     replays.py), none assumed (reserve 0)."""
     sc = make_scenario()
     row = {C.GPU: "a100-40gb", C.PEAK_ALLOCATED: PEAK}
-    assert FRAGMENTATION == (0.005, 0.235)
+    assert FRAGMENTATION == (0.005, 0.325)
     below, above = uncertainty_bytes(row, sc)
     assert below == 536_870_912 - 266_076_160
-    assert above == (641_728_512 - 536_870_912) + 5_300_096_000
+    assert above == (641_728_512 - 536_870_912) + 7_329_920_000
     # with a runtime model's columns (issue 13) those are what is assumed: 600 MiB outside, 2 % reserved
     row |= {"non_torch_bytes": 629_145_600, "reserved_bytes": PEAK + 451_072_000}
     assert uncertainty_bytes(row, sc) == ((629_145_600 - 266_076_160) + (451_072_000 - 112_768_000),
-                                          (641_728_512 - 629_145_600) + (5_300_096_000 - 451_072_000))
+                                          (641_728_512 - 629_145_600) + (7_329_920_000 - 451_072_000))
 
 
 def test_uncertainty_counts_nccl_for_every_parallel_group_and_hoppers_cublas():
@@ -50,12 +50,12 @@ def test_uncertainty_counts_nccl_for_every_parallel_group_and_hoppers_cublas():
     row = {C.GPU: "h100-sxm", C.PEAK_ALLOCATED: PEAK, C.TENSOR_PARALLEL: 2, C.DATA_PARALLEL: 4,
            C.PIPELINE_PARALLEL: 1}
     _, above = uncertainty_bytes(row, sc)
-    assert above == (641_728_512 + 2 * 1_932_735_283 - 536_870_912) + 5_300_096_000
+    assert above == (641_728_512 + 2 * 1_932_735_283 - 536_870_912) + 7_329_920_000
     # modelled instead of overridden, the communicators are counted: only the context's range is left above
     modelled = make_scenario(gpus=(get_gpu("h100-sxm"),), overheads=Overheads(allocator_reserve_fraction=0.0,
                                                                              gpus=(get_gpu("h100-sxm"),)))
     _, above = uncertainty_bytes(row, modelled)
-    assert above == 5_300_096_000
+    assert above == 7_329_920_000
 
 
 @pytest.mark.parametrize("margin,below,above,flip", [
@@ -67,7 +67,7 @@ def test_which_verdicts_the_uncertainty_could_flip(margin, below, above, flip):
 
 def test_a_margin_within_the_uncertainty_is_flagged_with_the_command_and_the_safe_choice():
     # tight: usable int(25,445,000,000 · 0.95) = 24,172,750,000, the recipe asked needs 23,098,990,592: margin
-    # 1,073,759,408 B (1.0 GiB) < the 5.0 GiB above: the answer (least memory), flagged; the H100 covers it
+    # 1,073,759,408 B (1.0 GiB) < the 6.9 GiB above: the answer (least memory), flagged; the H100 covers it
     tight = GPUSpec("tight", "Tight 24GB", 25_445_000_000, "given")
     sc = make_scenario(gpus=(tight, get_gpu("h100-sxm")))
     run = toy_run(sc)
@@ -75,7 +75,7 @@ def test_a_margin_within_the_uncertainty_is_flagged_with_the_command_and_the_saf
     assert page["answer"] == "Tight 24GB with bf16-mixed adamw."
     assert page["uncertainty"].endswith("The margin is within it: verify by measuring. The best choice whose margin "
                                         "covers it: H100 SXM5 80GB (H100 80GB HBM3) with bf16-mixed adamw (margin "
-                                        "53.6 GiB against +5.0 GiB).")
+                                        "53.6 GiB against +6.9 GiB).")
     (v,) = page["verify"]
     assert v["gpu"] == "Tight 24GB" and v["why"].startswith("margin 1.0 GiB, within")
     assert v["command"] == ("nnmem-sweep measure configs/toy.yaml --point batch=8 --point seq_len=4096 --point "
@@ -136,14 +136,18 @@ def test_llama_page_answers_its_target(shipped):
     changes = ((target[C.PRECISION] != "bf16-mixed").astype(int) + (target[C.OPTIMIZER] != "adamw").astype(int)
                + (target[C.CHECKPOINTING] != "none").astype(int))
     fewest = changes[target[C.FITS]].min()
-    assert changes[target[C.FITS] & (target[C.GPU] == gpu.id)].min() == fewest == 2
+    # three: with the replayed reserves (0.5-32.5 % per recipe) no two-change recipe fits any GPU
+    assert changes[target[C.FITS] & (target[C.GPU] == gpu.id)].min() == fewest == 3
     smaller = [g.id for g in result.scenario.gpus if g.memory_bytes < gpu.memory_bytes]
     assert not target[target[C.FITS] & (changes == fewest) & target[C.GPU].isin(smaller)].size
-    # throughput beside its assumption; what flips it: the one GPU that misses by less than the uncertainty
+    # throughput beside its assumption; what flips it: the answer's own margin (1.4 GiB) is within what a real GPU
+    # may add (fragmentation up to 32.5 % of the peak), so it is flagged with the command and the safe choice named
     assert re.search(r"Estimated speed \(an estimate, not a measurement\): [\d,]+ tokens/s per GPU at \d+% training "
-                     r"MFU \(extrapolated: llama3-2024", text)
-    assert "Sensitivity: still fits with fragmentation +10% of the peak" in text and "at seq 16,384" in text
-    assert re.search(r"H200 SXM 141GB: short by [\d.]+ GiB, within .* Measure: nnmem-sweep measure "
+                     r"MFU \(published: llama3-2024", text)
+    assert "Sensitivity: no longer fits with fragmentation +10% of the peak" in text and "at seq 16,384" in text
+    assert re.search(r"The margin is within it: verify by measuring\. The best choice whose margin covers it: "
+                     r"Instinct MI300X with", text)
+    assert re.search(r"H200 SXM 141GB: margin [\d.]+ GiB, within .* Measure: nnmem-sweep measure "
                      r"\S*configs/llama.yaml --point batch=8 --point seq_len=8192", text)
 
 
