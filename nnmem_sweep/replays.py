@@ -20,7 +20,7 @@ A hand-modelled preset is replayed through its derived twin (the same preset pla
 are stored (`make derive` ships those of the configs/ scenarios); the twin's reserve fraction is applied to the
 hand model's peak. Not replayed: a reserve given in `overheads:` (it stands), a model without a stored traced
 sequence (fine-tuned adapters, layer lists, params models, plans not derived; components/reserve.py says why for
-each row); those keep the default, labelled "not replayed".
+each row) or a parallel layout (the traces are of one GPU's step); those keep the default, labelled "not replayed".
 """
 from __future__ import annotations
 
@@ -60,8 +60,11 @@ def boundary_rows(sc: Scenario) -> pd.DataFrame:
     recipe = [c for c in point_axes(sc) if c in mb.columns and c != C.GPU]
     fit = mb[mb[C.MAX_BATCH] > 0]
     best = fit.sort_values(C.MAX_BATCH, ascending=False, kind="stable").drop_duplicates(recipe)
-    out = best.assign(**{C.BATCH: best[C.MAX_BATCH]})[recipe + [C.GPU, C.BATCH]]
-    return out.head(MAX_ROWS).reset_index(drop=True)
+    out = best.assign(**{C.BATCH: best[C.MAX_BATCH]})[recipe + [C.GPU, C.BATCH]].head(MAX_ROWS)
+    # each row's own values, not the grid's categories (a derived plan refuses a category it does not plan even where
+    # the row does not use it)
+    cats = [c for c in out.columns if isinstance(out[c].dtype, pd.CategoricalDtype)]
+    return out.astype({c: out[c].cat.categories.dtype for c in cats}).reset_index(drop=True)
 
 
 def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int]:
@@ -129,6 +132,10 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return sc
+    if sc.parallel:  # a traced sequence is one GPU's whole step, not a rank's share of a layout
+        note = ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's rank; "
+                + DEFAULT_NOTE)
+        return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     twin = derived_twin(sc.model)
     if twin is None:
         note = f"not replayed: no traced allocation sequence of {sc.model.name} is stored; {DEFAULT_NOTE}"
@@ -149,7 +156,8 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     if not by_recipe:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
-    conf = f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf else "PyTorch's default allocator settings"
+    conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
+            else "PyTorch's default allocator settings")
     if twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "

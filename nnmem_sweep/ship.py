@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import columns as C
 from .derive import cache, shipping
 
 
@@ -30,7 +31,13 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
                     print(f"{path}: {sc.model.name} has a hand model and no derived twin to replay; nothing to "
                           "derive", file=sys.stderr)
                     continue
-                sc = dataclasses.replace(sc, model=twin)
+                # the derived path checkpoints whole layers: Megatron's selective recipe stays hand-modelled
+                ck = tuple(c for c in sc.grid[C.CHECKPOINTING] if c != "selective")
+                if not ck:
+                    print(f"{path}: only selective checkpointing, which the derived twin does not plan; nothing to "
+                          "derive", file=sys.stderr)
+                    continue
+                sc = dataclasses.replace(sc, model=twin, grid={**sc.grid, C.CHECKPOINTING: ck})
             run_scenario(sc, progress=progress)
             print(f"{path}: every plan of {sc.model.name} derived or found ({time.perf_counter() - t0:.1f} s)")
     return 0
