@@ -198,9 +198,10 @@ def _tokens_fit(budget: np.ndarray, per_token: np.ndarray, block: int | None) ->
     return budget // per_token
 
 
-@formula("max_concurrent_sequences", "⌊kv_budget / per_seq(c)⌋,  kv_budget = ⌊u · M⌋ − W/t − A − context − "
-         "workspace", VLLM_ENGINE_ARGS, where="gpu_memory_utilization: the fraction of GPU memory the engine "
-         "(weights, profiled activations, KV cache) may use")
+@formula("max_concurrent_sequences", "⌊kv_budget / per_seq(c)⌋,  kv_budget = ⌊u · M⌋ − W/t − A − non_torch(t) − "
+         "workspaces", VLLM_ENGINE_ARGS, where="gpu_memory_utilization: the fraction of GPU memory the engine "
+         "(weights, profiled activations, KV cache) may use; non_torch(t): the CUDA context and, for t > 1, the "
+         "tensor-parallel group's NCCL communicator (components/overhead.py)")
 def max_concurrency(sc: Scenario) -> pd.DataFrame:
     """max_concurrency.csv: one row per GPU, tensor_parallel, precision, kv_dtype and context. kv_tokens_fit: the
     tokens of KV cache that fit with every layer holding each of them (vLLM's "KV cache size ... tokens"); where
