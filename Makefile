@@ -51,7 +51,9 @@ truth: $(MSTAMP)
 	$(BIN)/nnmem-sweep truth --write tests/data/truth
 
 # The shipped plans of models without a hand model (nnmem_sweep/models/derived/): every measured case's and every
-# shipped scenario's that uses one, traced anew (NNMEM_SWEEP_REDERIVE=1). Minutes; run after changing derive/.
+# shipped scenario's that uses one, and the derived twins of the hand-modelled scenarios (their allocation sequences
+# give the replayed allocator reserve, replays.py), traced anew (NNMEM_SWEEP_REDERIVE=1). Minutes; run after
+# changing derive/.
 derive: $(MSTAMP)
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
