@@ -11,7 +11,10 @@ completes is found by bisection (to 1/RESOLUTION of its peak; completing is take
     f(recipe) = (least capacity that completes − peak_allocated) / peak_allocated
 
 is the reserve of every row of the recipe (`Overheads.replayed_by_recipe`); the largest of them is the reserve of
-any recipe not replayed (`Overheads.replayed_reserve_fraction`). The report says how many rows were replayed and
+any recipe not replayed (`Overheads.replayed_reserve_fraction`). A training row is replayed a second time with the
+optimizer state made before the first step (a run resumed from a checkpoint) instead of inside it (a fresh run, the
+estimate's): the two, a bisection step either side, are the recipe's band of what a real GPU may need
+(`Overheads.replayed_band_by_recipe`, report/uncertainty.py). The report says how many rows were replayed and
 the range they gave. `reserved_bytes` is therefore the memory the allocator needs for the step, not what
 max_memory_reserved() shows on a GPU with memory to spare (the unlimited replay's peak, larger).
 
@@ -93,10 +96,13 @@ def _allocator_source_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("*.py")))).hexdigest()
 
 
-def _replay_row(arch, mode: str, row: pd.DataFrame, options: AllocatorOptions) -> tuple[str, float | None]:
-    """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. The bisection
-    is kept in the user's cache (derive/cache.py), keyed by the sequence, the options and the allocator model."""
-    note, seq = row_sequence(arch, mode, row)
+def _replay_row(arch, mode: str, row: pd.DataFrame, options: AllocatorOptions,
+                lazy_state: bool = True) -> tuple[str, float | None]:
+    """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. lazy_state:
+    the optimizer state made inside the first step (a fresh run), else before it (a run resumed from a checkpoint).
+    The bisection is kept in the user's cache (derive/cache.py), keyed by the sequence, the options and the
+    allocator model."""
+    note, seq = row_sequence(arch, mode, row, lazy_state=lazy_state)
     if seq is None:
         return note, None
     key = (f"{hashlib.sha256(seq.tobytes()).hexdigest()} {options!r} {RESOLUTION} {FIRST_PROBE} "
@@ -144,6 +150,7 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     options = AllocatorOptions.from_alloc_conf(ov.allocator_conf) if ov.allocator_conf else AllocatorOptions()
     recipe = [c for c in rows.columns if c not in (C.GPU, C.BATCH)]
     by_recipe: dict[tuple[str, ...], float] = {}
+    band: dict[tuple[str, ...], tuple[float, float]] = {}
     fractions, skipped = [], []
     for i in range(len(rows)):
         note, frac = _replay_row(twin, sc.mode, rows.iloc[[i]], options)
@@ -152,7 +159,13 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
             continue
         fractions.append(frac)
         key = tuple(str(v) for v in rows.iloc[i][recipe])
-        by_recipe[key] = max(by_recipe.get(key, 0.0), max(math.ceil(frac * RESOLUTION) / RESOLUTION, 0.0))
+        by_recipe[key] = max(by_recipe.get(key, 0.0), _rounded(frac))
+        # the band: the same step with the optimizer state made before the first step (a resumed run) instead
+        resumed = _replay_row(twin, sc.mode, rows.iloc[[i]], options, lazy_state=False)[1] \
+            if sc.mode == "train" else frac
+        lo, hi = band.get(key, (1.0, 0.0))
+        band[key] = (round(min(lo, _rounded(min(frac, resumed)) - 1 / RESOLUTION, by_recipe[key]), 6),
+                     round(max(hi, _rounded(max(frac, resumed))), 6))
     if not by_recipe:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
@@ -168,4 +181,11 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
         note += f"; {len(skipped)} row(s) not replayed ({skipped[0]})"
     return dataclasses.replace(sc, overheads=dataclasses.replace(
         ov, replayed_reserve_fraction=max(by_recipe.values()), replayed_axes=tuple(recipe),
-        replayed_by_recipe=tuple(sorted(by_recipe.items())), reserve_note=note))
+        replayed_by_recipe=tuple(sorted(by_recipe.items())),
+        replayed_band_by_recipe=tuple(sorted((k, (max(lo, 0.0), hi)) for k, (lo, hi) in band.items())),
+        reserve_note=note))
+
+
+def _rounded(frac: float) -> float:
+    """Up to a multiple of 1 / RESOLUTION (the bisection's step), never below 0."""
+    return max(math.ceil(frac * RESOLUTION) / RESOLUTION, 0.0)

@@ -62,6 +62,8 @@ class Overheads:
     # per recipe (the non-batch, non-GPU axes, as text) the largest replayed fraction: ((axis, ...), ((value, ...), f))
     replayed_axes: tuple[str, ...] = ()
     replayed_by_recipe: tuple[tuple[tuple[str, ...], float], ...] = ()
+    # per recipe the (low, high) fraction its replays span (fresh and resumed runs): the uncertainty band
+    replayed_band_by_recipe: tuple[tuple[tuple[str, ...], tuple[float, float]], ...] = ()
     reserve_note: str = ""  # how the reserve in force was obtained (set by the runner after its replays)
 
     @property

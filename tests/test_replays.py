@@ -80,3 +80,19 @@ def test_the_replayed_boundary_completes_within_its_capacity(qwen3):
     capacity = int(r[C.USABLE].iloc[0] - r[C.NON_TORCH].iloc[0] - r[C.ALLOCATOR_EXTRA].iloc[0])
     assert bool(r[C.FITS].iloc[0]) and not replay(seq, capacity_bytes=capacity).oom
     assert replay(seq, capacity_bytes=int(r[C.PEAK_ALLOCATED].iloc[0])).oom  # no room for any reserve: it fails
+
+
+def test_the_uncertainty_band_of_a_replayed_recipe_spans_a_fresh_and_a_resumed_run(qwen3):
+    """The optimizer state made inside the first step (the estimate's fresh run) or before it (resumed from a
+    checkpoint) moves the reserve a step needs: the report's band for a replayed recipe is the two replays'."""
+    from nnmem_sweep.report.uncertainty import FRAGMENTATION, fragmentation_band
+
+    sc = qwen3.scenario
+    bands = dict(sc.overheads.replayed_band_by_recipe)
+    assert bands.keys() == dict(sc.overheads.replayed_by_recipe).keys()
+    for key, f in sc.overheads.replayed_by_recipe:
+        lo, hi = bands[key]
+        assert 0 <= lo <= f <= hi  # the fresh run's reserve lies in its band
+    row = qwen3.results.iloc[0]
+    key = tuple(str(row[a]) for a in sc.overheads.replayed_axes)
+    assert fragmentation_band(row, sc) == bands.get(key, FRAGMENTATION)

@@ -12,7 +12,8 @@ rest is known only within ranges; `uncertainty_bytes` is the one place that turn
                            least capacity in which a step completes in the allocator model, replays.py, over the
                            recipes of configs/llama.yaml (Llama 3.1 8B: 0.5-32.5 %), qwen3.yaml (Qwen3 8B:
                            0.5-23.5 %) and resnet50.yaml (0.5 %); full checkpointing with 8-bit AdamW or Adafactor
-                           the most) against the reserve assumed
+                           the most) against the reserve assumed; a recipe the runner replayed has its own band
+                           instead: its replays as a fresh and as a resumed run (fragmentation_band)
 
     above = Σ max(0, high − assumed)      below = Σ max(0, assumed − low)
 
@@ -68,10 +69,22 @@ def ranges(row: Mapping[str, Any], sc: Scenario) -> dict[str, tuple[int, int, in
         fixed_bytes(sc.overheads, gpu, sc.mode, _layout(row))[0]
     frag_assumed = (int(row[RESERVED]) - peak - int(row.get(C.ALLOCATOR_EXTRA, 0))) if RESERVED in row else \
         math.ceil(peak * sc.overheads.reserve_fraction)
+    lo, hi = fragmentation_band(row, sc)
     return {
         "outside": (int(context.low) + nccl, int(mem.non_torch_bytes), outside_assumed),
-        "fragmentation": (math.floor(peak * FRAGMENTATION[0]), math.ceil(peak * FRAGMENTATION[1]), frag_assumed),
+        "fragmentation": (math.floor(peak * lo), math.ceil(peak * hi), frag_assumed),
     }
+
+
+def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, float]:
+    """The reserve a real GPU may need, as fractions of the peak: the row's recipe's replays (a fresh and a resumed
+    run, replays.py) where it was replayed, else FRAGMENTATION."""
+    ov = sc.overheads
+    if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
+        band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
+        if band is not None:
+            return band
+    return FRAGMENTATION
 
 
 def uncertainty_bytes(row: Mapping[str, Any], sc: Scenario) -> tuple[int, int]:
@@ -95,8 +108,11 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     outside = (f"outside PyTorch {size(lo)}–{size(hi)} ({size(assumed)} assumed; CUDA context"
                + (f", NCCL for the {', '.join(groups)} groups)" if groups else ")"))
     f_assumed = r["fragmentation"][2] / max(int(row[C.PEAK_ALLOCATED]), 1)
-    frag = (f", fragmentation {percent(FRAGMENTATION[0])}–{percent(FRAGMENTATION[1])} of the peak "
-            f"({percent(f_assumed)} assumed)")
+    lo, hi = fragmentation_band(row, sc)
+    replayed = (lo, hi) != FRAGMENTATION
+    frag = (f", fragmentation {percent(lo)}–{percent(hi)} of the peak "
+            f"({'replayed fresh and resumed; ' if replayed else ''}{percent(f_assumed)} assumed"
+            f"{'; the allocator model is not yet checked on a GPU' if replayed else ''})")
     return outside + frag
 
 

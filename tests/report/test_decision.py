@@ -140,15 +140,14 @@ def test_llama_page_answers_its_target(shipped):
     assert changes[target[C.FITS] & (target[C.GPU] == gpu.id)].min() == fewest == 3
     smaller = [g.id for g in result.scenario.gpus if g.memory_bytes < gpu.memory_bytes]
     assert not target[target[C.FITS] & (changes == fewest) & target[C.GPU].isin(smaller)].size
-    # throughput beside its assumption; what flips it: the answer's own margin (1.4 GiB) is within what a real GPU
-    # may add (fragmentation up to 32.5 % of the peak), so it is flagged with the command and the safe choice named
+    # throughput beside its assumption; what flips it: the answer's recipe was replayed through the allocator model
+    # as a fresh and as a resumed run (2.5-3 % of the peak, 3 % assumed): its 1.4 GiB margin covers that band, and
+    # the +10 % fragmentation line says how thin it is
     assert re.search(r"Estimated speed \(an estimate, not a measurement\): [\d,]+ tokens/s per GPU at \d+% training "
                      r"MFU \(published: llama3-2024", text)
     assert "Sensitivity: no longer fits with fragmentation +10% of the peak" in text and "at seq 16,384" in text
-    assert re.search(r"The margin is within it: verify by measuring\. The best choice whose margin covers it: "
-                     r"Instinct MI300X with", text)
-    assert re.search(r"H200 SXM 141GB: margin [\d.]+ GiB, within .* Measure: nnmem-sweep measure "
-                     r"\S*configs/llama.yaml --point batch=8 --point seq_len=8192", text)
+    assert re.search(r"fragmentation [\d.]+%–[\d.]+% of the peak \(replayed fresh and resumed; 3% assumed; the "
+                     r"allocator model is not yet checked on a GPU\)\)\. The margin is larger: the verdict stands", text)
 
 
 def test_cluster_page_answers_its_global_batch(shipped):
