@@ -30,7 +30,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import math
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +45,7 @@ from . import derive
 from .components.reserve import row_sequence
 from .derive.arch import architecture_of
 from .models.resolve import ModelSpecError, resolve_model
-from .derive.cache import memo
+from .derive.cache import memo, versions
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
 from .scenario import Scenario
@@ -90,25 +93,48 @@ def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int
 
 
 @functools.cache
-def _allocator_source_digest() -> str:
-    """The allocator model's own source: a cached result is recomputed when a rule changes."""
-    folder = Path(__file__).resolve().parent / "allocator"
-    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("*.py")))).hexdigest()
+def _code_digest() -> str:
+    """The code a replay's result depends on (the allocator model, how a row's sequence is built, how events are
+    stored): a cached result is recomputed when any of it changes."""
+    root = Path(__file__).resolve().parent
+    files = sorted((root / "allocator").glob("*.py")) + [root / "components" / "reserve.py",
+                                                          root / "derive" / "events.py"]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
-def _replay_row(arch, mode: str, row: pd.DataFrame, options: AllocatorOptions,
+def _replay_row(arch, mode: str, rows: pd.DataFrame, i: int, options: AllocatorOptions,
                 lazy_state: bool = True) -> tuple[str, float | None]:
     """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. lazy_state:
     the optimizer state made inside the first step (a fresh run), else before it (a run resumed from a checkpoint).
-    The bisection is kept in the user's cache (derive/cache.py), keyed by the sequence, the options and the
-    allocator model."""
-    note, seq = row_sequence(arch, mode, row, lazy_state=lazy_state)
-    if seq is None:
-        return note, None
-    key = (f"{hashlib.sha256(seq.tobytes()).hexdigest()} {options!r} {RESOLUTION} {FIRST_PROBE} "
-           f"{_allocator_source_digest()}")
-    doc = memo("replays", key, lambda: dict(zip(("peak", "need"), least_capacity(seq, options))))
-    return note, (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
+    The bisection is kept in the user's cache (derive/cache.py), keyed by the model's source, the row, the options,
+    the installed versions and the code: a cached row costs no sequence to build."""
+    key = json.dumps([arch.derived.source.digest(), mode, dict(zip(rows.columns, map(str, _values(rows, i)))),
+                      lazy_state, repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions()])
+
+    def bisect() -> dict:
+        note, seq = row_sequence(arch, mode, rows.iloc[[i]], lazy_state=lazy_state)
+        if seq is None:  # not kept: a plan derived later has the sequence
+            raise _NoSequence(note)
+        return dict(zip(("peak", "need"), least_capacity(seq, options)), note=note)
+
+    try:
+        doc = memo("replays", key, bisect)
+    except _NoSequence as e:
+        return str(e), None
+    return doc["note"], (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
+
+
+@functools.cache
+def _versions() -> tuple:
+    return tuple(sorted(versions().items()))
+
+
+def _values(rows: pd.DataFrame, i: int) -> tuple:
+    return next(rows.iloc[i:i + 1].itertuples(index=False, name=None))
+
+
+class _NoSequence(Exception):
+    """A row without a stored traced sequence (its note as the message)."""
 
 
 def _span(values) -> str:
@@ -133,8 +159,9 @@ def derived_twin(arch, allow_deriving: bool = False):
         return None
 
 
-def with_replayed_reserve(sc: Scenario) -> Scenario:
-    """`sc` with the reserve its replays give (or a note saying why none was replayed)."""
+def with_replayed_reserve(sc: Scenario, progress: bool = False) -> Scenario:
+    """`sc` with the reserve its replays give (or a note saying why none was replayed). progress: a line on stderr
+    while replays not yet in the cache take more than a second."""
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return sc
@@ -152,20 +179,26 @@ def with_replayed_reserve(sc: Scenario) -> Scenario:
     by_recipe: dict[tuple[str, ...], float] = {}
     band: dict[tuple[str, ...], tuple[float, float]] = {}
     fractions, skipped = [], []
+    start = time.perf_counter()
     for i in range(len(rows)):
-        note, frac = _replay_row(twin, sc.mode, rows.iloc[[i]], options)
+        if progress and time.perf_counter() - start > 1.0:
+            print(f"\rnnmem-sweep: replaying the allocator model: {i:,}/{len(rows):,} recipes (cached afterwards)",
+                  end="", file=sys.stderr, flush=True)
+        note, frac = _replay_row(twin, sc.mode, rows, i, options)
         if frac is None:
             skipped.append(note)
             continue
         fractions.append(frac)
-        key = tuple(str(v) for v in rows.iloc[i][recipe])
+        key = tuple(str(v) for v, c in zip(_values(rows, i), rows.columns) if c in recipe)
         by_recipe[key] = max(by_recipe.get(key, 0.0), _rounded(frac))
         # the band: the same step with the optimizer state made before the first step (a resumed run) instead
-        resumed = _replay_row(twin, sc.mode, rows.iloc[[i]], options, lazy_state=False)[1] \
+        resumed = _replay_row(twin, sc.mode, rows, i, options, lazy_state=False)[1] \
             if sc.mode == "train" else frac
         lo, hi = band.get(key, (1.0, 0.0))
         band[key] = (round(min(lo, _rounded(min(frac, resumed)) - 1 / RESOLUTION, by_recipe[key]), 6),
                      round(max(hi, _rounded(max(frac, resumed))), 6))
+    if progress and time.perf_counter() - start > 1.0:
+        print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
     if not by_recipe:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))

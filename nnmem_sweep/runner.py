@@ -58,7 +58,7 @@ def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False)
     """The grid, max batch and plans of `sc`, with the allocator reserve its replays give (replays.py): the
     RunResult's scenario is that one."""
     start = time.perf_counter()
-    sc = with_replayed_reserve(sc)
+    sc = with_replayed_reserve(sc, progress)
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
     logits = serving.sweep_prefill_logits(sc)
