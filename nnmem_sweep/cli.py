@@ -84,15 +84,25 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimate import estimate_point, format_breakdown
+    from .estimate import estimate_point, format_breakdown, resolve_gpu_name, resolve_model_name
+    from .replays import point_reserve
+    from .scenario import Overheads
 
-    row = estimate_point(
-        model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
-        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
-        attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
-        zero_grad=args.zero_grad,
-    )
+    def point(overheads: Overheads | None = None):
+        return estimate_point(
+            model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
+            optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
+            attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
+            zero_grad=args.zero_grad, overheads=overheads)
+
+    row = point()  # checks every argument first
+    fraction, note = point_reserve(resolve_model_name(args.model), args.mode, row)
+    if fraction is not None:  # the allocator reserve this point's own replay needs, as `run` takes it
+        row = point(Overheads(gpus=(resolve_gpu_name(args.gpu),), replayed_reserve_fraction=fraction))
     print(format_breakdown(row))
+    print(f"allocator reserve: {fraction:.1%} of the peak, the least capacity in which this point's own allocation "
+          f"sequence completes in the caching-allocator model ({note})" if fraction is not None else
+          f"allocator reserve: 5% of the peak assumed ({note})")
     return 0
 
 

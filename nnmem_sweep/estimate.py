@@ -85,7 +85,7 @@ _OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.HOST_FIT
 
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`
 
-def _resolve_model(model: str | Architecture) -> Architecture:
+def resolve_model_name(model: str | Architecture) -> Architecture:
     """--model: a preset id or Hugging Face id, a config.json, or a model folder holding one."""
     if isinstance(model, Architecture):
         return model
@@ -104,7 +104,7 @@ def _resolve_model(model: str | Architecture) -> Architecture:
         raise UsageError(f"--model {model}: {e}") from None
 
 
-def _resolve_gpu(gpu: str | GPUSpec) -> GPUSpec:
+def resolve_gpu_name(gpu: str | GPUSpec) -> GPUSpec:
     if isinstance(gpu, GPUSpec):
         return gpu
     try:
@@ -128,8 +128,8 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
     None leaves the optional axis out (set_to_none); "zeros" keeps the gradients between steps."""
     if mode not in names.MODES:
         raise UsageError(f"unknown mode {mode!r}; use train or infer")
-    arch = _resolve_model(model)
-    spec = _resolve_gpu(gpu)
+    arch = resolve_model_name(model)
+    spec = resolve_gpu_name(gpu)
     get_precision(precision)
     if mode == "infer":
         optimizer, optimizer_impl = names.OPTIMIZER_NONE, names.OPTIMIZER_NONE

@@ -133,6 +133,19 @@ def _values(rows: pd.DataFrame, i: int) -> tuple:
     return next(rows.iloc[i:i + 1].itertuples(index=False, name=None))
 
 
+def point_reserve(arch, mode: str, row: pd.Series) -> tuple[float | None, str]:
+    """The reserve one point (an `estimate_point` row) needs as a fresh run, replayed like a scenario's recipe;
+    (None, why) where no traced sequence is stored."""
+    twin = derived_twin(arch)
+    if twin is None:
+        return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
+    axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD) if a in row.index]
+    note, frac = _replay_row(twin, mode, pd.DataFrame([row[axes].to_dict()]), 0, AllocatorOptions())
+    if frac is None:
+        return None, note
+    return _rounded(frac), note
+
+
 class _NoSequence(Exception):
     """A row without a stored traced sequence (its note as the message)."""
 

@@ -96,3 +96,16 @@ def test_the_uncertainty_band_of_a_replayed_recipe_spans_a_fresh_and_a_resumed_r
     row = qwen3.results.iloc[0]
     key = tuple(str(row[a]) for a in sc.overheads.replayed_axes)
     assert fragmentation_band(row, sc) == bands.get(key, FRAGMENTATION)
+
+
+def test_estimate_replays_its_own_point():
+    """`nnmem-sweep estimate` takes the reserve its point's replay needs, as `run` does per recipe."""
+    from nnmem_sweep.estimate import estimate_point
+    from nnmem_sweep.models.presets import load_preset
+    from nnmem_sweep.replays import point_reserve
+
+    row = estimate_point(model="llama-3.1-8b", batch=4, seq_len=4096, precision="bf16", optimizer="adamw",
+                         gpu="h100-sxm")
+    fraction, note = point_reserve(load_preset("llama-3.1-8b"), "train", row)
+    assert fraction is not None and 0 < fraction < 0.4 and note.startswith("replayed ")
+    assert point_reserve(load_scenario("configs/cnn.yaml").model, "train", row)[0] is None

@@ -467,10 +467,10 @@ def test_full_recomputation_default_is_below_the_plain_default_everywhere():
 
 def _derived(pid: str) -> Architecture:
     from nnmem_sweep.derive import stored_only
-    from nnmem_sweep.estimate import _resolve_model
+    from nnmem_sweep.estimate import resolve_model_name
 
     with stored_only():  # the shipped card: no torch needed
-        return _resolve_model(pid)
+        return resolve_model_name(pid)
 
 
 @pytest.mark.parametrize("pid, low, high, source", [
