@@ -1,8 +1,7 @@
 """Benchmark: the caching-allocator replay of configs/qwen3.yaml's boundary rows (components/reserve.py).
 
-Runs the scenario (its shipped plans: no torch work), takes every max-batch cell's boundary batch (the largest
-batch that fits, batch 1 where none does) and the scenario's target, one row per distinct recipe and shape (the
-replay does not depend on the GPU), and replays each through the allocator model. Prints the rows, the events
+Takes the rows `nnmem-sweep run` replays (replays.boundary_rows: per recipe its largest batch that fits, from the
+shipped plans: no torch work) and replays each once through the allocator model with memory to spare. Prints the rows, the events
 per step and per replay, the seconds per replay and in all, the reserve ratios (peak reserved / peak allocated),
 and PASS/FAIL against a limit on the seconds per replay.
 
@@ -27,22 +26,6 @@ LIMIT_S = 5.0  # per replayed row
 FIRST_LIMIT_S, AGAIN_LIMIT_S = 30.0, 3.0  # `nnmem-sweep run` with an empty cache, and again
 
 
-def boundary_rows(sc, result) -> pd.DataFrame:
-    """The max-batch cells' boundary batches and the target, one row per distinct recipe and shape."""
-    from nnmem_sweep import columns as C
-
-    mb = result.max_batch
-    axes = [a for a in C.GRID_AXES if a in mb.columns and a != C.BATCH]
-    rows = mb[axes].copy()
-    rows[C.BATCH] = mb[C.MAX_BATCH].clip(lower=1).astype("int64")
-    target = result.results
-    for k, v in (sc.target or {}).items():
-        if k in target.columns:
-            target = target[target[k] == v]
-    rows = pd.concat([rows, target[[*axes, C.BATCH]]], ignore_index=True)
-    return rows.drop_duplicates(ignore_index=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "qwen3.yaml"))
@@ -51,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from nnmem_sweep.components.reserve import replayed_reserve
     from nnmem_sweep.config import load_scenario
-    from nnmem_sweep.runner import run_scenario
+    from nnmem_sweep.replays import boundary_rows
 
     sc = load_scenario(args.config)
-    rows = boundary_rows(sc, run_scenario(sc))
+    rows = boundary_rows(sc)  # the rows `run` replays: per recipe its largest batch that fits
     t0 = time.perf_counter()
     out = replayed_reserve(sc.model, sc.mode, rows)
     seconds = time.perf_counter() - t0
@@ -66,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = out.ratio()[done]
     per = seconds / len(rows)
     ok = per < args.limit
-    print(f"bench_replay: {len(rows)} boundary/target rows of {Path(args.config).name}, {n} replayed; "
+    print(f"bench_replay: {len(rows)} boundary rows of {Path(args.config).name}, {n} replayed; "
           f"{int(out.events[done].min()):,}-{int(out.events[done].max()):,} events per replay; "
           f"{per:.2f} s per replay, {seconds:.1f} s in all (limit {args.limit:g} s per replay); "
           f"peak reserved / peak allocated {ratio.min():.3f}-{ratio.max():.3f} (median {pd.Series(ratio).median():.3f})"

@@ -88,16 +88,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from .replays import point_reserve
     from .scenario import Overheads
 
+    arch = resolve_model_name(args.model)  # a UsageError for an unknown model, as estimate_point would say it
+
     def point(overheads: Overheads | None = None):
         return estimate_point(
-            model=args.model, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
+            model=arch, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
             optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
             attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
             zero_grad=args.zero_grad, overheads=overheads)
 
-    row = point()  # checks every argument first
-    fraction, note = point_reserve(resolve_model_name(args.model), args.mode, row)
-    if fraction is not None:  # the allocator reserve this point's own replay needs, as `run` takes it
+    row = point()  # checks every other argument first
+    fraction, note = point_reserve(arch, args.mode, row)
+    if fraction is not None:  # the allocator reserve this point's own replay needs, as `run` takes it per recipe
         row = point(Overheads(gpus=(resolve_gpu_name(args.gpu),), replayed_reserve_fraction=fraction))
     print(format_breakdown(row))
     print(f"allocator reserve: {fraction:.1%} of the peak, the least capacity in which this point's own allocation "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import citations, serving  # noqa: F401  (serving: registers)
+from . import citations, replays, serving  # noqa: F401  (replays, serving: register)
 from .catalog import optimizers, precisions  # noqa: F401  (register)
 from .components import (activations, cpu_kernels, derived, finetune, kv, optimizer, overhead, reserve,  # noqa: F401
                          weights)
@@ -21,7 +21,7 @@ from .throughput import defaults, flops, inference, training  # noqa: F401  (reg
 # allocator/__init__ exports a function named `replay`, so its module is imported by name
 replay = importlib.import_module(".allocator.replay", __package__)
 
-REGISTERING_MODULES = (serving, optimizers, precisions, activations, cpu_kernels, derived, derive_events, finetune, kv,
+REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derive_events, finetune, kv,
                        optimizer, overhead, reserve, weights, count, layers, parallel_activations, parallel_states,
                        replay, rules, defaults, flops, inference, training)
 

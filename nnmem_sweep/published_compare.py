@@ -24,7 +24,7 @@ from . import columns as C
 from .allocator.rules import allocation_size, round_size
 from .catalog.gpus import get_gpu
 from .components.overhead import fixed_bytes
-from .components.runtime import cuda_context_bytes, nccl_bytes, parse_runtime, runtime_memory
+from .components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
 from .config import parse_scenario_text
 from .published import Measurement, load_published
 from .scenario import GPUSpec, Scenario
@@ -109,10 +109,8 @@ def _h200_allocatable() -> int:
 def _nccl_non_torch(all_to_all: bool) -> int:
     """8 x H100 (SXM taken: one node of eight), outside PyTorch: the context and one communicator over the 8 ranks;
     after the first all_to_all_single also the all-to-all connections (expert_parallel's extra term)."""
-    gpu = get_gpu("h100-sxm")
-    if all_to_all:
-        return runtime_memory({}, {"expert_parallel": 8}, gpu).non_torch_bytes
-    return _context({}, "h100-sxm") + sum(i.bytes for i in nccl_bytes({"data_parallel": 8}, gpu.architecture))
+    group = "expert_parallel" if all_to_all else "data_parallel"  # an all-to-all group adds its connections
+    return runtime_memory({}, {group: 8}, get_gpu("h100-sxm")).non_torch_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +136,7 @@ ESTIMATORS: dict[tuple[str, str], Estimator] = {
     ("ml-engineering-h200-allocatable.json", "total-capacity"): Estimator(
         lambda: get_gpu("h200").memory_bytes, "catalog h200 memory_bytes", "gpus.json h200 torch_total"),
     ("nccl-issue1685-alltoall.json", "before"): Estimator(
-        lambda: _nccl_non_torch(False), "cuda_context_bytes(lazy, hopper) + nccl_bytes({data_parallel: 8})"),
+        lambda: _nccl_non_torch(False), "runtime_memory({}, {data_parallel: 8}, h100-sxm).non_torch_bytes"),
     ("nccl-issue1685-alltoall.json", "after"): Estimator(
         lambda: _nccl_non_torch(True), "runtime_memory({}, {expert_parallel: 8}, h100-sxm).non_torch_bytes",
         "runtime.json nccl nccl-1685-alltoall (after − before)"),

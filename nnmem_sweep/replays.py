@@ -41,6 +41,8 @@ import pandas as pd
 
 from . import columns as C
 from .allocator import AllocatorOptions, replay
+from .allocator.rules import TORCH_ALLOCATOR
+from .citations import formula
 from . import derive
 from .components.reserve import row_sequence
 from .derive.arch import architecture_of
@@ -73,6 +75,11 @@ def boundary_rows(sc: Scenario) -> pd.DataFrame:
     return out.astype({c: out[c].cat.categories.dtype for c in cats}).reset_index(drop=True)
 
 
+@formula("replayed_reserve_fraction", "(C_min − P) / P, C_min = the least capacity within which the step's "
+         "allocation sequence completes in the caching-allocator model (bisection to P / 200)", TORCH_ALLOCATOR,
+         where="DeviceCachingAllocator::malloc: on a failed cudaMalloc, release_cached_blocks and retry",
+         note="P: the sequence's peak of live bytes (the estimate's peak_allocated_bytes); per recipe at its largest "
+         "batch that fits, as a fresh run (optimizer state made in the first step)")
 def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int]:
     """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak). The
     first probe is FIRST_PROBE steps above the peak (most recipes need less); else the bracket reaches up to the
@@ -102,17 +109,18 @@ def _code_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
-def _replay_row(arch, mode: str, rows: pd.DataFrame, i: int, options: AllocatorOptions,
+def _replay_row(arch, mode: str, row: dict, options: AllocatorOptions,
                 lazy_state: bool = True) -> tuple[str, float | None]:
-    """(note, the reserve fraction the row needs) of one row; None where it has no traced sequence. lazy_state:
+    """(note, the reserve fraction the row needs) of one row ({axis: value}); None where it has no traced
+    sequence. lazy_state:
     the optimizer state made inside the first step (a fresh run), else before it (a run resumed from a checkpoint).
     The bisection is kept in the user's cache (derive/cache.py), keyed by the model's source, the row, the options,
     the installed versions and the code: a cached row costs no sequence to build."""
-    key = json.dumps([arch.derived.source.digest(), mode, dict(zip(rows.columns, map(str, _values(rows, i)))),
+    key = json.dumps([arch.derived.source.digest(), mode, {c: str(v) for c, v in row.items()},
                       lazy_state, repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions()])
 
     def bisect() -> dict:
-        note, seq = row_sequence(arch, mode, rows.iloc[[i]], lazy_state=lazy_state)
+        note, seq = row_sequence(arch, mode, pd.DataFrame([row]), lazy_state=lazy_state)
         if seq is None:  # not kept: a plan derived later has the sequence
             raise _NoSequence(note)
         return dict(zip(("peak", "need"), least_capacity(seq, options)), note=note)
@@ -129,10 +137,6 @@ def _versions() -> tuple:
     return tuple(sorted(versions().items()))
 
 
-def _values(rows: pd.DataFrame, i: int) -> tuple:
-    return next(rows.iloc[i:i + 1].itertuples(index=False, name=None))
-
-
 def point_reserve(arch, mode: str, row: pd.Series) -> tuple[float | None, str]:
     """The reserve one point (an `estimate_point` row) needs as a fresh run, replayed like a scenario's recipe;
     (None, why) where no traced sequence is stored."""
@@ -140,7 +144,7 @@ def point_reserve(arch, mode: str, row: pd.Series) -> tuple[float | None, str]:
     if twin is None:
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
     axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD) if a in row.index]
-    note, frac = _replay_row(twin, mode, pd.DataFrame([row[axes].to_dict()]), 0, AllocatorOptions())
+    note, frac = _replay_row(twin, mode, row[axes].to_dict(), AllocatorOptions())
     if frac is None:
         return None, note
     return _rounded(frac), note
@@ -189,30 +193,25 @@ def with_replayed_reserve(sc: Scenario, progress: bool = False) -> Scenario:
     rows = boundary_rows(sc)
     options = AllocatorOptions.from_alloc_conf(ov.allocator_conf) if ov.allocator_conf else AllocatorOptions()
     recipe = [c for c in rows.columns if c not in (C.GPU, C.BATCH)]
-    by_recipe: dict[tuple[str, ...], float] = {}
-    band: dict[tuple[str, ...], tuple[float, float]] = {}
-    fractions, skipped = [], []
+    replayed: list[tuple[tuple[str, ...], float, float, float]] = []  # boundary_rows gives one row per recipe
+    skipped = []
     start = time.perf_counter()
-    for i in range(len(rows)):
+    for i, row in enumerate(rows.to_dict("records")):
         if progress and time.perf_counter() - start > 1.0:
             print(f"\rnnmem-sweep: replaying the allocator model: {i:,}/{len(rows):,} recipes (cached afterwards)",
                   end="", file=sys.stderr, flush=True)
-        note, frac = _replay_row(twin, sc.mode, rows, i, options)
-        if frac is None:
+        note, fresh = _replay_row(twin, sc.mode, row, options)
+        if fresh is None:
             skipped.append(note)
             continue
-        fractions.append(frac)
-        key = tuple(str(v) for v, c in zip(_values(rows, i), rows.columns) if c in recipe)
-        by_recipe[key] = max(by_recipe.get(key, 0.0), _rounded(frac))
         # the band: the same step with the optimizer state made before the first step (a resumed run) instead
-        resumed = _replay_row(twin, sc.mode, rows, i, options, lazy_state=False)[1] \
-            if sc.mode == "train" else frac
-        lo, hi = band.get(key, (1.0, 0.0))
-        band[key] = (round(min(lo, _rounded(min(frac, resumed)) - 1 / RESOLUTION, by_recipe[key]), 6),
-                     round(max(hi, _rounded(max(frac, resumed))), 6))
+        resumed = _replay_row(twin, sc.mode, row, options, lazy_state=False)[1] if sc.mode == "train" else fresh
+        low = max(_rounded(min(fresh, resumed)) - 1 / RESOLUTION, 0.0)
+        replayed.append((tuple(str(row[c]) for c in recipe), _rounded(fresh), round(low, 6),
+                         _rounded(max(fresh, resumed))))
     if progress and time.perf_counter() - start > 1.0:
         print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
-    if not by_recipe:
+    if not replayed:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
@@ -221,15 +220,14 @@ def with_replayed_reserve(sc: Scenario, progress: bool = False) -> Scenario:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
             f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
-            f"{len(fractions)} rows where the verdict is decided (per recipe the largest batch that fits): "
-            f"{_span(by_recipe.values())} of the peak; each recipe takes its own, a recipe not replayed the largest")
+            f"{len(replayed)} rows where the verdict is decided (per recipe the largest batch that fits): "
+            f"{_span([f for _, f, _, _ in replayed])} of the peak; each recipe takes its own, a recipe not replayed "
+            "the largest")
     if skipped:
         note += f"; {len(skipped)} row(s) not replayed ({skipped[0]})"
     return dataclasses.replace(sc, overheads=dataclasses.replace(
-        ov, replayed_reserve_fraction=max(by_recipe.values()), replayed_axes=tuple(recipe),
-        replayed_by_recipe=tuple(sorted(by_recipe.items())),
-        replayed_band_by_recipe=tuple(sorted((k, (max(lo, 0.0), hi)) for k, (lo, hi) in band.items())),
-        reserve_note=note))
+        ov, replayed_reserve_fraction=max(f for _, f, _, _ in replayed), replayed_axes=tuple(recipe),
+        replayed_recipes=tuple(sorted(replayed)), reserve_note=note))
 
 
 def _rounded(frac: float) -> float:

@@ -59,12 +59,20 @@ class Overheads:
     gpus: tuple["GPUSpec", ...] = ()  # the scenario's GPUs: their generation decides the modelled figures
     allocator_conf: str = ""  # the `allocator:` block as PYTORCH_CUDA_ALLOC_CONF text ("" = PyTorch's defaults)
     replayed_reserve_fraction: float | None = None  # the largest of the runner's replays (replays.py); None = none
-    # per recipe (the non-batch, non-GPU axes, as text) the largest replayed fraction: ((axis, ...), ((value, ...), f))
+    # per recipe (the values of replayed_axes, as text): (its reserve, the low and high of the band its replays span)
     replayed_axes: tuple[str, ...] = ()
-    replayed_by_recipe: tuple[tuple[tuple[str, ...], float], ...] = ()
-    # per recipe the (low, high) fraction its replays span (fresh and resumed runs): the uncertainty band
-    replayed_band_by_recipe: tuple[tuple[tuple[str, ...], tuple[float, float]], ...] = ()
+    replayed_recipes: tuple[tuple[tuple[str, ...], float, float, float], ...] = ()
     reserve_note: str = ""  # how the reserve in force was obtained (set by the runner after its replays)
+
+    @property
+    def replayed_by_recipe(self) -> tuple[tuple[tuple[str, ...], float], ...]:
+        """(recipe, reserve fraction) of every replayed recipe."""
+        return tuple((key, f) for key, f, _, _ in self.replayed_recipes)
+
+    @property
+    def replayed_band_by_recipe(self) -> tuple[tuple[tuple[str, ...], tuple[float, float]], ...]:
+        """(recipe, (low, high)): the fractions a replayed recipe's fresh and resumed runs span."""
+        return tuple((key, (lo, hi)) for key, _, lo, hi in self.replayed_recipes)
 
     @property
     def reserve_fraction(self) -> float:

@@ -29,7 +29,7 @@ from . import columns as C
 from .catalog import names
 from .catalog.precisions import get_precision
 from .citations import formula
-from .components.overhead import fixed_bytes
+from .components.overhead import fixed_bytes, gpu_spec
 from .components.kv import (KV_ELEMENT_BYTES, KV_SCALE_BYTES_PER_HEAD_TOKEN, VLLM_ENGINE_ARGS, cache_layers,
                             kv_bytes_per_sequence, kv_bytes_per_token_by_window)
 from .components.weights import param_summary, weights_bytes
@@ -167,8 +167,8 @@ def engine_fixed_bytes(sc: Scenario, gpu_id: str, tensor_parallel: int) -> int:
     """What an engine's profile finds besides weights and activations on one GPU: memory outside the allocator
     (context, the tensor-parallel group's NCCL communicator) and the library workspaces inside it
     (components/overhead.py; the scenario's `overheads:` override them)."""
-    gpu = next((g for g in sc.gpus if g.id == str(gpu_id)), None)
-    outside, inside = fixed_bytes(sc.overheads, gpu, "infer", {C.TENSOR_PARALLEL: int(tensor_parallel)})
+    outside, inside = fixed_bytes(sc.overheads, gpu_spec(sc.overheads, str(gpu_id)), "infer",
+                                  {C.TENSOR_PARALLEL: int(tensor_parallel)})
     return outside + inside
 
 

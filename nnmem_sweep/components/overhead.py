@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import columns as C
+from ..catalog.gpus import get_gpu
 from ..citations import formula, source
 from ..scenario import GPUSpec, Overheads
 from .runtime import LAYOUT_KEYS, RuntimeMemory, runtime_memory
@@ -47,10 +48,11 @@ class RowOverheads:
         return self.allocator_extra + self.non_torch
 
 
-def _gpu_spec(ov: Overheads, gpu_id: str) -> GPUSpec | None:
+def gpu_spec(ov: Overheads, gpu_id: str) -> GPUSpec | None:
+    """The scenario's GPU of that id, else the catalog's (a frame built by hand may name one the scenario does
+    not), else None (a GPU of unknown generation)."""
     spec = next((g for g in ov.gpus if g.id == gpu_id), None)
     if spec is None:
-        from ..catalog.gpus import get_gpu  # a frame built by hand may name a catalog GPU the scenario does not
         try:
             spec = get_gpu(gpu_id)
         except ValueError:
@@ -104,7 +106,7 @@ def row_overheads(ov: Overheads, frame: pd.DataFrame, mode: str) -> RowOverheads
     inside = np.empty(len(uniq), dtype=np.int64)
     for i, key in enumerate(uniq):
         gpu_id = gpu_ids[key[0]]
-        spec = None if gpu_id is None else _gpu_spec(ov, str(gpu_id))
+        spec = None if gpu_id is None else gpu_spec(ov, str(gpu_id))
         outside[i], inside[i] = fixed_bytes(ov, spec, mode, dict(zip(dims, (int(v) for v in key[1:]))))
     inverse = inverse.reshape(-1)
     return RowOverheads(outside[inverse], inside[inverse], f)

@@ -7,8 +7,8 @@
   workspaces (allocated with CUDACachingAllocator since torch 2.0) and cuDNN's convolution workspaces.
 
 `runtime_memory()` returns both with an itemised list (what, bytes, place, source, assumption) for a runtime
-description such as {cuda: "12.4", torch: "2.6", lazy_loading: true} and a parallel layout. Nothing here is wired
-into the estimate yet: the flat `overheads` stay in force until the lead integrates this.
+description such as {cuda: "12.4", torch: "2.6", lazy_loading: true} and a parallel layout; components/overhead.py
+turns it into the estimate's per-row columns.
 """
 from __future__ import annotations
 

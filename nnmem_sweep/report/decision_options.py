@@ -33,7 +33,6 @@ from ..grid import add_gpu_columns, axes_of, product_frame
 from ..scenario import GPUSpec, Scenario
 from ..serving import engine_fixed_bytes, options as serving_options_of, sweep_prefill_logits, weights_per_gpu_bytes
 from .points import axis_values, gpu_order, layout_text, reference_point, select
-from .uncertainty import RESERVED
 
 MAX_DECISION_ROWS = 200_000  # points estimated for the question; a larger grid is judged on the recipe asked only
 FRAGMENTATION_SENSITIVITY = 0.10  # the "still fits with fragmentation +10 %" line
@@ -213,7 +212,7 @@ def serving_options(sc: Scenario, q: Question, plan: pd.DataFrame) -> list[Optio
         row = {C.GPU: g.id, C.TENSOR_PARALLEL: t, C.PRECISION: prec, C.KV_DTYPE: str(r[C.KV_DTYPE]),
                C.CONTEXT: int(r[C.CONTEXT]), C.BATCH: n, C.SEQ_LEN: int(asked[C.SEQ_LEN]),
                C.DECODE_TOKENS: int(asked.get(C.DECODE_TOKENS) or 0), C.PEAK_ALLOCATED: pieces,
-               RESERVED: pieces}  # the plan assumes no fragmentation: reserved = allocated
+               C.RESERVED: pieces}  # the plan assumes no fragmentation: reserved = allocated
         changed = [f"{a.replace('_', ' ')} {row[a]}" for a in (C.PRECISION, C.KV_DTYPE, C.TENSOR_PARALLEL)
                    if str(row[a]) != str(asked[a])]
         out.append(Option(

@@ -38,8 +38,6 @@ from .format import percent, size
 # capacity to complete) over every recipe of configs/llama.yaml, qwen3.yaml and resnet50.yaml; the first, unlimited
 # replays of shared/ALLOCATOR.md (BERT-large) gave 0.8-9 %. No GPU has checked the allocator model yet.
 FRAGMENTATION = (0.005, 0.325)
-NON_TORCH = C.NON_TORCH
-RESERVED = C.RESERVED
 _LAYOUT = (C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL)
 
 
@@ -65,9 +63,9 @@ def ranges(row: Mapping[str, Any], sc: Scenario) -> dict[str, tuple[int, int, in
     mem = runtime_memory(rt, _layout(row), gpu, sc.mode)
     nccl = mem.non_torch_bytes - context.bytes
     # what the estimate assumed: the row's own columns, or (a plan row without them) what the estimator would take
-    outside_assumed = int(row[NON_TORCH]) if NON_TORCH in row else \
+    outside_assumed = int(row[C.NON_TORCH]) if C.NON_TORCH in row else \
         fixed_bytes(sc.overheads, gpu, sc.mode, _layout(row))[0]
-    frag_assumed = (int(row[RESERVED]) - peak - int(row.get(C.ALLOCATOR_EXTRA, 0))) if RESERVED in row else \
+    frag_assumed = (int(row[C.RESERVED]) - peak - int(row.get(C.ALLOCATOR_EXTRA, 0))) if C.RESERVED in row else \
         math.ceil(peak * sc.overheads.reserve_fraction)
     lo, hi = fragmentation_band(row, sc)
     return {
