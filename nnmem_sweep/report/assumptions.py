@@ -223,13 +223,15 @@ def runtime_assumptions(sc: Scenario) -> list[str]:
     if o.cuda_context_bytes is None or o.cublas_workspace_bytes is None:
         given = ", ".join(f"{k} {v}" for k, v in o.runtime) or "nothing stated: torch >= 2.0 assumed"
         items.append(f"Runtime: {given}. Modelled per GPU from public measurements (catalog/runtime.json):")
-        seen: dict[str, list[str]] = {}
-        for g in gpu_order(sc):
-            lines = [line for line in modelled(o, g, sc.mode, has_convolutions=has_convolutions(sc.model)).lines()
-                     if (o.cuda_context_bytes is None or "context" not in line)
-                     and (o.cublas_workspace_bytes is None or "workspace" not in line)]
-            seen.setdefault("; ".join(lines), []).append(g.name)
-        items += [f"{', '.join(names)}: {lines}" for lines, names in seen.items() if lines]
+        gpus = gpu_order(sc)
+        seen: dict[str, list[str]] = {}  # each item once, with the GPUs it holds for
+        for g in gpus:
+            for line in modelled(o, g, sc.mode, has_convolutions=has_convolutions(sc.model)).lines():
+                if (o.cuda_context_bytes is None or "context" not in line) and \
+                        (o.cublas_workspace_bytes is None or "workspace" not in line):
+                    seen.setdefault(line, []).append(g.name)
+        items += [f"{'Every GPU' if len(names) == len(gpus) else ', '.join(names)}: {line}"
+                  for line, names in seen.items()]
         if o.cuda_context_bytes is None and (sc.parallel or (sc.mode == "infer" and any(
                 int(t) > 1 for t in (sc.serving or {}).get("tensor_parallel", ())))):
             nccl = nccl_bytes({"tensor_parallel": 2})[0]
