@@ -10,7 +10,7 @@ TORCH   ?= torch==2.14.1 torchvision==0.29.1
 STAMP   := $(VENV)/.install-stamp
 MSTAMP  := $(VENV)/.install-stamp-measure
 
-.PHONY: install install-measure test run report bench truth derive accuracy validate clean
+.PHONY: install install-measure test run report bench truth derive accuracy validate gpu-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -57,10 +57,21 @@ truth: $(MSTAMP)
 derive: $(MSTAMP)
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points validation/gpu.yaml --ship
 
-# Measured vs estimated on every committed case.
+# Measured vs estimated on every committed case, and on every committed real-GPU run (validation/gpu/).
 accuracy: $(STAMP)
 	$(BIN)/nnmem-sweep accuracy
+
+# The GPU kit (README, "Checking on a real GPU"): validation/gpu.yaml's points measured on the GPU at hand, into
+# validation/gpu/<gpu>/<date>/ (GPU_OUT=DIR elsewhere), within BUDGET seconds. Needs only torch, transformers, peft
+# and pyyaml: the venv's python when there is one, else the machine's python3 (a CUDA image), nothing installed.
+# DRY=1: every point at a tiny size on the CPU (checks the kit, not memory; make test runs it too).
+KITPY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+BUDGET  ?= 420
+gpu-check:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit validation/gpu.yaml --budget $(BUDGET) \
+		$(if $(DRY),--dry-run) $(if $(GPU_OUT),--out $(GPU_OUT))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -123,7 +123,7 @@ def attention_for_estimate(case: dict[str, Any]) -> str:
     return case["inputs"].get("attention", "flash")
 
 
-def _frame(case: dict[str, Any]) -> pd.DataFrame:
+def case_frame(case: dict[str, Any]) -> pd.DataFrame:
     i = case["inputs"]
     infer = i["mode"] == "infer"
     return pd.DataFrame({
@@ -157,7 +157,7 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
     (`derived`: planned from the model's own code even where a hand model exists)."""
     arch = architecture_of(case, derived)
     i = case["inputs"]
-    frame = _frame(case)
+    frame = case_frame(case)
     device = device_for_estimate(case)
     comps = estimate_components(arch, i["mode"], frame, device=device)
     host = host_step_bytes(arch, i) if str(case.get("device") or "cpu").startswith("cpu") else 0

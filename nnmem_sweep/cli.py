@@ -120,14 +120,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from .config import load_scenario
-    from .measure import measure_scenario_cli
+    from .measure import measure_scenario_cli, require_device
     from .outputs import OutputSet
 
     load_scenario(args.config)  # a bad scenario is refused before any folder is touched
+    require_device(args.device)  # and so is a device that is not there
     # its own folder by default: a measurement is a set of its own and must not replace the report's set
     out = Path(args.out) if args.out else _default_out(args.config, "-measured")
     with OutputSet(out, command="measure", config_path=args.config) as s:
-        rc = measure_scenario_cli(args.config, s.folder, points=args.point, limit=args.limit)
+        rc = measure_scenario_cli(args.config, s.folder, points=args.point, limit=args.limit, device=args.device,
+                                  bisect=not args.no_bisect)
     for path in s.paths:
         print(path)
     return rc
@@ -140,10 +142,14 @@ def cmd_truth(args: argparse.Namespace) -> int:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from .ship import derive_preset_cards, derive_scenarios, derive_truth
+    from .ship import derive_gpu_points, derive_preset_cards, derive_scenarios, derive_truth
 
     if args.presets:
         derive_preset_cards(args.ship)
+    if args.gpu_points:
+        derive_gpu_points(args.gpu_points, args.ship)
+        if not (args.truth or args.configs):
+            return 0
     if args.truth:
         return derive_truth(args.truth, args.ship, only=args.only)
     if args.presets and not args.configs:
@@ -157,8 +163,11 @@ def cmd_derive(args: argparse.Namespace) -> int:
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     from .accuracy import accuracy_cli
+    from .gpu_compare import summary_lines
 
-    return accuracy_cli(Path(args.truth))
+    rc = accuracy_cli(Path(args.truth))
+    print("\n" + "\n".join(summary_lines()))
+    return rc
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -282,14 +291,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_estimate)
 
     s = sub.add_parser("measure", help="measure real PyTorch allocations for a scenario's points (needs [measure])",
-                       description="Build the model with torch/transformers (random init, no download) and track "
-                       "a training step or inference request with MemTracker under FakeTensorMode.")
+                       description="Build the model with torch/transformers (random init, no download) and measure "
+                       "two training steps or one inference request: --device cpu tracks them with MemTracker under "
+                       "FakeTensorMode (no memory used, any size); --device cuda runs them on the GPU and records "
+                       "max_memory_allocated/reserved, the memory outside PyTorch, the least capacity in which the "
+                       "step completes (bisecting the allocator's cap), tokens/s and one allocator snapshot per "
+                       "point, each beside the estimate for that GPU; --device cpu-real runs the same real steps "
+                       "on the CPU (small models).")
     s.add_argument("config", metavar="CONFIG")
     s.add_argument("--out", metavar="DIR",
                    help="output folder (default reports/<config stem>-measured/, its own set, beside the report's)")
     s.add_argument("--point", action="append", default=[], metavar="AXIS=VALUE",
                    help="keep only grid points with AXIS=VALUE (repeatable)")
     s.add_argument("--limit", type=int, default=50, help="measure at most N points (default 50)")
+    s.add_argument("--device", choices=("cpu", "cpu-real", "cuda"), default="cpu",
+                   help="cpu: FakeTensorMode (default); cuda: real steps on the GPU; cpu-real: real CPU tensors")
+    s.add_argument("--no-bisect", action="store_true",
+                   help="--device cuda: skip the least-capacity bisection (a fresh run per probe)")
     s.set_defaults(fn=cmd_measure)
 
     s = sub.add_parser("truth", help="regenerate the committed measured cases (needs [measure])",
@@ -305,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("configs", nargs="*", help="scenario files")
     s.add_argument("--truth", metavar="DIR", help="the plans of every measured case in DIR instead")
     s.add_argument("--presets", action="store_true", help="the model card of every preset without a hand model")
+    s.add_argument("--gpu-points", metavar="FILE",
+                   help="the plans the GPU kit's points (validation/gpu.yaml) are estimated with")
     s.add_argument("--only", nargs="*", metavar="CASE", help="with --truth: only these case ids")
     s.add_argument("--ship", action="store_true", help="also write the plans into nnmem_sweep/models/derived/")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")

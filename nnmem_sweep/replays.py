@@ -137,14 +137,18 @@ def _versions() -> tuple:
     return tuple(sorted(versions().items()))
 
 
-def point_reserve(arch, mode: str, row: pd.Series) -> tuple[float | None, str]:
-    """The reserve one point (an `estimate_point` row) needs as a fresh run, replayed like a scenario's recipe;
-    (None, why) where no traced sequence is stored."""
-    twin = derived_twin(arch)
+def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allow_deriving: bool = False,
+                  alloc_conf: str = "") -> tuple[float | None, str]:
+    """The reserve one point (an `estimate_point` row) needs as a fresh run (or, lazy_state=False, as a run
+    resumed from a checkpoint), replayed like a scenario's recipe under `alloc_conf` (PYTORCH_CUDA_ALLOC_CONF text;
+    "" the defaults); (None, why) where no traced sequence is stored (allow_deriving: a hand-modelled preset's
+    twin is derived when it is not)."""
+    twin = derived_twin(arch, allow_deriving)
     if twin is None:
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
     axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD) if a in row.index]
-    note, frac = _replay_row(twin, mode, row[axes].to_dict(), AllocatorOptions())
+    options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
+    note, frac = _replay_row(twin, mode, row[axes].to_dict(), options, lazy_state)
     if frac is None:
         return None, note
     return _rounded(frac), note

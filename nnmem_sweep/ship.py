@@ -91,6 +91,30 @@ def derive_preset_cards(ship: bool) -> int:
     return 0
 
 
+def derive_gpu_points(points_path: str | Path, ship: bool) -> int:
+    """The plans the GPU kit's points are estimated with (gpu_compare.py): each point's own, and for a
+    hand-modelled preset its derived twin's (the allocation sequence its replayed reserve comes from)."""
+    from .catalog.gpus import get_gpu
+    from .gpu_compare import estimate_beside
+    from .gpu_points import case_of, load_points
+    from .workload.build import case_config
+
+    gpu = get_gpu("h100-sxm")  # the plans do not depend on the GPU; the reserve's replay is of the sequence
+    with shipping(cache.SHIPPED) if ship else _nothing():
+        for p in load_points(Path(points_path)):
+            t0 = time.perf_counter()
+            case = case_of(p)
+            rec = {"id": p["id"], "case": case, "hf_config": case_config(case)[0], "resume": p.get("resume", False),
+                   "point": p}
+            try:
+                est = estimate_beside(rec, gpu, (), allow_deriving=True)
+            except Exception as e:  # noqa: BLE001 - report the point and go on with the others
+                print(f"{p['id']}: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            print(f"{p['id']}: reserve {est['reserve_note'][:80]} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0
+
+
 class _nothing:
     def __enter__(self):
         return None

@@ -29,9 +29,23 @@ def regenerate_truth(out_dir: Path, only: list[str]) -> int:
     return regenerate(Path(out_dir), list(only or []))
 
 
-def measure_scenario_cli(config_path: str, out_dir: Path, points: list[str], limit: int) -> int:
-    """Measure a scenario's grid points (filtered by AXIS=VALUE) and write out_dir/measured.csv."""
+def require_device(device: str) -> None:
+    """A one-line UsageError where `device` is "cuda" and torch sees no CUDA device."""
     require_torch()
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"measure --device cuda: no CUDA device is visible to torch {torch.__version__} "
+                         f"(CUDA build: {torch.version.cuda or 'none'}); run it on the GPU, or use --device cpu "
+                         "(FakeTensorMode) or cpu-real (real CPU tensors, small models)")
+
+
+def measure_scenario_cli(config_path: str, out_dir: Path, points: list[str], limit: int, device: str = "cpu",
+                         bisect: bool = True) -> int:
+    """Measure a scenario's grid points (filtered by AXIS=VALUE) and write out_dir/measured.csv."""
+    require_device(device)
     from .scenario_points import measure_scenario
 
-    return measure_scenario(config_path, Path(out_dir), list(points or []), int(limit))
+    return measure_scenario(config_path, Path(out_dir), list(points or []), int(limit), device, bisect)

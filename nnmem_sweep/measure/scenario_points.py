@@ -91,16 +91,23 @@ def select_points(frame: pd.DataFrame, filters: dict[str, str], limit: int) -> p
     return points.head(max(int(limit), 0)).reset_index(drop=True)
 
 
-def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: int) -> int:
+DEVICES = ("cpu", "cpu-real", "cuda")  # FakeTensorMode on the CPU | real CPU tensors (the GPU path's twin) | a GPU
+
+
+def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: int, device: str = "cpu",
+                     bisect: bool = True) -> int:
+    """Measure the scenario's selected points and write out_dir/measured.csv, the estimate beside each figure.
+    device "cpu": PyTorch's MemTracker under FakeTensorMode (no memory, any size); "cuda": real steps on the GPU
+    (measure/real.py: allocated, reserved, outside PyTorch, least capacity, tokens/s, one snapshot per point);
+    "cpu-real": the same real steps on the CPU (small models; what `make test` runs in place of a GPU)."""
     from ..config import load_scenario
     from ..grid import expand_grid
-    from .build import measure_case
-
-    from ..runner import estimate_frame
 
     sc = load_scenario(config_path)
     spec = model_spec(sc)
     selected = select_points(expand_grid(sc), parse_points(points), limit)
+    real = "cuda" if device == "cuda" else "cpu"
+    where = None if device == "cpu" else _where(sc, real)
     rows = []
     for n, point in enumerate(selected.to_dict("records"), 1):
         row: dict[str, Any] = {C.MODEL: sc.model.name, C.MODE: sc.mode, **point}
@@ -115,24 +122,78 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
                 "optimizer_impl": row[C.OPTIMIZER_IMPL], "checkpointing": row[C.CHECKPOINTING],
                 "attention": row[C.ATTENTION], "decode_tokens": row[C.DECODE_TOKENS],
                 **({"zero_grad": row[C.ZERO_GRAD]} if C.ZERO_GRAD in row else {})}
+        tag = f"[{n}/{len(selected)}]"
         t0 = time.perf_counter()
         try:
-            m = measure_case(case, fake=True)
+            if device == "cpu":
+                row.update(_fake(case))
+            else:
+                row.update(device_figures(sc, case, row, real, where, out_dir, n, bisect,
+                                          say=lambda line: print(f"{tag} {line}", file=sys.stderr, flush=True)))
         except Exception as e:  # noqa: BLE001 - one point PyTorch cannot run must not lose the others
             rows.append({**row, STATUS: f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"})
             continue
-        row.update({MEASURED_PEAK: m["peak_bytes"], MEASURED_PHASE: m["peak_phase"],
-                    MEASURED_MODULE: m["peak_module"], KERNEL: m["attention_kernel"], STATUS: "measured"})
-        for cat in CATEGORIES:
-            row[category_column(cat)] = m["categories_at_peak"][cat]
         rows.append(row)
-        print(f"[{n}/{len(selected)}] {m['peak_bytes']:,} B at {m['peak_phase']} "
+        print(f"{tag} {row.get(MEASURED_PEAK, row.get(DEVICE_ALLOCATED)):,} B peak allocated "
               f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
-    df = _with_estimate(df, sc, estimate_frame)
-    out = Path(out_dir) / "measured.csv"
-    atomic_write_text(out, df.to_csv(index=False))
+    if device == "cpu":
+        from ..runner import estimate_frame
+
+        df = _with_estimate(df, sc, estimate_frame)
+    atomic_write_text(Path(out_dir) / "measured.csv", df.to_csv(index=False))
     return 0
+
+
+def _fake(case: dict[str, Any]) -> dict[str, Any]:
+    """MemTracker's figures of one point under FakeTensorMode."""
+    from .build import measure_case
+
+    m = measure_case(case, fake=True)
+    out = {MEASURED_PEAK: m["peak_bytes"], MEASURED_PHASE: m["peak_phase"], MEASURED_MODULE: m["peak_module"],
+           KERNEL: m["attention_kernel"], STATUS: "measured"}
+    out.update({category_column(cat): m["categories_at_peak"][cat] for cat in CATEGORIES})
+    return out
+
+
+# the columns of a real run (--device cuda or cpu-real), beside the estimate's (gpu_compare.FIGURES)
+DEVICE_ALLOCATED = "measured_max_allocated_bytes"
+DEVICE_COLUMNS = {"max_allocated": DEVICE_ALLOCATED, "max_reserved": "measured_max_reserved_bytes",
+                  "least_capacity": "measured_least_capacity_bytes", "outside_bytes": "measured_outside_bytes"}
+
+
+def _where(sc, device: str):  # noqa: ANN001
+    """(the GPU the estimate is made for, the runtime block) of a real run: the device at hand, its mem_get_info
+    total and its CUDA and torch releases; on the CPU twin, the scenario's first GPU."""
+    from .. import gpu_compare as G
+    from .kit import environment
+
+    env = environment(device)
+    return (G.gpu_of(env) if device == "cuda" else sc.gpus[0]), G.runtime_of(env)
+
+
+def device_figures(sc, case: dict[str, Any], row: dict[str, Any], device: str, where, out_dir: Path,  # noqa: ANN001
+                   n: int, bisect: bool, say) -> dict[str, Any]:  # noqa: ANN001
+    """One point run for real on `device`, its figures and the estimate's beside them (printed as they come)."""
+    from .. import gpu_compare as G
+    from .real import measure_point
+
+    snap = Path(out_dir) / f"snapshot-{n}.pickle" if device == "cuda" else None
+    rec = measure_point(case, device, bisect=bisect and case["mode"] == "train", snapshot=snap, say=say)
+    out: dict[str, Any] = {col: rec.get(key) for key, col in DEVICE_COLUMNS.items()}
+    out.update({f"tokens_per_s_{k}": v for k, v in (rec.get("tokens_per_s") or {}).items()})
+    out["snapshot"] = rec.get("snapshot", "")
+    out[STATUS] = "measured"
+    gpu, runtime = where
+    frame = pd.DataFrame([{a: row[a] for a in point_axes(pd.DataFrame([row]))}])
+    est = G.estimate_on(sc.model, sc.mode, frame, gpu, runtime, device=device)
+    out.update({k: v for k, v in est.items() if k.startswith("estimated_") or k == "reserve_fraction"})
+    err = G.errors({**{k: rec.get(k) for k in DEVICE_COLUMNS}, **est})
+    for label, m, e in G.FIGURES:
+        if rec.get(m) is not None:
+            say(f"{label}: {rec[m]:,} B measured, {est[e]:,} B estimated ({err[f'{m}_error']:+.1%})")
+    out.update(err)
+    return out
 
 
 def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noqa: ANN001

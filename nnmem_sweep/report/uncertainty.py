@@ -115,8 +115,9 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
 
 
 def measure_command(config_path: str, sc: Scenario, point: Mapping[str, Any]) -> str:
-    """`nnmem-sweep measure CONFIG --point AXIS=VALUE ...` for one grid point: batch, sequence length and every axis
-    the scenario varies (the others are the scenario's own single values)."""
+    """`nnmem-sweep measure CONFIG --device cuda --point AXIS=VALUE ...` for one grid point: batch, sequence length
+    and every axis the scenario varies (the others are the scenario's own single values). Run on the GPU itself, it
+    measures the point for real (measure/real.py: allocated, reserved, outside PyTorch, the least capacity)."""
     axes = [C.BATCH, C.SEQ_LEN] + [a for a in C.NON_BATCH_AXES if a != C.SEQ_LEN and len(sc.grid.get(a, ())) > 1]
     points = " ".join(f"--point {a}={point[a]}" for a in axes if a in point and point[a] is not None)
-    return f"nnmem-sweep measure {config_path} {points}".strip()
+    return f"nnmem-sweep measure {config_path} --device cuda {points}".strip()

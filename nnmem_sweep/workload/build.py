@@ -158,8 +158,18 @@ def build_hf_model(cfg: dict[str, Any], attention: str, checkpointing: str, trai
     model = construct(lambda: cls._from_config(config, attn_implementation="sdpa" if attention == "flash" else "eager",
                                                dtype=torch.get_default_dtype()))
     if checkpointing == "full" and train:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Full activation checkpointing, non-reentrant, as the installed transformers spells it:
+    activation_checkpointing_enable (5.24) or gradient_checkpointing_enable (the older name: 5.17, the release a
+    GPU image may hold, has only this one)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @contextlib.contextmanager

@@ -84,10 +84,16 @@ class Phases(Protocol):
     # package tells cache storages from the rest with it)
 
 
-def _autocast(dtype: torch.dtype | None):
+def device_type(model: torch.nn.Module) -> str:
+    """The device type the model's parameters live on ("cpu" under FakeTensorMode, "cuda" on a GPU)."""
+    p = next(model.parameters(), None)
+    return "cpu" if p is None else p.device.type
+
+
+def _autocast(dtype: torch.dtype | None, device: str):
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=dtype)
+    return torch.autocast(device, dtype=dtype)
 
 
 def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
@@ -102,7 +108,7 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
         w.model.train()
         for step in range(1, w.steps + 1):
             with rec.phase("forward", step):
-                with _autocast(w.autocast_dtype):
+                with _autocast(w.autocast_dtype, device_type(w.model)):
                     if w.loss_fn is not None:
                         loss = w.loss_fn(w.model, w.inputs)
                     else:
@@ -171,8 +177,9 @@ def _run_infer(w: Workload, rec: Phases) -> dict[str, int]:
             saw = getattr(rec, "saw_cache", lambda cache: None)
             with rec.phase("prefill", 1):
                 encoded = w.model.get_encoder()(**w.inputs)
-                start = torch.full((w.inputs["input_ids"].shape[0], 1), int(w.model.config.decoder_start_token_id),
-                                   dtype=torch.long)
+                ids = w.inputs["input_ids"]
+                start = torch.full((ids.shape[0], 1), int(w.model.config.decoder_start_token_id), dtype=torch.long,
+                                   device=ids.device)
                 token = _generate_step(lambda: w.model(encoder_outputs=encoded, decoder_input_ids=start,
                                                        past_key_values=cache, use_cache=True))
                 saw(cache)

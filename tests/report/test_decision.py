@@ -78,9 +78,9 @@ def test_a_margin_within_the_uncertainty_is_flagged_with_the_command_and_the_saf
                                         "53.6 GiB against +6.9 GiB).")
     (v,) = page["verify"]
     assert v["gpu"] == "Tight 24GB" and v["why"].startswith("margin 1.0 GiB, within")
-    assert v["command"] == ("nnmem-sweep measure configs/toy.yaml --point batch=8 --point seq_len=4096 --point "
-                            "precision=bf16-mixed --point optimizer=adamw --point checkpointing=none (on the GPU "
-                            "itself)")
+    assert v["command"] == ("nnmem-sweep measure configs/toy.yaml --device cuda --point batch=8 --point seq_len=4096 "
+                            "--point precision=bf16-mixed --point optimizer=adamw --point checkpointing=none (on the "
+                            "GPU itself)")
     assert page["table"]["rows"][0]["class"] == "answer flag"
     assert page["table"]["rows"][0]["cells"][1] == "fits; verify by measuring"
 

@@ -1,0 +1,193 @@
+"""Real-GPU measurements beside the estimate: the kit's committed runs (validation/gpu/<gpu>/<date>/, written by
+`make gpu-check`) and `nnmem-sweep measure --device cuda`. No torch needed.
+
+Per point, what the GPU measured and what the estimate says for the same configuration on that GPU (its
+mem_get_info total, its generation, the CUDA and torch releases that ran):
+  - peak allocated: max_memory_allocated over the measured steps vs peak_allocated_bytes + the library
+    workspaces (cuBLAS's go through the caching allocator: max_memory_allocated counts them);
+  - least capacity: the least allocator cap in which the step completed (a bisection of
+    set_per_process_memory_fraction) vs reserved_bytes (peak + workspaces + the replayed reserve of that point,
+    fresh or resumed as the point ran: replays.point_reserve);
+  - outside PyTorch: mem_get_info's used minus memory_reserved vs non_torch_bytes (the CUDA context);
+  - max_memory_reserved with memory to spare, shown beside (what nvidia-smi users see, not what a step needs).
+Errors are (estimate − measured) / measured: negative is an under-prediction, the out-of-memory a plan exists to
+prevent.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import columns as C
+from .accuracy import architecture_of, case_frame
+from .catalog.gpus import list_gpus
+from .derive import stored_only
+from .estimate import estimate_frame
+from .replays import derived_twin, point_reserve
+from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads
+from .units import format_bytes
+
+VALIDATION = Path("validation/gpu")
+FIGURES = (  # (label, measured key, estimated key)
+    ("peak allocated", "max_allocated", "estimated_allocated"),
+    ("least capacity", "least_capacity", "estimated_reserved"),
+    ("outside PyTorch", "outside_bytes", "estimated_non_torch"),
+)
+
+
+def runs(root: Path = VALIDATION) -> list[Path]:
+    """Every committed kit run: the folders holding a results.jsonl, oldest first."""
+    return sorted(p.parent for p in Path(root).glob("*/*/results.jsonl"))
+
+
+def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(env, records) of one run; the last record of a point wins (a rerun appends)."""
+    folder = Path(folder)
+    env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
+    by_id: dict[str, dict[str, Any]] = {}
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            by_id[rec["id"]] = rec
+    return env, list(by_id.values())
+
+
+def gpu_of(env: dict[str, Any]) -> GPUSpec:
+    """The catalog GPU the run's device is (same compute capability; the most words of the device's name, e.g.
+    "NVIDIA H100 80GB HBM3" is the SXM5 part; then the closest capacity), with the capacity the run saw
+    (mem_get_info's total) in place of the catalog's."""
+    total = int(env.get("mem_get_info_total") or 0)
+    cc = str(env.get("compute_capability") or "")
+    words = set(re.findall(r"[a-z0-9]+", str(env.get("gpu") or "").lower())) - {"nvidia", "amd"}
+    same = [g for g in list_gpus() if g.compute_capability == cc] or list_gpus()
+    best = min(same, key=lambda g: (-len(words & set(re.findall(r"[a-z0-9]+", g.name.lower()))),
+                                    abs((g.torch_total_bytes or g.device_total_bytes or g.memory_bytes) - total)))
+    return dataclasses.replace(best, memory_bytes=total or best.memory_bytes,
+                               source=f"measured: torch.cuda.mem_get_info() total on {env.get('gpu', best.name)}")
+
+
+def runtime_of(env: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The `runtime:` block of the run: its CUDA and torch releases."""
+    out = []
+    if env.get("cuda"):
+        out.append(("cuda", str(env["cuda"])))
+    if env.get("torch"):
+        out.append(("torch", str(env["torch"]).split("+")[0]))
+    return tuple(out)
+
+
+def estimate_on(arch, mode: str, frame: pd.DataFrame, gpu: GPUSpec, runtime: tuple[tuple[str, Any], ...] = (),
+                resumed: bool = False, device: str = "cuda", allow_deriving: bool = False,
+                alloc_conf: str = "") -> dict[str, Any]:
+    """The estimate of one measured point (a one-row frame of the grid axes) on `gpu`: allocated (peak +
+    workspaces), reserved with the point's own replayed reserve (fresh, or resumed from a checkpoint), non-torch,
+    and how the reserve was had (replayed under `alloc_conf`, PYTORCH_CUDA_ALLOC_CONF). device="cpu" (the CPU twin
+    of a GPU run): the CPU's kernels, nothing outside or beside the tensors (no context, workspaces, allocator)."""
+    frame = frame.assign(**{C.GPU: gpu.id, C.GPU_MEMORY: gpu.memory_bytes})
+    host = {"cuda_context_bytes": 0, "cublas_workspace_bytes": 0, "allocator_reserve_fraction": 0.0} \
+        if device == "cpu" else {}
+    ov = Overheads(gpus=(gpu,), runtime=runtime, **host)
+    row = estimate_frame(arch, mode, frame, ov, DEFAULT_HEADROOM, device=device).iloc[0]
+    twin = derived_twin(arch, allow_deriving=True) if (allow_deriving and device == "cuda") else None
+    if twin is not None and twin is not arch:
+        estimate_frame(twin, mode, frame, ov, DEFAULT_HEADROOM)  # derives the twin's plan: its allocation sequence
+    frac, note = (None, "the CPU has no caching allocator") if device == "cpu" else \
+        point_reserve(arch, mode, row, lazy_state=not resumed, allow_deriving=allow_deriving, alloc_conf=alloc_conf)
+    if frac is not None:
+        ov = dataclasses.replace(ov, replayed_reserve_fraction=frac)
+        row = estimate_frame(arch, mode, frame, ov, DEFAULT_HEADROOM).iloc[0]
+    return {"estimated_allocated": int(row[C.PEAK_ALLOCATED]) + int(row[C.ALLOCATOR_EXTRA]),
+            "estimated_peak_allocated": int(row[C.PEAK_ALLOCATED]),
+            "estimated_reserved": int(row[C.RESERVED]), "estimated_non_torch": int(row[C.NON_TORCH]),
+            "estimated_phase": str(row[C.PEAK_PHASE]), "reserve_fraction": frac,
+            "reserve_note": note if frac is not None or device == "cpu" else f"5 % default ({note})"}
+
+
+def estimate_beside(rec: dict[str, Any], gpu: GPUSpec, runtime: tuple[tuple[str, Any], ...],
+                    allow_deriving: bool = False) -> dict[str, Any]:
+    """estimate_on for a kit record: its case as the truth catalog's cases are estimated (accuracy.py)."""
+    case = {"case_id": rec["id"], "inputs": rec["case"], "hf_config": rec.get("hf_config") or {}}
+    return estimate_on(architecture_of(case), rec["case"]["mode"], case_frame(case), gpu, runtime,
+                       resumed=bool(rec.get("resume")), allow_deriving=allow_deriving,
+                       alloc_conf=str((rec.get("point") or {}).get("allocator") or ""))
+
+
+def errors(row: dict[str, Any]) -> dict[str, float]:
+    """(estimate − measured) / measured of each of FIGURES that has both sides."""
+    out = {}
+    for _, m, e in FIGURES:
+        mv, ev = row.get(m), row.get(e)
+        out[f"{m}_error"] = (ev - mv) / mv if (mv and ev is not None) else float("nan")
+    return out
+
+
+def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.DataFrame]:
+    """(env, one row per point: measured and estimated figures, errors). Derived plans come from the caches and
+    the shipped plans unless `trace` (then a missing one is traced: minutes)."""
+    env, records = load_run(folder)
+    gpu = gpu_of(env)
+    runtime = runtime_of(env)
+    rows = []
+    for rec in records:
+        row: dict[str, Any] = {"point": rec["id"], "why": rec.get("why", "")}
+        if "error" in rec:
+            rows.append({**row, "status": rec["error"]})
+            continue
+        row.update({k: rec.get(k) for k in ("max_allocated", "max_reserved", "least_capacity", "outside_bytes")})
+        row["tokens_per_s"] = rec.get("tokens_per_s") or {}
+        try:
+            with contextlib.nullcontext() if trace else stored_only():
+                row.update(estimate_beside(rec, gpu, runtime, allow_deriving=trace))
+            row["status"] = "measured"
+        except Exception as e:  # noqa: BLE001 - a point the estimator cannot take must not hide the others
+            row["status"] = f"measured; not estimated: {str(e).splitlines()[0][:200]}"
+        row.update(errors(row))
+        rows.append(row)
+    return env, pd.DataFrame(rows)
+
+
+def _cell(v: Any, unit: str = "GiB") -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "–"
+    return format_bytes(int(v), unit, 2)
+
+
+def _err(v: Any) -> str:
+    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:+.1%}"
+
+
+def format_comparison(env: dict[str, Any], df: pd.DataFrame) -> str:
+    """A Markdown table: per point the measured figure, the estimate and the error, for each of FIGURES."""
+    head = (f"{env.get('gpu', '?')} ({env.get('nvidia_smi', '')}); torch {env.get('torch')}, transformers "
+            f"{env.get('transformers')}, peft {env.get('peft')}, CUDA {env.get('cuda')}; {env.get('date', '')}; "
+            f"commit {str(env.get('commit') or '?')[:10]}")
+    lines = [head, "", "| point | peak allocated: GPU / estimate | least capacity: GPU / estimate | outside PyTorch "
+             "(MiB): GPU / estimate | max reserved (GPU, memory to spare) | status |", "|---|---|---|---|---|---|"]
+    for r in df.to_dict("records"):
+        cells = []
+        for _, m, e in FIGURES:
+            unit = "MiB" if m == "outside_bytes" else "GiB"
+            cells.append(f"{_cell(r.get(m), unit)} / {_cell(r.get(e), unit)} ({_err(r.get(f'{m}_error'))})")
+        lines.append(f"| {r['point']} | " + " | ".join(cells) + f" | {_cell(r.get('max_reserved'))} | "
+                     f"{r.get('status', '')} |")
+    return "\n".join(lines)
+
+
+def summary_lines(root: Path = VALIDATION, trace: bool = False) -> list[str]:
+    """Every committed run's comparison, for `make accuracy`; a line saying there is none yet otherwise."""
+    found = runs(root)
+    if not found:
+        return [f"real-GPU runs ({root}/): none committed yet; run `make gpu-check` on a GPU (README, 'Checking on "
+                "a real GPU')"]
+    out = []
+    for folder in found:
+        env, df = compare_run(folder, trace)
+        out += [f"real-GPU run {folder}:", format_comparison(env, df), ""]
+    return out

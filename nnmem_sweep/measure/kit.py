@@ -1,0 +1,239 @@
+"""The GPU kit (`make gpu-check`): a shipped list of points (validation/gpu.yaml) measured on the GPU at hand with
+real tensors (measure/real.py), each chosen to test a claim of the estimate that no GPU had confirmed.
+
+    python -m nnmem_sweep.measure.kit [POINTS.yaml] [--out DIR] [--budget SECONDS] [--only ID ...] [--dry-run]
+
+It needs only what a CUDA image holds (torch, transformers, peft, numpy, pandas, pyyaml): no jsonschema, weasyprint
+or bitsandbytes, no network, nothing installed (PYTHONPATH=. is enough). It prints its progress and writes as it
+goes, so a stopped run keeps every point it finished:
+  OUT/env.json         the GPU, driver, CUDA, torch, transformers and peft versions, the commit, the date
+  OUT/results.jsonl    one line per point, appended (and synced) when the point ends: the point as written, the
+                       figures of real.measure_point, the seconds it took
+  OUT/snapshots.zip    one allocator snapshot per point (torch.cuda.memory._dump_snapshot, no stack traces)
+OUT defaults to validation/gpu/<gpu>/<date>/. A point with an `allocator:` setting (PYTORCH_CUDA_ALLOC_CONF, read
+when CUDA starts) runs in a child process of its own. The points run in the file's order until --budget seconds
+have passed; the rest are listed as not run. The comparison with the estimate is made afterwards, on any machine,
+by `make accuracy` (gpu_compare.py).
+
+--dry-run runs every point on the CPU at a tiny size (2 layers, width 64; images of 32x32; batch 2, sequence 32)
+with the host meter: it checks the kit, not memory (`make test` runs it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ..gpu_points import DEFAULT_POINTS, KitError, case_of, load_points
+
+# the dry run's widths: set always, and where the config has the key
+TINY_HF = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "vocab_size": 512}
+TINY_IF_PRESENT = {"num_key_value_heads": 2, "head_dim": 16, "max_window_layers": 2}
+
+
+def tiny(case: dict[str, Any]) -> dict[str, Any]:
+    """The dry run's case: the same model family and recipe at a size a CPU runs in a second."""
+    from ..workload.build import model_config
+
+    out = dict(case, batch=2)
+    if "module" in case:
+        return dict(out, input_shape=[case["input_shape"][0], 32, 32])
+    cfg, _ = model_config(case)
+    out.pop("model", None)
+    out["hf_config"] = {**cfg, **TINY_HF, **{k: v for k, v in TINY_IF_PRESENT.items() if k in cfg}}
+    out["seq_len"] = 32 if case.get("seq_len") else 0
+    out["decode_tokens"] = min(int(case.get("decode_tokens") or 0), 2)
+    return out
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__, "cuda": torch.version.cuda, "device": device,
+                           "host": platform.machine(), "cpus": os.cpu_count(),
+                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                           "commit": _git_commit()}
+    try:
+        import peft
+
+        env["peft"] = peft.__version__
+    except ImportError:
+        env["peft"] = None
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        env.update({"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}",
+                    "total_memory": int(p.total_memory), "mem_get_info_total": int(torch.cuda.mem_get_info()[1]),
+                    "multiprocessors": p.multi_processor_count, "nvidia_smi": _nvidia_smi()})
+    return env
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nvidia_smi() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:  # the figures stand without it
+        return f"unavailable: {e}"
+
+
+def gpu_folder(env: dict[str, Any]) -> Path:
+    from ..paths import safe_stem
+
+    name = safe_stem(str(env.get("gpu") or env["device"]).lower().replace(" ", "-"))
+    return Path("validation/gpu") / name / env["date"][:10]
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _add_to_zip(zpath: Path, name: str, src: Path) -> None:
+    """Add `src` as `name` to the zip by writing a new one beside it and renaming: a stop leaves the old one."""
+    fd, tmp = tempfile.mkstemp(prefix=".snapshots.", suffix=".zip", dir=zpath.parent)
+    os.close(fd)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        if zpath.exists():
+            with zipfile.ZipFile(zpath) as old:
+                for item in old.infolist():
+                    if item.filename != name:
+                        out.writestr(item, old.read(item.filename))
+        out.write(src, name)
+    os.replace(tmp, zpath)
+
+
+def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dry: bool,
+              say) -> dict[str, Any]:  # noqa: ANN001
+    """Measure one point here (this process); its record."""
+    from ..workload.build import case_config
+    from .real import measure_point
+
+    case = case_of(point)
+    run_case = tiny(case) if dry else case
+    rec: dict[str, Any] = {"id": point["id"], "why": point.get("why", ""), "point": point, "case": run_case,
+                           "hf_config": case_config(run_case)[0]}
+    t0 = time.monotonic()
+    snap = None if (dry or device != "cuda") else Path(tempfile.mkdtemp(prefix="nnmem-snap-")) / f"{point['id']}.pickle"
+    try:
+        rec.update(measure_point(run_case, device, resume=bool(point.get("resume")),
+                                 bisect=bool(point.get("bisect", True)) and case["mode"] == "train",
+                                 timing_steps=int(point.get("timing_steps", 1 if dry else 2)),
+                                 resolution=0.05 if dry else 0.005, snapshot=snap, deadline=deadline, say=say))
+    except Exception as e:  # noqa: BLE001 - one point the device cannot run must not lose the others
+        rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    rec["seconds"] = round(time.monotonic() - t0, 1)
+    if snap is not None and snap.exists():
+        _add_to_zip(out / "snapshots.zip", snap.name, snap)
+        snap.unlink()
+    return rec
+
+
+def _child(point: dict[str, Any], args: argparse.Namespace, out: Path, left: float) -> None:
+    """Run one point in a child process with its allocator setting (read once, when CUDA starts)."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=str(point["allocator"]))
+    cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(args.points), "--out", str(out), "--only",
+           point["id"], "--budget", str(max(int(left), 1)), "--child"] + (["--dry-run"] if args.dry_run else [])
+    subprocess.run(cmd, env=env, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nnmem_sweep.measure.kit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("points", nargs="?", type=Path, default=DEFAULT_POINTS, help="the points file (validation/gpu.yaml)")
+    ap.add_argument("--out", type=Path, help="output folder (default validation/gpu/<gpu>/<date>/)")
+    ap.add_argument("--budget", type=float, default=420, help="seconds for the whole kit (default 420)")
+    ap.add_argument("--only", nargs="*", default=[], help="run only these point ids")
+    ap.add_argument("--dry-run", action="store_true", help="tiny models on the CPU: checks the kit, not memory")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    try:
+        points = load_points(args.points)
+    except KitError as e:
+        print(f"gpu-check: {e}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.only) - {p["id"] for p in points})
+    if unknown:
+        print(f"gpu-check: --only {', '.join(unknown)}: no such point in {args.points}", file=sys.stderr)
+        return 2
+    import torch
+
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA device is visible to torch {torch.__version__} (CUDA build: "
+              f"{torch.version.cuda or 'none'}); `make gpu-check DRY=1` checks the kit on the CPU", file=sys.stderr)
+        return 2
+    env = environment(device)
+    out = args.out or (gpu_folder(env) if not args.dry_run else Path(tempfile.mkdtemp(prefix="gpu-check-dry-")))
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = start + args.budget
+    if args.child:
+        env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else env
+        env["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    else:
+        (out / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
+        print(f"gpu-check: {env.get('gpu', 'cpu (dry run)')}, torch {env['torch']}, transformers "
+              f"{env['transformers']}, CUDA {env['cuda']}; {len(points)} points, budget {args.budget:.0f} s -> {out}",
+              flush=True)
+    todo = [p for p in points if not args.only or p["id"] in args.only]
+    for n, point in enumerate(todo, 1):
+        left = deadline - time.monotonic()
+        tag = f"[{n}/{len(todo)}] {point['id']}"
+        if left <= 0:
+            print(f"gpu-check: {tag}: not run, the budget is spent", flush=True)
+            _append(out / "results.jsonl", {"id": point["id"], "error": "not run: the budget was spent",
+                                            "point": point, "env": env})
+            continue
+        conf = str(point.get("allocator") or "")
+        if conf and os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") != conf:
+            print(f"gpu-check: {tag}: in a child process with PYTORCH_CUDA_ALLOC_CONF={conf}", flush=True)
+            _child(point, args, out, left)
+            continue
+        print(f"gpu-check: {tag}: {point.get('why', '')}", flush=True)
+        rec = run_point(point, device, out, deadline, args.dry_run,
+                        lambda line, tag=tag: print(f"gpu-check: {tag}: {line}", flush=True))
+        rec["env"] = env
+        _append(out / "results.jsonl", rec)
+        print(f"gpu-check: {tag}: {_summary(rec)} ({rec['seconds']} s; {deadline - time.monotonic():.0f} s left)",
+              flush=True)
+    if not args.child:
+        print(f"gpu-check: done in {time.monotonic() - start:.0f} s; results in {out}", flush=True)
+    return 0
+
+
+def _summary(rec: dict[str, Any]) -> str:
+    if "error" in rec:
+        return f"FAILED {rec['error']}"
+    gib = 2 ** 30
+    s = f"peak allocated {rec['max_allocated'] / gib:.2f} GiB, reserved {rec['max_reserved'] / gib:.2f} GiB"
+    if rec.get("least_capacity"):
+        s += f", least capacity {rec['least_capacity'] / gib:.2f} GiB"
+    if rec.get("outside_bytes") is not None:
+        s += f", outside PyTorch {rec['outside_bytes'] / 2 ** 20:.0f} MiB"
+    return s
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Measure one point with real tensors on a device: `nnmem-sweep measure --device cuda` and the GPU kit
+(measure/kit.py) on a GPU; the same code on the CPU (HostMeter) in `make test`.
+
+A point is a case of the truth catalog's form (workload/build.py: mode, batch, seq_len, precision, optimizer, ...).
+Its model is built on the device from its config, random init, nothing downloaded; then it runs as a training
+script does (run_steps: forward keeping the loss, backward, optimizer step, zero_grad) or as generate() does
+(prefill, then one-token decode steps), and per phase the meter keeps the peaks (meters.py). Recorded:
+  - the first `steps` training steps (2: the optimizer state is made inside the first, so the second is the
+    steady one) or the request's phases, each with max_memory_allocated / max_memory_reserved and the allocator's
+    counters; then `timing_steps` more, timed only: steady tokens per second;
+  - the memory outside PyTorch after the run (the CUDA context and the libraries' modules);
+  - the least capacity in which a fresh run's measured steps complete: a bisection of the allocator's cap
+    (set_per_process_memory_fraction), each probe a fresh build, to `resolution` of the peak; the counterpart of
+    the caching-allocator replay's least capacity (replays.least_capacity);
+  - optionally one memory snapshot of the measured run (torch.cuda.memory._dump_snapshot, the format PyTorch's
+    memory_viz reads), recorded without stack traces.
+`resume`: the optimizer state exists before the first step, as after load_state_dict from a checkpoint, instead of
+being made inside it (the replays' "resumed" run).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..workload.build import (build_model, build_optimizer, case_config, default_dtype, make_workload, model_dtype,
+                              run_contexts)
+from ..workload.steps import run_steps, storage_bytes
+from .meters import meter_for
+
+RESOLUTION = 0.005  # the bisection stops within 0.5 % of the peak, as the replays' (replays.RESOLUTION = 200)
+
+
+class OutOfTime(Exception):
+    """The deadline passed between two probes of a bisection."""
+
+
+def _optimizer_tensors(opt) -> list[torch.Tensor]:  # noqa: ANN001
+    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+def _build(case: dict[str, Any], device: str, state: dict | None):
+    """The case's model, optimizer (its state loaded when `state` is given) and workload, on `device`."""
+    cfg, _ = case_config(case)
+    train = case["mode"] == "train"
+    torch.manual_seed(0)
+    with torch.device(device), default_dtype(model_dtype(case.get("precision", "fp32"))):
+        model = build_model(case, cfg, fake=False)
+        opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
+        if opt is not None and state is not None:
+            opt.load_state_dict(state)  # each state tensor copied to its parameter's device, one after another
+        w = make_workload(case, cfg, model, opt)
+    return w
+
+
+def _checkpoint_state(case: dict[str, Any], device: str) -> dict:
+    """An optimizer state_dict as a checkpoint holds it (tensors on the host): made by one step on zero
+    gradients (torch.optim makes its state lazily inside step())."""
+    w = _build(case, device, None)
+    for p in w.model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    w.optimizer.step()
+    sd = w.optimizer.state_dict()
+    sd = {"state": {k: {n: (v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) for n, v in s.items()}
+                    for k, s in sd["state"].items()}, "param_groups": sd["param_groups"]}
+    del w
+    gc.collect()
+    return sd
+
+
+def _tokens(case: dict[str, Any]) -> tuple[int, int]:
+    """(tokens of one training step or of the prompt, tokens of one decode step)."""
+    b = int(case["batch"])
+    return b * max(int(case.get("seq_len") or 1), 1), b
+
+
+def run_once(case: dict[str, Any], meter, steps: int, state: dict | None = None) -> dict[str, Any]:  # noqa: ANN001
+    """Build the point on the meter's device and run `steps` training steps (or one request); per-phase records,
+    what was allocated before the first step, and run_steps' totals. Raises torch.OutOfMemoryError."""
+    meter.records = []
+    w = _build(case, meter.device, state)
+    w.steps = steps
+    meter.release()  # a script starts from its loaded weights, not from construction's cached blocks
+    externals = [*w.model.parameters(), *w.model.buffers(),
+                 *(v for v in w.inputs.values() if isinstance(v, torch.Tensor)),
+                 *(_optimizer_tensors(w.optimizer) if w.optimizer is not None else [])]
+    before = storage_bytes(externals)
+    with run_contexts(case, fake=False), meter.run(externals):
+        totals = run_steps(w, meter)
+    return {"records": list(meter.records), "before_bytes": before, "totals": totals}
+
+
+def _steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per training step (or request part: prefill, decode i): the max over its phases, its seconds summed."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        part = ("step", r["step"]) if r["phase"] in ("forward", "backward", "optimizer") else (r["phase"], r["step"])
+        cur = out.setdefault(part, {"part": part[0], "step": part[1], "seconds": 0.0, "phases": {}})
+        cur["seconds"] += r["seconds"]
+        cur["phases"][r["phase"]] = r
+        for k, v in r.items():
+            if k not in ("phase", "step", "seconds") and (k.startswith("max_") or k.endswith(".peak")):
+                cur[k] = max(cur.get(k, 0), v)
+    return list(out.values())
+
+
+def least_capacity(case: dict[str, Any], meter, steps: int, low: int, high: int, *,  # noqa: ANN001
+                   state: dict | None = None, resolution: float = RESOLUTION, deadline: float | None = None,
+                   on_probe: Callable[[int, bool], None] | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The least cap in [low, high] within which a fresh run's `steps` complete (`high` must complete, `low`
+    must not), to `resolution` of `high`; and every probe. Completing is taken as monotone in the cap."""
+    probes: list[dict[str, Any]] = []
+    step = max(int(resolution * high), 1)
+    try:
+        while high - low > step:
+            if deadline is not None and time.monotonic() > deadline:
+                raise OutOfTime(f"bisection stopped between {low:,} and {high:,} B")
+            mid = (low + high) // 2
+            meter.limit(mid)
+            ok = True
+            try:
+                run_once(case, meter, steps, state)
+            except torch.OutOfMemoryError:
+                ok = False
+            _collect(meter)  # after the except block: the exception's frames no longer hold the run's tensors
+            probes.append({"cap": mid, "completed": ok})
+            if on_probe is not None:
+                on_probe(mid, ok)
+            if ok:
+                high = mid
+            else:
+                low = mid
+    finally:
+        meter.limit(None)
+    return high, probes
+
+
+def _collect(meter) -> None:  # noqa: ANN001
+    gc.collect()
+    meter.release()
+
+
+@contextlib.contextmanager
+def _snapshot(path: Path | None, device: str):
+    """Record the allocator's history while the block runs and dump it to `path` (CUDA only; nothing else)."""
+    if path is None or device != "cuda":
+        yield
+        return
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
+    try:
+        yield
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_steps: int = 2,
+                  resume: bool = False, bisect: bool = True, resolution: float = RESOLUTION,
+                  snapshot: Path | None = None, deadline: float | None = None,
+                  say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
+    cannot hold ends with `error` set (OOM ...), the figures measured before it kept."""
+    meter = meter_for(device)
+    train = case["mode"] == "train"
+    rec: dict[str, Any] = {"device": device, "steps_measured": steps if train else 1, "resume": resume}
+    state = _checkpoint_state(case, device) if (train and resume) else None
+    _collect(meter)
+    t0 = time.monotonic()
+    with _snapshot(snapshot, device):
+        run = run_once(case, meter, steps + (timing_steps if train else 0), state)
+    rec["run_seconds"] = round(time.monotonic() - t0, 3)
+    rec["outside_bytes"] = meter.outside_bytes()
+    rec["capacity_bytes"] = meter.total or None
+    rec["before_bytes"] = run["before_bytes"]
+    rec["totals"] = run["totals"]
+    parts = _steps_of(run["records"])
+    rec["parts"] = parts
+    measured = [p for p in parts if p["part"] != "step" or p["step"] <= steps]
+    rec["max_allocated"] = max(p["max_allocated"] for p in measured)
+    rec["max_reserved"] = max(p["max_reserved"] for p in measured)
+    rec["tokens_per_s"] = _throughput(case, parts, steps)
+    if snapshot is not None and device == "cuda":
+        rec["snapshot"] = snapshot.name
+    say(f"allocated {rec['max_allocated']:,} B, reserved {rec['max_reserved']:,} B"
+        + (f", outside PyTorch {rec['outside_bytes']:,} B" if rec["outside_bytes"] is not None else ""))
+    _collect(meter)
+    if bisect:
+        high = rec["max_reserved"] if device == "cuda" else rec["max_allocated"]
+        high = max(high + int(resolution * high), high + 1)  # a cap at the unlimited run's peak reserved completes
+        try:
+            need, probes = least_capacity(case, meter, steps, rec["max_allocated"] - 1, high, state=state,
+                                          resolution=resolution, deadline=deadline,
+                                          on_probe=lambda cap, ok: say(f"  cap {cap:,} B: "
+                                                                       f"{'completes' if ok else 'out of memory'}"))
+            rec["least_capacity"] = need
+            rec["bisection"] = probes
+        except OutOfTime as e:
+            rec["bisection_note"] = str(e)
+        _collect(meter)
+    return rec
+
+
+def _throughput(case: dict[str, Any], parts: list[dict[str, Any]], steps: int) -> dict[str, float]:
+    """Steady tokens per second: the training steps after the measured ones; a request's prefill and decode."""
+    step_tokens, decode_tokens = _tokens(case)
+    out: dict[str, float] = {}
+    timed = [p for p in parts if p["part"] == "step" and p["step"] > steps]
+    if timed:
+        out["train"] = round(step_tokens * len(timed) / max(sum(p["seconds"] for p in timed), 1e-9), 1)
+    pre = [p for p in parts if p["part"] == "prefill"]
+    if pre:
+        out["prefill"] = round(step_tokens / max(pre[0]["seconds"], 1e-9), 1)
+    dec = [p for p in parts if p["part"] == "decode"]
+    if dec:
+        out["decode"] = round(decode_tokens * len(dec) / max(sum(p["seconds"] for p in dec), 1e-9), 1)
+    return out

@@ -1,0 +1,131 @@
+"""The GPU path run on the CPU with real tensors (measure/real.py with the HostMeter, issue 19): what a GPU will run
+is known to work before a GPU appears, and its allocated figures are PyTorch's own (MemTracker's)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the [measure] extra (torch) is not installed")
+pytest.importorskip("transformers", reason="the [measure] extra (transformers) is not installed")
+
+from nnmem_sweep.catalog.precisions import get_precision  # noqa: E402
+from nnmem_sweep.measure.build import measure_case  # noqa: E402
+from nnmem_sweep.measure.kit import case_of, load_points, main as kit_main, tiny  # noqa: E402
+from nnmem_sweep.measure.real import least_capacity, measure_point, run_once  # noqa: E402
+from nnmem_sweep.measure.meters import HostMeter  # noqa: E402
+
+POINTS = {p["id"]: p for p in load_points("validation/gpu.yaml")}
+
+
+def _tiny(point_id):
+    return tiny(case_of(POINTS[point_id]))
+
+
+def tracker_leftovers(case) -> int:
+    """MemTracker keeps a checkpointed LoRA run's embedding output and its gradient alive (tests/test_finetune.py,
+    FINDINGS.md): r·h bytes per token each, one pair per finished step; a real run frees them. At the peak
+    (step 2's backward) one pair is held."""
+    if case["checkpointing"] != "full" or "finetune" not in case:
+        return 0
+    h = case["hf_config"]["hidden_size"]
+    return 2 * get_precision(case["precision"]).residual_bytes * h * case["batch"] * case["seq_len"]
+
+
+@pytest.mark.parametrize("point_id", [p for p in POINTS if not POINTS[p].get("resume")])
+def test_host_meter_allocated_equals_memtracker(point_id):
+    """Every kit point at its dry-run size: the peak the real-tensor run counts is the peak PyTorch's MemTracker
+    measures under FakeTensorMode, to the byte (less what MemTracker itself keeps alive)."""
+    case = _tiny(point_id)
+    rec = measure_point(case, "cpu", timing_steps=0, bisect=False)
+    tracked = measure_case(case, fake=True)
+    assert rec["max_allocated"] == tracked["peak_bytes"] - tracker_leftovers(case)
+    assert rec["max_reserved"] == rec["max_allocated"]  # the host has no caching allocator
+    assert rec["outside_bytes"] is None
+
+
+def test_steps_and_parts_are_recorded_per_phase():
+    case = _tiny("llama-3.2-1b-bf16-adamw-b4-s2048")
+    rec = measure_point(case, "cpu", timing_steps=2, bisect=False)
+    steps = [p for p in rec["parts"] if p["part"] == "step"]
+    assert [p["step"] for p in steps] == [1, 2, 3, 4]
+    assert set(steps[0]["phases"]) == {"forward", "backward", "optimizer"}
+    # the measured peak is over the two measured steps, the timed ones add none
+    assert rec["max_allocated"] == max(p["max_allocated"] for p in steps[:2])
+    assert rec["tokens_per_s"]["train"] > 0
+    infer = measure_point(_tiny("llama-3.2-1b-infer-bf16-b16-p2048-d64"), "cpu", bisect=False)
+    assert [p["part"] for p in infer["parts"]] == ["prefill", "decode", "decode"]
+    assert set(infer["tokens_per_s"]) == {"prefill", "decode"}
+
+
+def test_resumed_run_holds_the_state_before_the_first_step():
+    """resume: the optimizer state is loaded before step 1 (as load_state_dict does); a fresh run makes it in
+    step 1. The bytes before the first step differ by exactly the state."""
+    case = _tiny("llama-3.2-1b-bf16-adamw-b4-s2048")
+    fresh = measure_point(case, "cpu", timing_steps=0, bisect=False)
+    resumed = measure_point(case, "cpu", timing_steps=0, bisect=False, resume=True)
+    state = resumed["totals"]["optimizer_state_bytes"]
+    assert state > 0 and state == fresh["totals"]["optimizer_state_bytes"]
+    assert resumed["before_bytes"] - fresh["before_bytes"] == state
+
+
+def test_least_capacity_on_the_host_is_the_peak_within_the_resolution():
+    """The host meter refuses the allocation that crosses its cap, so the least capacity of a run is its peak:
+    the bisection must land within one resolution step above it."""
+    case = _tiny("qwen3-0.6b-bf16-adamw-b8-s2048")
+    meter = HostMeter()
+    peak = run_once(case, meter, 2)["records"]
+    peak = max(r["max_allocated"] for r in peak)
+    need, probes = least_capacity(case, meter, 2, peak // 2, 2 * peak, resolution=0.01)
+    assert peak <= need <= peak + int(0.01 * 2 * peak)
+    assert any(not p["completed"] for p in probes) and any(p["completed"] for p in probes)
+    assert meter.cap is None  # the cap is lifted afterwards
+
+
+def test_kit_dry_run_measures_every_point(tmp_path):
+    """`make gpu-check DRY=1`: every shipped point at its tiny size on the CPU, the allocator-setting point in a
+    child process; one results line each, the env file written."""
+    assert kit_main(["validation/gpu.yaml", "--dry-run", "--out", str(tmp_path), "--budget", "600"]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in lines) == sorted(POINTS)
+    for r in lines:
+        assert "error" not in r, (r["id"], r.get("error"))
+        assert r["max_allocated"] > 0
+        if r["case"]["mode"] == "train":
+            assert r["max_allocated"] <= r["least_capacity"] <= r["max_allocated"] * 1.1, r["id"]
+    child = next(r for r in lines if POINTS[r["id"]].get("allocator"))
+    assert child["env"]["alloc_conf"] == POINTS[child["id"]]["allocator"]
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__
+
+
+def test_kit_with_no_budget_lists_every_point_as_not_run(tmp_path):
+    assert kit_main(["validation/gpu.yaml", "--dry-run", "--out", str(tmp_path), "--budget", "0"]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(lines) == len(POINTS) and all(r["error"].startswith("not run") for r in lines)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("points: []\n", "non-empty `points:` list"),
+    ("points:\n  - {id: a, mode: train}\n", "points[0] needs id, mode and model"),
+    ("points:\n  - {id: a, mode: train, model: gpt2}\n  - {id: a, mode: train, model: gpt2}\n", "appears twice"),
+    ("points: [\n", "not valid YAML"),
+])
+def test_a_bad_points_file_is_one_line_and_exit_2(tmp_path, capsys, text, message):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    assert kit_main([str(f), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and err.startswith(f"gpu-check: {f}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_the_kit_refuses_without_a_gpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nnmem_sweep.measure.kit", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "."})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "no CUDA device is visible" in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,98 @@
+"""A real-GPU run beside the estimate (gpu_compare.py): read as `make accuracy` reads validation/gpu/<gpu>/<date>/.
+
+The run here is written by the test (the figures are made up; what is checked is the comparison): an H100's
+env.json as the kit writes it and two points, one of which failed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep import gpu_compare as G
+from nnmem_sweep.catalog.gpus import get_gpu
+from nnmem_sweep.estimate import estimate_point
+from nnmem_sweep.gpu_points import case_of, load_points
+from nnmem_sweep.models.presets import hf_dict_for_transformers
+from nnmem_sweep.scenario import Overheads
+
+H100_ENV = {"gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "mem_get_info_total": 85_029_158_912,
+            "cuda": "13.0", "torch": "2.11.0+cu130", "transformers": "5.17.0", "peft": "0.18.0",
+            "date": "2026-11-26T10:00:00Z", "commit": "0123456789abcdef", "nvidia_smi": "NVIDIA H100 80GB HBM3, "
+            "580.159.04, 81559 MiB, 0 MiB"}
+POINT = "llama-3.2-1b-bf16-adamw-b4-s2048"
+
+
+def _run(tmp_path, records):
+    folder = tmp_path / "validation" / "gpu" / "nvidia-h100-80gb-hbm3" / "2026-11-26"
+    folder.mkdir(parents=True)
+    (folder / "env.json").write_text(json.dumps(H100_ENV))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def _record(point_id, **figures):
+    (p,) = [p for p in load_points("validation/gpu.yaml") if p["id"] == point_id]
+    case = case_of(p)
+    return {"id": point_id, "why": p["why"], "point": p, "case": case,
+            "hf_config": hf_dict_for_transformers(case["model"]), "resume": bool(p.get("resume")), **figures}
+
+
+def test_the_gpu_is_the_catalog_entry_with_the_measured_capacity():
+    gpu = G.gpu_of(H100_ENV)
+    assert gpu.id == "h100-sxm" and gpu.memory_bytes == H100_ENV["mem_get_info_total"]
+    assert G.runtime_of(H100_ENV) == (("cuda", "13.0"), ("torch", "2.11.0"))
+
+
+def test_each_point_is_estimated_as_estimate_point_estimates_it(tmp_path):
+    measured = {"max_allocated": 30 * 2**30, "max_reserved": 33 * 2**30, "least_capacity": 31 * 2**30,
+                "outside_bytes": 520 * 2**20}
+    folder = _run(tmp_path, [_record(POINT, **measured),
+                             _record("llama-3.2-1b-infer-bf16-b16-p2048-d64", error="OutOfMemoryError: ...")])
+    assert G.runs(tmp_path / "validation" / "gpu") == [folder]
+    env, df = G.compare_run(folder)
+    row, failed = df.to_dict("records")
+    assert failed["status"].startswith("OutOfMemoryError")
+    gpu = G.gpu_of(H100_ENV)
+    est = estimate_point(model="llama-3.2-1b", batch=4, seq_len=2048, precision="bf16", optimizer="adamw",
+                         gpu=gpu)
+    assert row["estimated_peak_allocated"] == int(est[C.PEAK_ALLOCATED])
+    assert row["estimated_allocated"] == int(est[C.PEAK_ALLOCATED]) + int(est[C.ALLOCATOR_EXTRA])
+    # reserved: the same estimate with the point's own replayed reserve (or the 5 % default where none is stored)
+    ov = Overheads(gpus=(gpu,), runtime=G.runtime_of(H100_ENV), replayed_reserve_fraction=row["reserve_fraction"])
+    assert row["estimated_reserved"] == int(estimate_point(model="llama-3.2-1b", batch=4, seq_len=2048,
+                                                           precision="bf16", optimizer="adamw", gpu=gpu,
+                                                           overheads=ov)[C.RESERVED])
+    for _, m, e in G.FIGURES:
+        assert row[f"{m}_error"] == pytest.approx((row[e] - measured[m]) / measured[m])
+    table = G.format_comparison(env, df)
+    assert "NVIDIA H100 80GB HBM3" in table and "torch 2.11.0+cu130" in table and POINT in table
+    assert f"{row['max_allocated_error']:+.1%}" in table
+
+
+def test_make_accuracy_says_when_no_run_is_committed(tmp_path):
+    (line,) = G.summary_lines(tmp_path)
+    assert "none committed yet" in line and "make gpu-check" in line
+
+
+def test_a_rerun_point_replaces_the_earlier_line(tmp_path):
+    folder = _run(tmp_path, [_record(POINT, error="not run: the budget was spent"),
+                             _record(POINT, max_allocated=1, max_reserved=1, outside_bytes=None)])
+    _, records = G.load_run(folder)
+    assert len(records) == 1 and "error" not in records[0]
+
+
+def test_every_kit_point_is_a_known_gpu_catalog_fit():
+    """Each kit point fits one H100 by the estimate, with room for the allocator: the kit is sized for it."""
+    h100 = get_gpu("h100-sxm")
+    for p in load_points("validation/gpu.yaml"):
+        if "module" in p:
+            continue
+        c = case_of(p)
+        if "finetune" in c:
+            continue
+        est = estimate_point(model=c["model"], mode=c["mode"], batch=c["batch"], seq_len=c["seq_len"],
+                             precision=c["precision"], optimizer=None if c["mode"] == "infer" else c["optimizer"],
+                             checkpointing=c["checkpointing"], attention=c["attention"],
+                             decode_tokens=c["decode_tokens"] or None, gpu=h100)
+        assert est[C.TOTAL] < 0.85 * h100.memory_bytes, p["id"]
