@@ -12,9 +12,11 @@ MSTAMP  := $(VENV)/.install-stamp-measure
 
 .PHONY: install install-measure test run report bench truth derive accuracy validate gpu-check clean
 
+# The last line compiles the allocator replay once (numba caches it beside the module): not in a user's first run.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@$(BIN)/python -c 'from nnmem_sweep.allocator import fast; fast.warm()'
 	@touch $@
 
 # The measurement extra (torch, torchvision, transformers, peft): the pinned pair first, so the extra's open ranges

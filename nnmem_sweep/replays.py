@@ -32,22 +32,24 @@ import functools
 import hashlib
 import json
 import math
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import columns as C
-from .allocator import AllocatorOptions, replay
+from .allocator import AllocatorOptions, prepare, replay
 from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from . import derive
-from .components.reserve import row_sequence
+from .components.reserve import row_sequences
 from .derive.arch import architecture_of
 from .models.resolve import ModelSpecError, resolve_model
-from .derive.cache import memo, versions
+from .derive.cache import memo_read, memo_write, versions
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
 from .scenario import Scenario
@@ -61,10 +63,9 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
                 "recipes by measuring")
 
 
-def boundary_rows(sc: Scenario) -> pd.DataFrame:
-    """Per recipe the largest batch that fits any GPU (with its GPU); the largest batches first, at most MAX_ROWS."""
-    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
-    mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=sweep_prefill_logits(sc))
+def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:
+    """Per recipe the largest batch that fits any GPU (with its GPU), from the scenario's max-batch table `mb`
+    (estimated with the default reserve); the largest batches first, at most MAX_ROWS."""
     recipe = [c for c in point_axes(sc) if c in mb.columns and c != C.GPU]
     fit = mb[mb[C.MAX_BATCH] > 0]
     best = fit.sort_values(C.MAX_BATCH, ascending=False, kind="stable").drop_duplicates(recipe)
@@ -80,19 +81,21 @@ def boundary_rows(sc: Scenario) -> pd.DataFrame:
          where="DeviceCachingAllocator::malloc: on a failed cudaMalloc, release_cached_blocks and retry",
          note="P: the sequence's peak of live bytes (the estimate's peak_allocated_bytes); per recipe at its largest "
          "batch that fits, as a fresh run (optimizer state made in the first step)")
-def least_capacity(seq: np.ndarray, options: AllocatorOptions) -> tuple[int, int]:
+def least_capacity(seq: np.ndarray, options: AllocatorOptions, engine: str = "auto") -> tuple[int, int]:
     """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak). The
     first probe is FIRST_PROBE steps above the peak (most recipes need less); else the bracket reaches up to the
-    peak reserved with nothing refused, which always completes."""
+    peak reserved with nothing refused, which always completes. engine: allocator.replay's (the compiled one where
+    it applies; "model" the reference)."""
     peak = int(np.cumsum(seq[:, 1]).max())
     step = max(peak // RESOLUTION, 1)
     low = peak - 1  # cannot complete: less than what is live at once
     high = peak + FIRST_PROBE * step
-    if replay(seq, options, capacity_bytes=high).oom:
-        low, high = high, replay(seq, options).peak_reserved_bytes
+    seq = prepare(seq)  # checked once, replayed several times
+    if replay(seq, options, capacity_bytes=high, engine=engine).oom:
+        low, high = high, replay(seq, options, engine=engine).peak_reserved_bytes
     while high - low > step:
         mid = (low + high) // 2
-        if replay(seq, options, capacity_bytes=mid).oom:
+        if replay(seq, options, capacity_bytes=mid, engine=engine).oom:
             low = mid
         else:
             high = mid
@@ -109,27 +112,44 @@ def _code_digest() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
-def _replay_row(arch, mode: str, row: dict, options: AllocatorOptions,
-                lazy_state: bool = True) -> tuple[str, float | None]:
-    """(note, the reserve fraction the row needs) of one row ({axis: value}); None where it has no traced
-    sequence. lazy_state:
-    the optimizer state made inside the first step (a fresh run), else before it (a run resumed from a checkpoint).
-    The bisection is kept in the user's cache (derive/cache.py), keyed by the model's source, the row, the options,
-    the installed versions and the code: a cached row costs no sequence to build."""
-    key = json.dumps([arch.derived.source.digest(), mode, {c: str(v) for c, v in row.items()},
-                      lazy_state, repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions()])
+def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: AllocatorOptions,
+                 progress: bool = False) -> list[tuple[str, float | None]]:
+    """(note, the reserve fraction the row needs) of each job (a row {axis: value}, lazy_state), in order; None where
+    the row has no traced sequence. lazy_state: the optimizer state made inside the first step (a fresh run), else
+    before it (a run resumed from a checkpoint). Each bisection is kept in the user's cache (derive/cache.py), keyed
+    by the model's source, the row, the options, the installed versions and the code: a cached row costs no sequence
+    to build. The others' sequences are built together (their plans read once), then bisected on as many threads as
+    the machine has cores (at most 4): the compiled replay runs outside the GIL."""
+    keys = [json.dumps([arch.derived.source.digest(), mode, {c: str(v) for c, v in row.items()}, lazy,
+                        repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions()]) for row, lazy in jobs]
+    docs = [memo_read("replays", k) for k in keys]
+    todo = [i for i, d in enumerate(docs) if d is None]
+    for lazy in (True, False):
+        part = [i for i in todo if jobs[i][1] is lazy]
+        if not part:
+            continue
+        seqs = row_sequences(arch, mode, pd.DataFrame([jobs[i][0] for i in part]), lazy_state=lazy)
+        start, done = time.perf_counter(), [0]
 
-    def bisect() -> dict:
-        note, seq = row_sequence(arch, mode, pd.DataFrame([row]), lazy_state=lazy_state)
-        if seq is None:  # not kept: a plan derived later has the sequence
-            raise _NoSequence(note)
-        return dict(zip(("peak", "need"), least_capacity(seq, options)), note=note)
+        def bisect(i_seq):
+            i, (note, seq) = i_seq
+            doc = None if seq is None else dict(zip(("peak", "need"), least_capacity(seq, options)), note=note)
+            if doc is not None:  # a row without a sequence is not kept: a plan derived later has it
+                memo_write("replays", keys[i], doc)
+            done[0] += 1
+            if progress and time.perf_counter() - start > 1.0:
+                print(f"\rnnmem-sweep: replaying the allocator model: {done[0]:,}/{len(part):,} "
+                      f"{'fresh' if lazy else 'resumed'} runs (cached afterwards)", end="", file=sys.stderr,
+                      flush=True)
+            return doc or {"note": note}
 
-    try:
-        doc = memo("replays", key, bisect)
-    except _NoSequence as e:
-        return str(e), None
-    return doc["note"], (doc["need"] - doc["peak"]) / max(doc["peak"], 1)
+        workers = min(4, os.cpu_count() or 1, len(part))
+        with ThreadPoolExecutor(workers) as pool:
+            for i, doc in zip(part, pool.map(bisect, zip(part, seqs))):
+                docs[i] = doc
+        if progress and time.perf_counter() - start > 1.0:
+            print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
+    return [(d["note"], (d["need"] - d["peak"]) / max(d["peak"], 1) if "need" in d else None) for d in docs]
 
 
 @functools.cache
@@ -148,14 +168,10 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
     axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD) if a in row.index]
     options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
-    note, frac = _replay_row(twin, mode, row[axes].to_dict(), options, lazy_state)
+    ((note, frac),) = _replay_rows(twin, mode, [(row[axes].to_dict(), lazy_state)], options)
     if frac is None:
         return None, note
     return _rounded(frac), note
-
-
-class _NoSequence(Exception):
-    """A row without a stored traced sequence (its note as the message)."""
 
 
 def _span(values) -> str:
@@ -180,41 +196,64 @@ def derived_twin(arch, allow_deriving: bool = False):
         return None
 
 
-def with_replayed_reserve(sc: Scenario, progress: bool = False) -> Scenario:
-    """`sc` with the reserve its replays give (or a note saying why none was replayed). progress: a line on stderr
-    while replays not yet in the cache take more than a second."""
+def with_replayed_reserve(sc: Scenario, progress: bool = False, bands: bool = True) -> Scenario:
+    """`sc` with the reserve its replays give: refine() on the max-batch table of the default reserve (what `run
+    --stream` and the tests use; run_scenario hands refine the table it has already)."""
+    if not _replayable(sc)[0]:
+        return refine(sc, None, progress, bands)
+    return refine(sc, default_max_batch(sc), progress, bands)
+
+
+def default_max_batch(sc: Scenario) -> pd.DataFrame:
+    """The scenario's max-batch table with the reserve it has before any replay (the default)."""
+    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
+    return max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=sweep_prefill_logits(sc))
+
+
+def _replayable(sc: Scenario):
+    """(whether the scenario's reserve is replayed, its twin or the note saying why not)."""
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
-        return sc
+        return False, None
     if sc.parallel:  # a traced sequence is one GPU's whole step, not a rank's share of a layout
-        note = ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's rank; "
-                + DEFAULT_NOTE)
-        return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
+        return False, ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's "
+                       "rank; " + DEFAULT_NOTE)
     twin = derived_twin(sc.model)
     if twin is None:
-        note = f"not replayed: no traced allocation sequence of {sc.model.name} is stored; {DEFAULT_NOTE}"
-        return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
-    rows = boundary_rows(sc)
+        return False, f"not replayed: no traced allocation sequence of {sc.model.name} is stored; {DEFAULT_NOTE}"
+    return True, twin
+
+
+def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands: bool = True) -> Scenario:
+    """`sc` with the reserve its replays give, or a note saying why none was replayed: per recipe the row at its
+    largest batch that fits (`mb`: the max-batch table estimated with the default reserve) is bisected as a fresh
+    run, the reserve of every row of the recipe; with `bands` (what the report's uncertainty reads) as a resumed run
+    too, the other end of the recipe's band. progress: a line on stderr while replays not yet in the cache take
+    more than a second."""
+    ok, twin = _replayable(sc)
+    ov = sc.overheads
+    if not ok:
+        return sc if twin is None else dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=twin))
+    rows = boundary_rows(sc, mb)
     options = AllocatorOptions.from_alloc_conf(ov.allocator_conf) if ov.allocator_conf else AllocatorOptions()
     recipe = [c for c in rows.columns if c not in (C.GPU, C.BATCH)]
+    records = rows.to_dict("records")
+    jobs = [(row, True) for row in records] + \
+        ([(row, False) for row in records] if sc.mode == "train" and bands else [])
+    results = _replay_rows(twin, sc.mode, jobs, options, progress)
+    fresh_of = results[:len(records)]
+    resumed_of = results[len(records):] or fresh_of
     replayed: list[tuple[tuple[str, ...], float, float, float]] = []  # boundary_rows gives one row per recipe
     skipped = []
-    start = time.perf_counter()
-    for i, row in enumerate(rows.to_dict("records")):
-        if progress and time.perf_counter() - start > 1.0:
-            print(f"\rnnmem-sweep: replaying the allocator model: {i:,}/{len(rows):,} recipes (cached afterwards)",
-                  end="", file=sys.stderr, flush=True)
-        note, fresh = _replay_row(twin, sc.mode, row, options)
+    for row, (note, fresh), (_, resumed) in zip(records, fresh_of, resumed_of):
         if fresh is None:
             skipped.append(note)
             continue
         # the band: the same step with the optimizer state made before the first step (a resumed run) instead
-        resumed = _replay_row(twin, sc.mode, row, options, lazy_state=False)[1] if sc.mode == "train" else fresh
+        resumed = fresh if resumed is None else resumed
         low = max(_rounded(min(fresh, resumed)) - 1 / RESOLUTION, 0.0)
         replayed.append((tuple(str(row[c]) for c in recipe), _rounded(fresh), round(low, 6),
                          _rounded(max(fresh, resumed))))
-    if progress and time.perf_counter() - start > 1.0:
-        print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
     if not replayed:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))

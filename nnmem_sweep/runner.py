@@ -28,7 +28,7 @@ from .estimate import estimate_frame
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, checked_size, expand_grid, point_axes, product_frame
 from .outputs import OutputSet
-from .replays import with_replayed_reserve
+from .replays import refine
 from .scenario import Scenario
 from .tablefile import csv_bytes, extension, write_table
 
@@ -54,14 +54,20 @@ def _progress(enabled: bool, start: float, done: int, total: int) -> None:
               file=sys.stderr, flush=True)
 
 
-def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False) -> RunResult:
+def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False, bands: bool = True) -> RunResult:
     """The grid, max batch and plans of `sc`, with the allocator reserve its replays give (replays.py): the
-    RunResult's scenario is that one."""
+    RunResult's scenario is that one. bands: also the replays that bound each recipe's band (a resumed run), which
+    the report's uncertainty reads and the tables do not."""
     start = time.perf_counter()
-    sc = with_replayed_reserve(sc, progress)
+    logits = serving.sweep_prefill_logits(sc)
+    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
+    first = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits)
+    refined = refine(sc, first, progress, bands)  # the allocator reserve, replayed where the max batch is decided
+    mb = first if refined.overheads == sc.overheads else \
+        max_batch(sc.model, sc.mode, points, refined.overheads, sc.headroom, prefill_logits=logits)
+    sc = refined
     grid = expand_grid(sc, max_rows=max_rows)
     n = len(grid)
-    logits = serving.sweep_prefill_logits(sc)
     parts = []
     for lo in range(0, n, CHUNK_ROWS):
         parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom,
@@ -71,8 +77,6 @@ def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False)
     results.insert(0, C.MODE, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.mode]))
     results.insert(0, C.MODEL, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.model.name]))
 
-    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
-    mb = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits)
     tables = dict(plan_tables(sc))
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
@@ -128,5 +132,5 @@ def run_to_folder(sc: Scenario, out_dir: Path, *, fmt: str = "csv", max_rows: in
     extension(fmt)
     checked_size(sc, max_rows)
     with OutputSet(out_dir, sc, command="run") as s:
-        write_tables(run_scenario(sc, max_rows=max_rows, progress=progress), s, fmt)
+        write_tables(run_scenario(sc, max_rows=max_rows, progress=progress, bands=False), s, fmt)
     return s.paths

@@ -95,7 +95,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     ext = extension(fmt)
     n = checked_size(sc, max_rows)
     start = time.perf_counter()
-    sc = with_replayed_reserve(sc, progress)  # as run_scenario: the reserve of the replays at the max-batch boundaries
+    sc = with_replayed_reserve(sc, progress, bands=False)  # as run: the reserve of the replays at the max batches
     gpus = tuple(g.id for g in sc.gpus)
     axes = axes_of(sc) | {C.GPU: gpus}
     points_axes = point_axes(sc) | {C.GPU: gpus}

@@ -20,8 +20,8 @@ One stream only; see model.py for what else is not modelled.
 """
 from .model import BlockInfo, CachingAllocatorModel, SegmentInfo
 from .options import AllocatorOptions
-from .replay import ReplayResult, oom_message, replay
+from .replay import Prepared, ReplayResult, oom_message, prepare, replay
 from .rules import format_size
 
-__all__ = ["AllocatorOptions", "BlockInfo", "CachingAllocatorModel", "ReplayResult", "SegmentInfo", "format_size",
-           "oom_message", "replay"]
+__all__ = ["AllocatorOptions", "BlockInfo", "CachingAllocatorModel", "Prepared", "ReplayResult", "SegmentInfo",
+           "format_size", "oom_message", "prepare", "replay"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..citations import formula
+from . import fast
 from .model import CachingAllocatorModel
 from .options import AllocatorOptions
 from .rules import TORCH_ALLOCATOR, format_size
@@ -47,19 +48,37 @@ def _as_pairs(events) -> list[list[int]]:
          note="one device, one stream; zero-byte allocations never reach the allocator (allocate(0) returns an "
          "empty pointer)")
 def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
-           device_total_bytes: int | None = None) -> ReplayResult:
+           device_total_bytes: int | None = None, engine: str = "auto") -> ReplayResult:
     """Replay `events`, an int array of shape (n, 2): column 0 a block id, column 1 +nbytes for its allocation and
-    -nbytes for its free. `capacity_bytes` is what the allocator may reserve (mem_get_info's total less the memory
-    outside the allocator; None: unlimited); `device_total_bytes` is mem_get_info's total, for the OOM message
-    (default: capacity_bytes). Stops at the first allocation that runs out of memory, as PyTorch raises there.
+    -nbytes for its free (or `prepare(events)`, to replay one sequence many times). `capacity_bytes` is what the
+    allocator may reserve (mem_get_info's total less the memory outside the allocator; None: unlimited);
+    `device_total_bytes` is mem_get_info's total, for the OOM message (default: capacity_bytes). Stops at the first
+    allocation that runs out of memory, as PyTorch raises there. engine: "model" (model.py, the reference), "fast"
+    (fast.py, compiled; not expandable segments) or "auto" (fast where it applies and numba is installed): both
+    give the same result.
 
     Raises ValueError naming the event for a free of an unknown id, an id allocated twice, or a free whose size
     differs from its allocation.
     """
+    prepared = events if isinstance(events, Prepared) else None
+    use_fast = engine == "fast" or (engine == "auto" and fast.available() and not options.expandable_segments)
+    if use_fast:
+        if options.expandable_segments:
+            raise ValueError("the compiled replay does not model expandable segments; use engine='model'")
+        prepared = prepared or prepare(events)
+        r = fast.run(prepared.ids, prepared.nbytes, options, capacity_bytes, prepared.live_peak)
+        oom = int(r[fast.OOM_EVENT])
+        message = "" if oom < 0 else _oom_text(
+            capacity_bytes, int(r[fast.END_RESERVED]), int(r[fast.END_ALLOCATED]),
+            CachingAllocatorModel(options).request_sizes(int(r[fast.OOM_BYTES]))[1], device_total_bytes)
+        return ReplayResult(*(int(r[k]) for k in (fast.PEAK_ALLOCATED, fast.PEAK_RESERVED, fast.END_ALLOCATED,
+                                                  fast.END_RESERVED, fast.NUM_ALLOC, fast.NUM_FREE,
+                                                  fast.PEAK_ALLOCATED_EVENT, fast.PEAK_RESERVED_EVENT,
+                                                  fast.REPLAYED)), oom, message)
     model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes)
     live: dict[int, tuple[object, int]] = {}
     oom_event, message, replayed = -1, "", 0
-    for i, (block_id, nbytes) in enumerate(_as_pairs(events)):
+    for i, (block_id, nbytes) in enumerate(_as_pairs(prepared.events if prepared else events)):
         model.event = i
         replayed = i + 1
         if nbytes > 0:
@@ -82,6 +101,38 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
                         model.peak_reserved_event, replayed, oom_event, message)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """An event sequence checked once and made ready for many replays (its ids made dense for the compiled
+    engine)."""
+
+    events: np.ndarray
+    ids: np.ndarray
+    nbytes: np.ndarray
+    live_peak: int  # the most allocations live at once
+
+
+def prepare(events) -> Prepared:
+    """Check `events` (the ValueErrors replay raises, naming the event) and make it ready for replays."""
+    arr = np.asarray(events)
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"events: expected an integer array of shape (n, 2) (id, ±nbytes), got "
+                         f"{arr.dtype} {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    ids, nbytes = fast.dense(arr) if len(arr) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    fast.compiled()  # the check below runs compiled too, where numba is installed
+    i, reason = fast.first_bad_event(ids, nbytes) if len(arr) else (-1, 0)
+    if i >= 0:
+        block_id, n = (int(x) for x in arr[i])
+        if reason == 1:
+            raise ValueError(f"event {i}: id {block_id} allocated again before its free")
+        if reason == 2:
+            raise ValueError(f"event {i}: free of id {block_id}, which is not allocated")
+        held = int(arr[:i][(arr[:i, 0] == block_id) & (arr[:i, 1] > 0), 1][-1])
+        raise ValueError(f"event {i}: free of id {block_id} says {-n} B, its allocation {held} B")
+    return Prepared(arr, ids, nbytes, fast.peak_live(nbytes))
+
+
 def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: int | None = None) -> str:
     """The OutOfMemoryError text DeviceCachingAllocator::malloc builds (after it released the cached segments).
 
@@ -90,13 +141,17 @@ def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: i
     memory outside the allocator belongs to it. The closing advice is the text in torch 2.14.1's libc10_cuda.so
     (the 2.13.0 CPU wheel has no CUDA library to read it from).
     """
-    total = device_total_bytes if device_total_bytes is not None else model.capacity
-    free = max(model.capacity - model.reserved, 0)
-    alloc_size = model.request_sizes(nbytes)[1]
+    return _oom_text(model.capacity, model.reserved, model.allocated, model.request_sizes(nbytes)[1],
+                     device_total_bytes)
+
+
+def _oom_text(capacity: int, reserved: int, allocated: int, alloc_size: int, device_total_bytes: int | None) -> str:
+    total = device_total_bytes if device_total_bytes is not None else capacity
+    free = max(capacity - reserved, 0)
     return (f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU 0 has a total capacity of "
             f"{format_size(total)} of which {format_size(free)} is free. Including non-PyTorch memory, this process "
-            f"has {format_size(total - free)} memory in use. Of the allocated memory {format_size(model.allocated)} "
-            f"is allocated by PyTorch, and {format_size(model.reserved - model.allocated)} is reserved by PyTorch "
+            f"has {format_size(total - free)} memory in use. Of the allocated memory {format_size(allocated)} "
+            f"is allocated by PyTorch, and {format_size(reserved - allocated)} is reserved by PyTorch "
             "but unallocated." + OOM_ADVICE)
 
 

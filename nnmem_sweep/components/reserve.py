@@ -147,18 +147,34 @@ def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda", steps
                  lazy_state: bool = True) -> tuple[str, np.ndarray | None]:
     """What replayed_reserve replays for one row (a one-row frame): (a one-line note, the (n, 2) int64 sequence,
     or None where there is none: the note says why)."""
+    return row_sequences(arch, mode, row, device, steps, lazy_state)[0]
+
+
+def row_sequences(arch, mode: str, rows: pd.DataFrame, device: str = "cuda", steps: int = STEPS,
+                  lazy_state: bool = True) -> list[tuple[str, np.ndarray | None]]:
+    """row_sequence of every row of `rows`, the plans read once for them all."""
     if getattr(arch, "kind", "") != "derived":
-        return f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None
+        return [(f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None)] * len(rows)
     try:
         with derive.stored_only():
-            recipes, states, key, state_code, b, s, dec = derived.frame_inputs(arch, mode, row, device)
+            recipes, states, key, state_code, b, s, dec = derived.frame_inputs(arch, mode, rows, device)
     except UsageError as e:
-        return f"not replayed: {e}", None
-    prec = precisions((str(row[C.PRECISION].iloc[0]),), mode)[0]
-    if prec.quant:
-        return f"not replayed: {prec.name} weights are quantised blocks, the trace holds the bf16 layout", None
-    plan = recipes[int(key[0])]
-    bi, si = int(b[0]), int(s[0])
+        return [(f"not replayed: {e}", None)] * len(rows)
+    precs = precisions(tuple(str(p) for p in rows[C.PRECISION]), mode)
+    out = []
+    for i in range(len(rows)):
+        if precs[i].quant:
+            out.append((f"not replayed: {precs[i].name} weights are quantised blocks, the trace holds the bf16 "
+                        "layout", None))
+            continue
+        st = None if mode != "train" else {x: int(states[x][int(state_code[i])]) for x in ("M", "S", "T")}
+        out.append(_row_sequence(recipes[int(key[i])], mode, int(b[i]), int(s[i]),
+                                 None if dec is None else int(dec[i]), rows.iloc[i], st, steps, lazy_state))
+    return out
+
+
+def _row_sequence(plan, mode: str, bi: int, si: int, dec: int | None, row: pd.Series, st: dict | None, steps: int,
+                  lazy_state: bool) -> tuple[str, np.ndarray | None]:
     try:
         ev, kind, kinds = E.region_events(plan, bi, si)
     except ValueError as e:
@@ -169,10 +185,9 @@ def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda", steps
     temps: list[int] = []
     what = f"{len(ev):,} traced events at batch {bi}, seq {si}"
     if mode == "train":
-        opt = get_optimizer(str(row[C.OPTIMIZER].iloc[0]))
-        impl = str(row[C.OPTIMIZER_IMPL].iloc[0])
-        st = int(state_code[0])
-        M, S, T = (int(states[x][st]) for x in ("M", "S", "T"))
+        opt = get_optimizer(str(row[C.OPTIMIZER]))
+        impl = str(row[C.OPTIMIZER_IMPL])
+        M, S, T = st["M"], st["S"], st["T"]
         before, state = _split(M, params, 1), _split(S, params, _state_blocks(opt))
         if not lazy_state:
             before, state = before + state, []
@@ -181,7 +196,7 @@ def row_sequence(arch, mode: str, row: pd.DataFrame, device: str = "cuda", steps
                  f"{len(_split(S, params, _state_blocks(opt)))} {'made in' if lazy_state else 'before'} step 1, "
                  f"T_opt {T:,} B in {len(temps)} ({opt.name} {impl})")
     else:
-        what += f" (the traced request: prefill and {DECODE_STEPS} decode steps, the row generates {int(dec[0])})"
+        what += f" (the traced request: prefill and {DECODE_STEPS} decode steps, the row generates {dec})"
     seq = _sequence(ev, kind, kinds, before, state, temps, steps)
     unit = "steps" if mode == "train" else "requests"
     return f"replayed {len(seq):,} events: {steps} {unit} of {what}", seq

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import json
 import os
+import threading
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
@@ -98,13 +99,25 @@ def ship(source_digest: str, what: tuple, doc: dict[str, Any], root: Path = SHIP
 def memo(kind: str, key_text: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A small computed document kept in the user's cache under `kind`, keyed by the sha256 of `key_text` (which
     must name everything the result depends on); make() it when absent. NNMEM_SWEEP_REDERIVE=1 recomputes."""
-    path = cache_dir() / kind / f"{hashlib.sha256(key_text.encode()).hexdigest()}.json"
-    found = None if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1" else _read(path)
+    found = memo_read(kind, key_text)
     if found is not None:
         return found
     doc = make()
-    _write(path, doc)
+    memo_write(kind, key_text, doc)
     return doc
+
+
+def _memo_path(kind: str, key_text: str) -> Path:
+    return cache_dir() / kind / f"{hashlib.sha256(key_text.encode()).hexdigest()}.json"
+
+
+def memo_read(kind: str, key_text: str) -> dict[str, Any] | None:
+    """memo's document if it is kept, else None (always None under NNMEM_SWEEP_REDERIVE=1)."""
+    return None if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1" else _read(_memo_path(kind, key_text))
+
+
+def memo_write(kind: str, key_text: str, doc: dict[str, Any]) -> None:
+    _write(_memo_path(kind, key_text), doc)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -120,7 +133,7 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     that cannot be written is not an error: the plan is used anyway, and derived again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
