@@ -115,13 +115,14 @@ def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False)
 
 
 def _backward_ran() -> bool:
-    """Whether this process traced a backward pass: autograd's engine then refuses to run in a forked child
-    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), so the plans are
-    derived here one after another (`make derive`: the second scenario of a run)."""
+    """Whether this process ran a backward pass (a trace, or a measurement: workload/steps.py): autograd's engine
+    then refuses to run in a forked child ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"), so the plans are derived here one after another (`make derive`: the second scenario of a
+    run)."""
     import sys
 
-    step = sys.modules.get(f"{__name__}.step")
-    return bool(step is not None and step.BACKWARD_RAN)
+    steps = sys.modules.get("nnmem_sweep.workload.steps")
+    return bool(steps is not None and steps.BACKWARD_RAN)
 
 
 def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:

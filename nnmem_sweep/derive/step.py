@@ -26,7 +26,6 @@ import torch
 from .kinds import ACT, BUFFER, GRAD, INPUT, KV, PARAM, TEMP  # noqa: F401  (what a storage is, decided after a step)
 from .trace import Recorder, Trace
 DECODE_STEPS = 3  # the first, a later one, and one to check the later one by
-BACKWARD_RAN: list[bool] = []  # non-empty once this process traced a backward pass (see derive.prefetch)
 
 
 @dataclass
@@ -131,8 +130,6 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     attention = contextlib.nullcontext()
     if device == "cuda" and case.get("attention", "flash") == "flash":
         attention = fused_attention_dropout()
-    if train and not BACKWARD_RAN:
-        BACKWARD_RAN.append(True)
     with run_contexts(case, fake=True), attention, collector_paused(), rec:
         run_steps(w, rec)
         rec.mark("end")

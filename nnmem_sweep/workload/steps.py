@@ -65,6 +65,10 @@ class Workload:
     zero_grad: str = "set_to_none"  # ZERO_GRADS: set_to_none frees the grads after step(); zeros keeps them, zeroed
 
 
+# Non-empty once this process ran a backward pass (a trace or a measurement): autograd's engine then refuses to run in
+# a forked child, so the derive package derives in this process instead of forking (derive.prefetch).
+BACKWARD_RAN: list[bool] = []
+
 # optimizer.zero_grad(set_to_none=True) (torch >= 2.0's default) or zero_grad(set_to_none=False) (torch < 2.0's
 # default; DDP's gradient_as_bucket_view buckets stay allocated the same way): the gradients then live through the
 # next forward and backward accumulates into them in place.
@@ -116,6 +120,8 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
                         loss = out.loss
                         del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
             with rec.phase("backward", step):
+                if not BACKWARD_RAN:
+                    BACKWARD_RAN.append(True)
                 loss.backward()
                 del loss
             totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
