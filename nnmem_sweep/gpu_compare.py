@@ -191,3 +191,21 @@ def summary_lines(root: Path = VALIDATION, trace: bool = False) -> list[str]:
         env, df = compare_run(folder, trace)
         out += [f"real-GPU run {folder}:", format_comparison(env, df), ""]
     return out
+
+
+def run_summaries(root: Path = VALIDATION) -> list[dict[str, Any]]:
+    """One line of figures per committed kit run, for the report's Validation section: the GPU, the date, the
+    releases, how many points were measured and the median and largest |error| of each of FIGURES."""
+    out = []
+    for folder in runs(root):
+        env, df = compare_run(folder)
+        done = df[df["status"].astype(str).str.startswith("measured")] if len(df) else df
+        line: dict[str, Any] = {"folder": str(folder), "gpu": env.get("gpu", "?"), "date": str(env.get("date", ""))[:10],
+                                "stack": f"torch {env.get('torch')}, transformers {env.get('transformers')}, CUDA "
+                                         f"{env.get('cuda')}", "points": len(df), "measured": len(done)}
+        for label, m, _ in FIGURES:
+            err = done[f"{m}_error"].abs().dropna() if f"{m}_error" in done else pd.Series(dtype=float)
+            line[label] = (float(err.median()), float(err.max()), len(err)) if len(err) else None
+        out.append(line)
+    return out
+

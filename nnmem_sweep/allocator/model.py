@@ -119,6 +119,8 @@ class CachingAllocatorModel:
         self.peak_allocated_event = self.peak_reserved_event = -1
         self._next_base = _ADDRESS_ALIGN
         self._live: dict[int, _Block] = {}  # ptr -> allocated block
+        # the address of the next segment, where it is known (a replayed snapshot's), else None: synthetic
+        self.next_address: int | None = None
         self._expandable_segments: list[_Segment] = []
 
     # ---- statistics ------------------------------------------------------------------------------------------
@@ -134,9 +136,44 @@ class CachingAllocatorModel:
         self.num_device_free += 1
 
     def _new_segment(self, small: bool, page: int, size: int) -> _Segment:
+        if self.next_address is not None:  # a real snapshot's address (snapshot.py): its ties are broken by it
+            seg, self.next_address = _Segment(self.next_address, small, page, size), None
+            return seg
         seg = _Segment(self._next_base, small, page, size)
         self._next_base += (-(-size // _ADDRESS_ALIGN) + 1) * _ADDRESS_ALIGN
         return seg
+
+    def adopt_segment(self, size: int, small: bool, allocated: list[tuple[int, int]]) -> list[_Block]:
+        """A native segment that exists before the replay starts (a real snapshot's: allocator/snapshot.py): `size`
+        bytes in the small or large pool, blocks allocated at (offset, bytes), the space between them free blocks.
+        Counted as reserved (and as a cudaMalloc); returns the allocated blocks in address order."""
+        seg = self._new_segment(small, 0, size)
+        self._reserve(size)
+        pool = self.small_pool if small else self.large_pool
+        pieces, pos = [], 0
+        for off, n in sorted(allocated):
+            if off > pos:
+                pieces.append((pos, off - pos, False))
+            pieces.append((off, n, True))
+            pos = off + n
+        if pos < size:
+            pieces.append((pos, size - pos, False))
+        out, prev = [], None
+        for off, n, on in pieces:
+            b = _Block(seg.base + off, n, seg)
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            prev = b
+            if on:
+                b.allocated = True
+                self._live[b.ptr] = b
+                self.allocated += n
+                out.append(b)
+            else:
+                pool.insert(b)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return out
 
     # ---- malloc ----------------------------------------------------------------------------------------------
     def request_sizes(self, nbytes: int) -> tuple[int, int]:

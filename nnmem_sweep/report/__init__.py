@@ -14,9 +14,11 @@ from typing import Any
 import hashlib
 
 from .. import accuracy, formulas, published_compare
+from ..allocator.snapshot import evidence as snapshot_evidence
 from ..config import load_scenario
 from ..diff import changes_since as diff_since, config_at_revision
 from ..errors import Problem, ScenarioError
+from ..gpu_compare import run_summaries
 from ..grid import checked_size
 from ..outputs import OutputSet, checkpoint
 from ..paths import atomic_write_bytes, atomic_write_text
@@ -52,6 +54,17 @@ def load_validation(truth_dir: Path | None = None):
     if folder is None or not any(folder.glob("*.json")):
         return None
     return accuracy.compare(accuracy.load_cases(folder))
+
+
+def load_gpu_evidence(validation: Any = AUTO) -> dict[str, Any] | None:
+    """What real GPUs say of the model, for the Validation section where it is left to its default: the allocator
+    snapshots of real GPUs (tests/data/snapshots) replayed, and the committed GPU-kit runs (validation/gpu/)."""
+    if not (isinstance(validation, str) and validation == AUTO):
+        return None
+    snaps = next((d for d in (Path("tests/data/snapshots"), _REPO / "tests/data/snapshots") if d.is_dir()), None)
+    runs = next((d for d in (Path("validation/gpu"), _REPO / "validation/gpu") if d.parent.is_dir()), None)
+    return {"snapshots": snapshot_evidence(snaps) if snaps else [],
+            "gpu_runs": run_summaries(runs) if runs else None}
 
 
 def load_published_comparison(validation: Any = AUTO, published: Any = AUTO):
@@ -105,7 +118,8 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
                         load_formulas() if formulas == AUTO else formulas,
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
-                        getattr(result, "cluster", None), load_published_comparison(validation, published))
+                        getattr(result, "cluster", None), load_published_comparison(validation, published),
+                        load_gpu_evidence(validation))
     # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
     ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
     checkpoint("html")

@@ -68,12 +68,16 @@ def published(table: pd.DataFrame | None) -> dict[str, Any] | None:
                         "in sample"], "rows": rows, "stats": stats}
 
 
-def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None = None) -> dict[str, Any] | None:
+def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None = None,
+               gpu_evidence: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Measured vs estimated (accuracy.compare's frame): one row per case, GiB and signed relative error; with
-    published_compare's frame, the published real-GPU measurements too (`published`)."""
+    published_compare's frame, the published real-GPU measurements too (`published`); with `gpu_evidence`, the
+    allocator snapshots of real GPUs replayed (`snapshots`) and the committed GPU-kit runs (`gpu_runs`)."""
+    extra = {"published": published(published_table), **_gpu_evidence(gpu_evidence)}
     if table is None or len(table) == 0:
-        pub = published(published_table)
-        return None if pub is None else {"headers": [], "rows": [], "count": "0", "stats": "", "published": pub}
+        if not any(extra.values()):
+            return None
+        return {"headers": [], "rows": [], "count": "0", "stats": "", **extra}
     cols = [(c, h) for c, h in _VALIDATION_COLUMNS if c in table.columns]
     rows = [[_cell(c, v) for (c, _), v in zip(cols, rec)]
             for rec in table[[c for c, _ in cols]].itertuples(index=False, name=None)]
@@ -87,5 +91,38 @@ def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None 
             if "within_tolerance" in table.columns:
                 stats += f"; {int(table['within_tolerance'].sum())} of {len(table)} within their stated tolerance"
             stats += "."
-    return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats,
-            "published": published(published_table)}
+    return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats, **extra}
+
+
+def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
+    """The allocator snapshots replayed (allocator/snapshot.evidence) and the kit runs (gpu_compare.run_summaries),
+    as the template shows them."""
+    if ev is None:
+        return {"snapshots": None, "gpu_runs": None}
+    snaps = ev.get("snapshots") or []
+    rows = [[s["name"], f"{s['source'].get('repository', '').removeprefix('https://github.com/')} "
+             f"{s['source'].get('path', '')} @ {str(s['source'].get('commit', ''))[:10]}",
+             f"{s['events']:,}", f"{s['segments_made']:,} of {s['segments']:,}", gib_number(s["peak_reserved_bytes"], 2),
+             "yes" if s["ok"] else f"no: {s['difference']}"] for s in snaps]
+    ok = sum(s["ok"] for s in snaps)
+    snapshots = None if not snaps else {
+        "headers": ["snapshot", "source (repository, file @ commit)", "events", "segments made (of at the end)",
+                    "peak reserved (GiB)", "block for block"], "rows": rows,
+        "stats": f"{ok} of {len(snaps)} replayed block for block: every segment the GPU made, where and as large as it "
+                 "made it, every block at the GPU's address, the layout at the end and the peak reserved. Each replay "
+                 "is told the address of each segment the GPU made, so that ties between equal free blocks fall as "
+                 "on the GPU (the lowest address); a plan's replays cannot know the addresses and take the oldest "
+                 "segment first."}
+    runs = ev.get("gpu_runs")
+    if runs is None:
+        return {"snapshots": snapshots, "gpu_runs": None}
+    lines = []
+    for r in runs:
+        figs = "; ".join(f"{label} median |error| {v[0] * 100:.1f}%, largest {v[1] * 100:.1f}% ({v[2]} points)"
+                         for label, v in ((k, r.get(k)) for k in ("peak allocated", "least capacity",
+                                                                  "outside PyTorch")) if v)
+        lines.append(f"{r['gpu']}, {r['date']} ({r['stack']}): {r['measured']} of {r['points']} points measured"
+                     + (f"; {figs}" if figs else ""))
+    return {"snapshots": snapshots, "gpu_runs": {"lines": lines or [
+        "none committed yet: the GPU kit (`make gpu-check`, validation/gpu.yaml) measures each claim no GPU has "
+        "confirmed (the replayed reserve, the memory outside PyTorch, throughput) on the first GPU lent"]}}

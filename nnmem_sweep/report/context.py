@@ -50,12 +50,14 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
                   serving_plan: pd.DataFrame | None = None,
                   serving_context: pd.DataFrame | None = None, changes: Any = None,
                   cluster_options: pd.DataFrame | None = None,
-                  published_table: pd.DataFrame | None = None) -> dict[str, Any]:
+                  published_table: pd.DataFrame | None = None,
+                  gpu_evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
     `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
     section, report/serving.py); None leaves the section out. `changes`: a diff.Changes (the "Changes since REV"
     section, report/changes.py); None leaves it out. `cluster_options`: cluster_options.csv of a scenario with a
-    `cluster:` block (the "Cluster options" section, report/cluster.py); None leaves it out."""
+    `cluster:` block (the "Cluster options" section, report/cluster.py); None leaves it out. `gpu_evidence`: the
+    real-GPU allocator snapshots replayed and the committed kit runs (report.load_gpu_evidence), in Validation."""
     point = reference_point(sc)
     usable = usable_by_gpu(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)
@@ -92,7 +94,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         },
         "assumptions": assumed,
         "formulas": formulas(all_formulas),
-        "validation": validation(validation_table, published_table),
+        "validation": validation(validation_table, published_table, gpu_evidence),
         "serving": serving_section(sc, serving_plan, serving_context, point),
         "changes": changes_section(changes, prov, sc),
         "cluster": cluster_section(sc, cluster_options),

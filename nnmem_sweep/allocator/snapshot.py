@@ -1,0 +1,198 @@
+"""Real GPUs' allocator snapshots replayed through the model (model.py): the evidence that its rules are PyTorch's.
+
+A `torch.cuda.memory._dump_snapshot()` pickle holds the segments at the end of the recording and the allocator's
+trace while it was recorded (`device_traces`: alloc, free_completed, segment_alloc ...; an alloc's size is the size
+asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(doc)` replays it:
+
+  1. the state when the recording started: the segments it did not make, with the blocks in them that are
+     allocated at the end and that it never allocated, the rest of those segments free (a recording that frees a
+     block allocated before it started, or releases a segment, cannot be rebuilt so and is refused: Unreplayable);
+  2. every alloc through CachingAllocatorModel.malloc and every free_completed through free; each segment the model
+     makes takes the address of the GPU's segment_alloc (so ties between equal free blocks fall as on the GPU), and
+     at each alloc the model must make a segment exactly where the GPU made one, of its size, and put the block at
+     the GPU's address;
+  3. at the end, every segment's blocks (offset, size, allocated or free), the number of segments and the peak
+     reserved.
+
+One device, one stream, native segments (what the model models); `check` names the first difference.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .model import CachingAllocatorModel
+from .options import AllocatorOptions
+
+ACTIONS = ("alloc", "free_completed", "segment_alloc", "segment_free")
+ALLOC, FREE, SEGMENT, SEGMENT_FREE = range(4)
+
+
+def slim(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+    """The fields a replay reads: segments (address, total size, pool, expandable, stream; blocks as [address, size,
+    allocated]) and the trace as [action (ACTIONS' index), address, size]; stack frames and timings dropped."""
+    traces = snapshot.get("device_traces") or [[]]
+    return {
+        "segments": [{"address": int(s["address"]), "total_size": int(s["total_size"]),
+                      "small": s["segment_type"] == "small", "expandable": bool(s.get("is_expandable")),
+                      "stream": int(s.get("stream", 0)),
+                      "blocks": [[int(b["address"]), int(b["size"]), b["state"].startswith("active")]
+                                 for b in s["blocks"]]}
+                     for s in snapshot["segments"] if s.get("device", device) == device],
+        "trace": [[ACTIONS.index(e["action"]), int(e["addr"]), int(e["size"])] for e in traces[device]
+                  if e["action"] in ACTIONS],
+    }
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A slimmed snapshot (.json.gz, with its `source`), or a raw pickle, slimmed here."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
+    with open(path, "rb") as f:
+        return slim(pickle.load(f))
+
+
+class Unreplayable(ValueError):
+    """A snapshot outside what the model models or what its end state lets rebuild."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """What the replay of one snapshot found: `ok` when every segment the GPU made, every block's address, the end
+    layout and the peak reserved are the model's; `difference` names the first that is not."""
+
+    events: int  # replayed (up to the first difference)
+    segments_made: int  # during the recording, by the model where the GPU made them
+    segments: int  # at the end
+    peak_reserved_bytes: int  # the GPU's: the segments before the recording plus those it made (none released)
+    model_peak_reserved_bytes: int
+    difference: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.difference
+
+
+def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
+    """The segments that exist before the recording, and the block addresses it allocates."""
+    segs, trace = doc["segments"], doc["trace"]
+    if any(s["expandable"] for s in segs) or len({s["stream"] for s in segs}) > 1:
+        raise Unreplayable("expandable segments or several streams: not modelled")
+    if any(act == SEGMENT_FREE for act, _, _ in trace):
+        raise Unreplayable("segments released during the recording: the state before it is not known")
+    made = {a for act, a, _ in trace if act == SEGMENT}
+    allocated: set[int] = set()
+    early = 0
+    for act, a, _ in trace:
+        if act == ALLOC:
+            allocated.add(a)
+        elif act == FREE and a not in allocated:
+            early += 1
+    if early:
+        raise Unreplayable(f"{early} block(s) allocated before the recording are freed during it: the state before "
+                           "it is not known")
+    return [s for s in segs if s["address"] not in made], allocated
+
+
+def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), addresses: bool = True) -> Check:
+    """Replay `doc` (see the module docstring). addresses=False: the model takes its own addresses for the segments
+    the recording makes (oldest first, as a plan's replays do) and only the peak reserved is compared."""
+    segs, trace = doc["segments"], doc["trace"]
+    before, allocated = _initial(doc)
+    model = CachingAllocatorModel(options)
+    live: dict[int, object] = {}  # the GPU's block address -> the model's block
+    gpu = sum(s["total_size"] for s in before)
+    peak = gpu
+    for s in sorted(before, key=lambda s: s["address"]):  # 1.
+        kept = [(a - s["address"], n) for a, n, on in s["blocks"] if on and a not in allocated]
+        model.next_address = s["address"]
+        for (off, _), b in zip(kept, model.adopt_segment(s["total_size"], s["small"], kept)):
+            live[s["address"] + off] = b
+    made, pending = 0, None  # pending: the size of the GPU's segment_alloc the next alloc must cause
+
+    def differs(i: int, text: str) -> Check:
+        return Check(i, made, len(segs), peak, model.peak_reserved, f"event {i}: {text}")
+
+    for i, (act, addr, size) in enumerate(trace):  # 2.
+        if act == SEGMENT:
+            gpu += size
+            peak = max(peak, gpu)
+            if addresses:
+                pending = size
+                model.next_address = addr
+        elif act == FREE:
+            model.free(live.pop(addr))
+        else:
+            count = model.num_device_alloc
+            b = model.malloc(size)
+            if b is None:
+                return differs(i, f"the model runs out of memory allocating {size:,} B")
+            if not addresses:
+                made += model.num_device_alloc - count
+                live[addr] = b
+                continue
+            if model.num_device_alloc != count:
+                if pending != b.seg.size:
+                    return differs(i, f"the model makes a {b.seg.size:,} B segment where the GPU makes "
+                                      f"{'none' if pending is None else f'one of {pending:,} B'}")
+                made += 1
+            elif pending is not None:
+                return differs(i, f"the GPU makes a {pending:,} B segment where the model reuses a cached block")
+            if b.ptr != addr:
+                return differs(i, f"{size:,} B at {b.ptr:#x} (segment {b.seg.base:#x}) where the GPU puts it at "
+                                  f"{addr:#x}")
+            pending = None
+            model.next_address = None
+            live[addr] = b
+    end = len(trace)
+    if not addresses:
+        return Check(end, made, len(segs), peak, model.peak_reserved,
+                     "" if model.peak_reserved == peak else "the peak reserved differs")
+    ours = {info.base: info for info in model.snapshot()}  # 3.
+    if sorted(ours) != sorted(s["address"] for s in segs):
+        return Check(end, made, len(segs), peak, model.peak_reserved,
+                     f"the model ends with {len(ours)} segments, the GPU with {len(segs)}")
+    for s in segs:
+        got = [(blk.offset, blk.size, blk.state == "allocated") for blk in ours[s["address"]].blocks]
+        want = _merged([(a - s["address"], n, on) for a, n, on in s["blocks"]])
+        if got != want:
+            first = next(k for k, (x, y) in enumerate(zip(got + [None] * len(want), want + [None] * len(got)))
+                         if x != y)
+            return Check(end, made, len(segs), peak, model.peak_reserved,
+                         f"segment {s['address']:#x}, block {first}: {(got + [None])[first]} where the GPU has "
+                         f"{(want + [None])[first]}")
+    if model.peak_reserved != peak:
+        return Check(end, made, len(segs), peak, model.peak_reserved, "the peak reserved differs")
+    return Check(end, made, len(segs), peak, model.peak_reserved, "")
+
+
+def _merged(blocks: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """Adjacent free blocks as one (the model merges them on free; a snapshot may list them apart)."""
+    out: list[tuple[int, int, bool]] = []
+    for off, n, on in sorted(blocks):
+        if out and not on and not out[-1][2] and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + n, False)
+        else:
+            out.append((off, n, on))
+    return out
+
+
+def evidence(folder: Path) -> list[dict[str, Any]]:
+    """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found."""
+    out = []
+    for path in sorted(Path(folder).glob("*.json.gz")):
+        doc = load(path)
+        try:
+            c = check(doc)
+            found = {"ok": c.ok, "difference": c.difference, "events": c.events, "segments_made": c.segments_made,
+                     "segments": c.segments, "peak_reserved_bytes": c.peak_reserved_bytes}
+        except Unreplayable as e:
+            found = {"ok": False, "difference": f"not replayable: {e}", "events": 0, "segments_made": 0,
+                     "segments": len(doc["segments"]), "peak_reserved_bytes": 0}
+        out.append({"name": path.name.removesuffix(".json.gz"), "source": doc.get("source", {}), **found})
+    return out
