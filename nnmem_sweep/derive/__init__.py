@@ -127,9 +127,10 @@ def _backward_ran() -> bool:
 
 def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:
     from . import cache
-    from .derivation import derive
+    from .derivation import IN_WORKER, derive
     from .plans import to_json
 
+    IN_WORKER.append(True)  # one recipe per core already: its probes are traced here one after another
     mode, recipe, attention, checkpointing, device = what
     cache.lookup(source.digest(), what,
                  lambda: to_json(derive(source, mode, recipe, attention, checkpointing, device, progress)), ship_to)

@@ -112,8 +112,22 @@ def _check_decode_steps(st: step.StepTrace, coef, label: str) -> None:
                                   "(the cache does not grow by one token per step)")
 
 
+# The probe being traced in this process: what a forked tracing worker inherits (_trace_in_worker).
+_WORKER_PROBE: list = []
+# Non-empty inside a process that derives plans in parallel with others (derive.prefetch's workers): its probes are
+# traced there one after another, the cores already busy.
+IN_WORKER: list[bool] = []
+
+
+def _trace_in_worker(shape: tuple[int, int]):
+    return _WORKER_PROBE[0].trace_here(*shape)
+
+
 class _Probe:
-    """Traces of one recipe at any shape, each traced once."""
+    """Traces of one recipe at any shape, each traced once. With more than one core, shapes asked for together
+    (`prefetch`) are traced in parallel by worker processes forked once, right after the model is built (autograd
+    refuses to run in a child forked after a backward pass, so the workers are made before the first trace); the
+    derivation itself stays sequential and finds them traced."""
 
     def __init__(self, source, mode, recipe, attention, checkpointing, device, progress):
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -126,12 +140,55 @@ class _Probe:
         self.mode = mode
         self.label = f"{mode} {recipe} {attention}" + (f" checkpointing={checkpointing}" if mode == "train" else "")
         self.traces: dict[tuple[int, int], step.StepTrace] = {}
+        self.pool = self._pool()
+
+    def _pool(self):
+        import os
+
+        from ..workload import steps
+
+        workers = min(4, os.cpu_count() or 1)
+        if workers < 2 or IN_WORKER or steps.BACKWARD_RAN:
+            return None
+        import multiprocessing
+
+        _WORKER_PROBE[:] = [self]
+        try:
+            return multiprocessing.get_context("fork").Pool(workers)
+        finally:
+            _WORKER_PROBE.clear()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def trace_here(self, b: int, s: int) -> step.StepTrace:
+        with src.quiet(), self.fake:
+            return step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
+
+    def prefetch(self, shapes) -> None:
+        """Trace the shapes not traced yet, in parallel where there are workers."""
+        todo = [sh for sh in dict.fromkeys(shapes) if sh not in self.traces]
+        if not todo:
+            return
+        _say(self.progress, f"deriving {self.label}: tracing {len(todo)} shapes ({len(self.traces) + 1}-"
+                            f"{len(self.traces) + len(todo)})")
+        if self.pool is None or len(todo) < 2:
+            for sh in todo:
+                self(*sh)
+            return
+        for sh, t in zip(todo, self.pool.map(_trace_in_worker, todo)):
+            self.traces[sh] = t
 
     def __call__(self, b: int, s: int) -> step.StepTrace:
         if (b, s) not in self.traces:
             _say(self.progress, f"deriving {self.label}: tracing batch {b}, sequence {s} ({len(self.traces) + 1})")
-            with src.quiet(), self.fake:
-                self.traces[b, s] = step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
+            if self.pool is not None:
+                self.traces[b, s] = self.pool.apply(_trace_in_worker, ((b, s),))
+            else:
+                self.traces[b, s] = self.trace_here(b, s)
         return self.traces[b, s]
 
     def agrees(self, shape, base, coef) -> bool:
@@ -156,8 +213,8 @@ def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: i
     for d in (min(32, width // 2), 1):  # spacing 1 where sizes change rule right above s_lo (a cap at a window)
         s_probes = [s_lo, s_lo + d, s_lo + 2 * d]
         shapes = [(b, s) for s in s_probes for b in B_PROBES]
-        for sh in shapes:
-            probe(*sh)
+        # with them, the checks and batch 1's shapes (traced together where there are cores to spare)
+        probe.prefetch(shapes + [(2, s_check), (4, top)] + [(1, s) for s in s_probes] + [(1, top)])
         try:
             coef = _solve_region(probe.traces, shapes, [], None, probe.label)
             break
@@ -191,8 +248,7 @@ def _fixed_s(probe: _Probe, s: int) -> list[Region]:
     """One sequence length: the sizes as polynomials in b (1, b) from batches 2 and 3, checked at 4 (batch 1 its own
     region where it is another program)."""
     shapes, checks = [(2, s), (3, s)], [(4, s)]
-    for sh in shapes + checks:
-        probe(*sh)
+    probe.prefetch(shapes + checks + [(1, s)])
     coef = _solve_region(probe.traces, shapes, checks, (0, 2), probe.label)
     base = probe.traces[shapes[0]]
     if probe.agrees((1, s), base, coef):
@@ -205,6 +261,7 @@ def _fixed_s(probe: _Probe, s: int) -> list[Region]:
 def _program_end(probe: _Probe, s_lo: int, far: int, hints: list[int]) -> int:
     """The largest s in [s_lo, far] at which the step (b = 2) runs the program it runs at s_lo (one change point
     between two lengths that agree is assumed: a config threshold where one fits, else bisection)."""
+    probe.prefetch([(2, s_lo), (2, far)] + [(2, h) for h in hints if s_lo < h < far])
     sig = probe(2, s_lo).trace.signature()
 
     def same(s: int) -> bool:
@@ -249,6 +306,14 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
     inference request's prefill and first decode step."""
     t0 = time.perf_counter()
     probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
+    try:
+        return _derive(probe, source, mode, recipe, attention, checkpointing, device, progress, t0)
+    finally:
+        probe.close()
+
+
+def _derive(probe: _Probe, source, mode: str, recipe: str, attention: str, checkpointing: str, device: str,
+            progress: bool, t0: float) -> DerivedPlan:
     if mode == "infer" and getattr(getattr(probe.model, "config", None), "is_encoder_decoder", False):
         raise src.DerivationError(f"{probe.label}: an encoder-decoder's request is measured (`nnmem-sweep measure`) "
                                   "but not derived: its decoder cache grows with the generated tokens, not with the "
@@ -256,8 +321,7 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
     notes: list[str] = []
     if not source.sequence:
         shapes, checks = [(2, 1), (3, 1)], [(4, 1)]
-        for sh in shapes + checks:
-            probe(*sh)
+        probe.prefetch(shapes + checks + [(1, 1)])
         coef = _solve_region(probe.traces, shapes, checks, (0, 2), probe.label)
         base = probe.traces[shapes[0]]
         if probe.agrees((1, 1), base, coef):
