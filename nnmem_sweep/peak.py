@@ -19,7 +19,7 @@ import pandas as pd
 
 from . import columns as C
 from .components import activations as act
-from .components import derived
+from .components import derived, derived_lines
 from .components.infer_plan import InferTables, infer_phases, infer_plan
 from .components.plan import Plan, cached, codes, combine, ints, pick_phases, precisions
 from .components.train_plan import train_plan
@@ -82,7 +82,7 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
     """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
     batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
     if arch.kind == "derived":
-        return derived.frame_batch_lines(arch, mode, frame, device)
+        return derived_lines.frame_batch_lines(arch, mode, frame, device)
     plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False, prefill_logits=prefill_logits)
 
     def at(b: np.ndarray) -> list[np.ndarray]:

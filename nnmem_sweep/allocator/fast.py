@@ -438,31 +438,6 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
     return out
 
 
-@_kernel
-def first_bad_event(ids, nbytes):
-    """(index, reason) of the first malformed event, (-1, 0) if none: 1 an id allocated again before its free,
-    2 a free of an id not allocated, 3 a free whose size differs from its allocation (replay.py's messages)."""
-    n_ids = 0
-    for k in range(ids.shape[0]):
-        if ids[k] + 1 > n_ids:
-            n_ids = ids[k] + 1
-    held = np.zeros(n_ids, dtype=np.int64)  # the live allocation's bytes, 0 when none
-    for ev in range(ids.shape[0]):
-        nb = nbytes[ev]
-        i = ids[ev]
-        if nb > 0:
-            if held[i] > 0:
-                return ev, 1
-            held[i] = nb
-        elif nb < 0:
-            if held[i] == 0:
-                return ev, 2
-            if held[i] != -nb:
-                return ev, 3
-            held[i] = 0
-    return -1, 0
-
-
 def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
@@ -473,7 +448,6 @@ def warm() -> None:
     if compiled():
         ids = np.array([0, 0], dtype=np.int64)
         nbytes = np.array([512, -512], dtype=np.int64)
-        first_bad_event(ids, nbytes)
         replay_native(ids, nbytes, UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64), UNLIMITED, kLargeBuffer,
                       kLargeBuffer, 16)
 

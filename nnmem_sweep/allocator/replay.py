@@ -120,8 +120,7 @@ def prepare(events) -> Prepared:
                          f"{arr.dtype} {arr.shape}")
     arr = arr.astype(np.int64, copy=False)
     ids, nbytes = fast.dense(arr) if len(arr) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    fast.compiled()  # the check below runs compiled too, where numba is installed
-    i, reason = fast.first_bad_event(ids, nbytes) if len(arr) else (-1, 0)
+    i, reason = _first_bad_event(arr)
     if i >= 0:
         block_id, n = (int(x) for x in arr[i])
         if reason == 1:
@@ -131,6 +130,32 @@ def prepare(events) -> Prepared:
         held = int(arr[:i][(arr[:i, 0] == block_id) & (arr[:i, 1] > 0), 1][-1])
         raise ValueError(f"event {i}: free of id {block_id} says {-n} B, its allocation {held} B")
     return Prepared(arr, ids, nbytes, fast.peak_live(nbytes))
+
+
+def _first_bad_event(arr: np.ndarray) -> tuple[int, int]:
+    """(index, reason) of the first malformed event, (-1, 0) if none: 1 an id allocated again before its free, 2 a
+    free of an id not allocated, 3 a free whose size differs from its allocation. Each id's events, in order, must
+    alternate allocation and free, starting with an allocation, each free the size of the allocation before it."""
+    keep = np.flatnonzero(arr[:, 1] != 0) if len(arr) else np.zeros(0, dtype=np.int64)
+    if not len(keep):
+        return -1, 0
+    ids, nb = arr[keep, 0], arr[keep, 1]
+    order = np.lexsort((keep, ids))  # by id, then in event order
+    sid, snb = ids[order], nb[order]
+    first = np.ones(len(sid), dtype=bool)
+    first[1:] = sid[1:] != sid[:-1]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(sid)), 0))
+    odd = (np.arange(len(sid)) - start) % 2 == 1  # an id's 2nd, 4th, ... event: must be a free
+    prev = np.concatenate([[0], snb[:-1]])
+    reason = np.zeros(len(sid), dtype=np.int64)
+    reason[odd & (snb > 0)] = 1
+    reason[~odd & (snb < 0)] = 2
+    reason[odd & (snb < 0) & (-snb != prev)] = 3
+    bad = np.flatnonzero(reason)
+    if not len(bad):
+        return -1, 0
+    j = bad[np.argmin(keep[order][bad])]
+    return int(keep[order][j]), int(reason[j])
 
 
 def oom_message(model: CachingAllocatorModel, nbytes: int, device_total_bytes: int | None = None) -> str:

@@ -114,3 +114,29 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
         table[name] = {"batch": b, "seq_len": s, "events": len(ev), "peak": peak, "least_capacity": need}
         print(name, b, s, len(ev), peak, need, flush=True)
     GOLDEN.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq=sequences(), where=st.integers(0, 10**6), how=st.sampled_from(["drop", "swap", "resize", "twice"]))
+def test_a_malformed_sequence_is_refused_by_both_with_the_same_words(seq, where, how):
+    """The compiled path checks a sequence once, vectorised (replay.prepare); the reference model checks it event by
+    event: on any damage they refuse the same event with the same message, or both accept."""
+    ev = seq.tolist()
+    i = where % len(ev)
+    if how == "drop":
+        del ev[i]
+    elif how == "swap" and i + 1 < len(ev):
+        ev[i], ev[i + 1] = ev[i + 1], ev[i]
+    elif how == "resize":
+        ev[i][1] += 512 if ev[i][1] > 0 else -512
+    elif how == "twice":
+        ev.insert(i, list(ev[i]))
+    arr = np.array(ev, dtype=np.int64).reshape(-1, 2)
+    outcomes = []
+    for run in (lambda: replay(arr, engine="model"), lambda: prepare(arr)):
+        try:
+            run()
+            outcomes.append("ok")
+        except ValueError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]

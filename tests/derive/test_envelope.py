@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nnmem_sweep.components.derived import frame_batch_lines, frame_phase_totals, upper_envelope
+from nnmem_sweep.components.derived import frame_phase_totals
+from nnmem_sweep.components.derived_lines import frame_batch_lines, upper_envelope
 
 lines = st.lists(st.tuples(st.integers(-10**12, 10**12), st.integers(-10**6, 10**6)), min_size=1, max_size=30)
 
