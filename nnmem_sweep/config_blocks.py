@@ -32,13 +32,14 @@ from .catalog.gpus import get_gpu, unknown_gpu_message
 from .allocator import AllocatorOptions
 from .cluster import parse_cluster
 from .components import finetune as F
+from .components import finetune_method as FM
 from .components.finetune_method import parse_finetune
 from .components.runtime import parse_runtime
 from .config_check import Checker, as_list, dedupe
 from .config_yaml import join
 from .errors import ScenarioError, UsageError
 from .derive import DerivationError
-from .derive.arch import architecture_of
+from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .paths import safe_stem
@@ -415,12 +416,30 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU only; remove the parallel: block "
                            "or use method: full", key=True)
         return model
-    try:
-        F.adapter_params(model, ft)  # unsupported model families and unknown targets are one line each
-    except (UsageError, ValueError) as e:
-        ck.add("finetune", str(e), key=True)
+    if FM.hand_modelled(model, ft):
+        try:
+            F.adapter_params(model, ft)  # targets the family lacks are one line
+        except (UsageError, ValueError) as e:
+            ck.add("finetune.targets" if "target" in str(e) and ck.b.locate("finetune.targets") else "finetune",
+                   str(e), key=True)
+            return model
+        return dataclasses.replace(model, finetune=ft)
+    # every other model (and modules_to_save): planned from its own code with peft's adapters on it
+    if ft.method == "qlora":
+        ck.add("finetune", f"method qlora is modelled for the hand-modelled families ({', '.join(FM.LORA_FAMILIES)}) "
+                           f"only: {model.name}'s 4-bit base would be traced through bitsandbytes' kernels, which "
+                           "need a CUDA device; plan method: lora (a 16-bit base)", key=True)
         return model
-    return dataclasses.replace(model, finetune=ft)
+    base = derived_twin(model, allow_deriving=True) if model.kind != "derived" else model
+    if base is None:
+        ck.add("finetune", f"finetune {ft.method} of {model.name}: it has no hand model of its adapters and cannot be "
+                           "planned from its own code (give it as a preset, hf_config or module)", key=True)
+        return model
+    try:
+        return with_adapters(base, ft, peft_spec(ft))
+    except DerivationError as e:
+        ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
+        return model
 
 
 def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,

@@ -30,7 +30,8 @@ from .accuracy import architecture_of, case_frame
 from .catalog.gpus import list_gpus
 from .derive import stored_only
 from .estimate import estimate_frame
-from .replays import derived_twin, point_reserve
+from .derive.arch import derived_twin
+from .replays import point_reserve
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads
 from .units import format_bytes
 

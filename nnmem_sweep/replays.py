@@ -47,8 +47,7 @@ from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from . import derive
 from .components.reserve import row_sequences
-from .derive.arch import architecture_of
-from .models.resolve import ModelSpecError, resolve_model
+from .derive.arch import derived_twin
 from .derive.cache import memo_read, memo_write, versions
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
@@ -177,23 +176,6 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
 def _span(values) -> str:
     lo, hi = 100 * min(values), 100 * max(values)
     return f"{hi:.1f} %" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} %"
-
-
-def derived_twin(arch, allow_deriving: bool = False):
-    """The derived Architecture of a hand-modelled preset (None when it has none, or, unless allow_deriving, when
-    its card is not stored): its traced allocation sequences stand for the hand model's."""
-    if arch.kind == "derived":
-        return arch
-    if not arch.preset or arch.finetune is not None or arch.kind not in ("transformer", "moe"):
-        return None
-    try:
-        spec = resolve_model({"preset": arch.preset, "derive": True}, Path("."))
-        if allow_deriving:
-            return architecture_of(spec)
-        with derive.stored_only():
-            return architecture_of(spec)
-    except (derive.DerivationError, ModelSpecError, ValueError):
-        return None
 
 
 def with_replayed_reserve(sc: Scenario, progress: bool = False, bands: bool = True) -> Scenario:

@@ -18,7 +18,7 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
     import dataclasses
 
     from .config import load_scenario
-    from .replays import derived_twin
+    from .derive.arch import derived_twin
     from .runner import run_scenario
 
     with shipping(cache.SHIPPED) if ship else _nothing():
@@ -51,7 +51,8 @@ def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = Non
     with shipping(cache.SHIPPED) if ship else _nothing():
         for case in load_cases(truth_dir):
             i = case["inputs"]
-            if (only and case["case_id"] not in only) or "layers" in i or i.get("finetune"):
+            if (only and case["case_id"] not in only) or "layers" in i or \
+                    (i.get("finetune") and hand_modelled_case(case)):  # a hand-modelled LoRA has no derived plan
                 continue
             t0 = time.perf_counter()
             try:

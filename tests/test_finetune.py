@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nnmem_sweep.accuracy import architecture_of
+from nnmem_sweep.accuracy import architecture_of, hand_modelled_case
 from nnmem_sweep.catalog.optimizers import get_optimizer
 from nnmem_sweep.catalog.precisions import get_precision
 from nnmem_sweep.citations import FORMULAS
@@ -26,7 +26,9 @@ from nnmem_sweep.errors import ScenarioError, UsageError
 from nnmem_sweep.models.resolve import resolve_model
 
 TRUTH = Path(__file__).parent / "data" / "truth" / "finetune"
-CASES = sorted((json.loads(p.read_text()) for p in TRUTH.glob("*.json")), key=lambda c: c["case_id"])
+# the hand-modelled families' cases (the others are planned from their own code: tests/test_finetune_derived.py)
+CASES = sorted((c for p in TRUTH.glob("*.json") for c in [json.loads(p.read_text())] if hand_modelled_case(c)),
+               key=lambda c: c["case_id"])
 PHASE_TOLERANCE = 0.005  # 0.5 % per phase; every case but the checkpointed one is within 2 KB (FINDINGS.md)
 
 
@@ -285,11 +287,11 @@ def test_defaults_are_peft_and_qlora_paper():
 def test_bad_mapping_lists_every_problem_with_its_place():
     where = {"finetune.rank": ("s.yaml", 4, 9), "finetune.targets[1]": ("s.yaml", 5, 22)}
     with pytest.raises(ScenarioError) as e:
-        FM.parse_finetune({"method": "lora", "rank": 0, "targets": ["q_proj", "qproj"], "colour": 1},
+        FM.parse_finetune({"method": "lora", "rank": 0, "targets": ["q_proj", "q proj"], "colour": 1},
                          lambda path: where.get(path, ("s.yaml", 3, 3)))
     got = {(p.key_path, p.line) for p in e.value.problems}
     assert got == {("finetune.rank", 4), ("finetune.targets[1]", 5), ("finetune.colour", 3)}
-    assert "rank" in str(e.value) and "'qproj'" in str(e.value)
+    assert "rank" in str(e.value) and "'q proj'" in str(e.value)
 
 
 @pytest.mark.parametrize("node, key", [
@@ -316,7 +318,7 @@ def test_schema_fragment_agrees_with_the_parser():
         v.validate(good)
         FM.parse_finetune(good)
     for bad in ({"method": "lora", "rank": 0}, {"method": "lora", "targets": []}, {"rank": 8},
-                {"method": "lora", "targets": ["qproj"]}):
+                {"method": "lora", "targets": ["q proj"]}, {"method": "lora", "modules_to_save": []}):
         assert list(v.iter_errors(bad))
         with pytest.raises(ScenarioError):
             FM.parse_finetune(bad)

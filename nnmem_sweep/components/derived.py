@@ -22,6 +22,8 @@ kv_cache, temporary = the rest; master and optimizer state from the catalogs.
 from __future__ import annotations
 
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -29,7 +31,7 @@ from .. import columns as C
 from .. import derive
 from ..derive import plans as derivation
 from ..catalog.optimizers import get_optimizer
-from ..catalog.precisions import Precision
+from ..catalog.precisions import Precision, get_precision
 from ..citations import formula, source
 from ..errors import UsageError
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
@@ -269,6 +271,46 @@ def recipe_weights(arch, plan, prec: Precision) -> int:
     return weights_bytes(arch, prec) if prec.quant else plan.param_bytes
 
 
+def _trainable_groups(arch, prec: Precision) -> list[tuple[object, Precision]]:
+    """A derived model with a frozen base (peft's adapters): its trainable tensors as (an Architecture holding only
+    them, the precision they follow), one per dtype: peft's LoRA tensors in fp32 (get_peft_model's
+    autocast_adapter_dtype) unless the adapters keep the model's dtype, the rest (modules_to_save copies) in the
+    model's. Every optimizer rule (state, step temporaries, master copy) then reads them as it reads a model."""
+    card = arch.derived.card
+    ft = arch.derived.source.finetune or {}
+    fp32_adapters = ft.get("adapter_dtype", "fp32") == "fp32"
+    groups = {}
+    for t in card.tensors:
+        if t.trainable:
+            groups.setdefault(t.adapter and fp32_adapters, []).append(t)
+    out = []
+    for fp32, ts in groups.items():
+        sub = dataclasses.replace(arch, derived=dataclasses.replace(
+            arch.derived, card=dataclasses.replace(card, tensors=tuple(ts), params=sum(t.count * _numel(t) for t in ts))))
+        out.append((sub, get_precision("fp32") if fp32 and prec.weight_bytes < 4 else prec))
+    return out
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n
+
+
+@formula("derived_trainable_states", "M, S, T of the trainable tensors alone, per dtype group (fp32 adapters; "
+         "modules_to_save in the model's dtype); T_forloop: the largest group's", DERIVED,
+         where="peft get_peft_model (requires_grad only on adapters and modules_to_save; autocast_adapter_dtype)")
+def trainable_states(arch, prec: Precision, opt, impl: str) -> tuple[int, int, int]:
+    """(master copy, optimizer state, step temporaries) of a derived model whose base is frozen."""
+    groups = _trainable_groups(arch, prec)
+    M = sum(master_weights_bytes(a, p) for a, p in groups)
+    S = sum(optimizer_state_bytes(a, p, opt, impl) for a, p in groups)
+    temps = [optimizer_step_temporary_bytes(a, p, opt, impl) for a, p in groups]
+    T = (max(temps, default=0) if impl == "forloop" else sum(temps))
+    return M, S, T
+
+
 def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple, a_names: tuple,
                  c_names: tuple, device: str, progress: bool = False, z_names: tuple = ()):
     """(recipes {code: plan}, states {W, M, S, T, G: arrays over state codes}) for the names of a training frame.
@@ -291,12 +333,18 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                         _plan(arch, "train", prec.name, att, ck, device, progress, "zeros") if zeros else plan
                 states["W"][p_i, :, :, a_i, c_i] = recipe_weights(arch, plan, prec)
                 states["G"][p_i, :, :, a_i, c_i] = plan.grad_bytes
+        frozen = arch.derived.card.frozen
         states["M"][p_i] = master_weights_bytes(arch, prec)
         for o_i, o in enumerate(o_names):
             opt = get_optimizer(o)
             for i_i, impl in enumerate(i_names):
-                states["S"][p_i, o_i, i_i] = optimizer_state_bytes(arch, prec, opt, impl)
-                states["T"][p_i, o_i, i_i] = optimizer_step_temporary_bytes(arch, prec, opt, impl)
+                if frozen:  # adapters: the optimizer sees the trainable tensors only
+                    M, S, T = trainable_states(arch, prec, opt, impl)
+                    states["M"][p_i] = M
+                else:
+                    S = optimizer_state_bytes(arch, prec, opt, impl)
+                    T = optimizer_step_temporary_bytes(arch, prec, opt, impl)
+                states["S"][p_i, o_i, i_i], states["T"][p_i, o_i, i_i] = S, T
     return recipes, {k: v.ravel() for k, v in states.items()}
 
 

@@ -56,6 +56,26 @@ def adapter_params(arch: Architecture, ft: Finetune) -> int:
     return arch.layers * sum(ft.rank * (t.in_f + t.out_f) for t in targets_of(arch, ft))
 
 
+def trained(arch: Architecture, ft: Finetune) -> tuple[str, int]:
+    """(the modules the adapters are on, in words; the trainable parameters) of a LoRA/QLoRA fine-tune: the hand
+    model's targets and adapter_params, or, for a model planned from its own code with peft's adapters on it, what
+    peft made trainable (its card)."""
+    if arch.kind == "derived":
+        n = sum(t.count * _numel(t.shape) for t in arch.derived.card.tensors if t.trainable)
+        where = ", ".join(ft.targets) if ft.targets else "peft's default targets for the model type"
+        if ft.modules_to_save:
+            where += f"; trained whole beside them: {', '.join(ft.modules_to_save)}"
+        return where, n
+    return ", ".join(t.name for t in targets_of(arch, ft)), adapter_params(arch, ft)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def adapter_dtype_bytes(ft: Finetune, p: Precision) -> tuple[int, int, int, int]:
     """(weight, grad, master, state) bytes per adapter parameter: fp32 adapters keep fp32 grads and fp32 state
     (torch.optim follows the parameter's dtype); adapters in the model's dtype follow the precision recipe."""

@@ -5,6 +5,7 @@ adapter tensors it adds: which linears of a block peft wraps (targets_of) and th
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ class Finetune:
     targets: tuple[str, ...] = ()  # (): peft's default for the model (PEFT_DEFAULT_TARGETS)
     dropout: float = 0.0
     adapter_dtype: str = "fp32"
+    modules_to_save: tuple[str, ...] = ()  # modules peft copies and trains whole (embeddings, head, norms)
 
     @property
     def adapters(self) -> bool:
@@ -52,6 +54,8 @@ _DEFAULTS = {
     "qlora": {"rank": 64, "alpha": 16, "dropout": 0.1, "targets": (ALL_LINEAR,)},
 }
 
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"  # a module name or dotted suffix, as peft matches it
+
 FINETUNE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Fine-tuning method (issue 4): full (every weight trained), lora (frozen base + adapters) or "
@@ -63,9 +67,16 @@ FINETUNE_SCHEMA: dict[str, Any] = {
         "method": {"enum": list(METHODS)},
         "rank": {"type": "integer", "minimum": 1, "description": "r: the adapters' inner dimension"},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "description": "lora_alpha (scaling α/r; no bytes)"},
-        "targets": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(TARGET_NAMES)},
-                    "description": "module names peft wraps (Llama-style or GPT-2 names), or all-linear; "
-                                   "default: peft's for the model type (q_proj, v_proj; GPT-2 c_attn)"},
+        "targets": {"type": "array", "minItems": 1, "uniqueItems": True,
+                    "items": {"type": "string", "pattern": MODULE_NAME},
+                    "description": "module names peft wraps (the suffix of a linear's name: q_proj, qkv_proj, "
+                                   "c_attn ...), or all-linear; default: peft's for the model type (q_proj, v_proj; "
+                                   "GPT-2 c_attn)"},
+        "modules_to_save": {"type": "array", "minItems": 1, "uniqueItems": True,
+                            "items": {"type": "string", "pattern": MODULE_NAME},
+                            "description": "modules peft copies and trains whole beside the adapters (peft's "
+                                           "modules_to_save: embed_tokens, lm_head, a norm); planned from the "
+                                           "model's own code"},
         "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "description": "lora_dropout"},
         "adapter_dtype": {"enum": list(ADAPTER_DTYPES),
                           "description": "fp32 (peft's default upcast of 16-bit adapters) or the model's dtype"},
@@ -108,7 +119,8 @@ def parse_finetune(node: Any, where: Locator | str = "<scenario>", path: str = "
             raise ScenarioError(problems)
         return FULL
     values: dict[str, Any] = {**{k: getattr(FULL, k) for k in ("rank", "alpha", "targets", "dropout",
-                                                                "adapter_dtype")}, **_DEFAULTS[method]}
+                                                                "adapter_dtype", "modules_to_save")},
+                              **_DEFAULTS[method]}
     if "rank" in node:
         r = node["rank"]
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
@@ -133,22 +145,24 @@ def parse_finetune(node: Any, where: Locator | str = "<scenario>", path: str = "
             bad("adapter_dtype", f"{t!r} is not one of: {', '.join(ADAPTER_DTYPES)}")
         else:
             values["adapter_dtype"] = t
-    if "targets" in node:
-        ts = node["targets"]
+    for key in ("targets", "modules_to_save"):
+        if key not in node:
+            continue
+        ts = node[key]
         ts = [ts] if isinstance(ts, str) else ts
         if not isinstance(ts, list) or not ts:
-            bad("targets", "must be a non-empty list of module names, e.g. [q_proj, v_proj] or [all-linear]")
-        else:
-            unknown = [t for t in ts if t not in TARGET_NAMES]
-            for i, t in enumerate(ts):
-                if t in unknown:
-                    bad(f"targets[{i}]", f"{t!r} is not one of: {', '.join(TARGET_NAMES)}")
-            if len(set(map(str, ts))) != len(ts):
-                bad("targets", "lists the same module twice")
-            elif ALL_LINEAR in ts and len(ts) > 1:
-                bad("targets", "all-linear already selects every linear layer; list it alone")
-            elif not unknown:
-                values["targets"] = tuple(ts)
+            bad(key, "must be a non-empty list of module names, e.g. [q_proj, v_proj]" +
+                (" or [all-linear]" if key == "targets" else ""))
+            continue
+        wrong = [i for i, t in enumerate(ts) if not (isinstance(t, str) and re.match(MODULE_NAME, t))]
+        for i in wrong:
+            bad(f"{key}[{i}]", f"{ts[i]!r} is not a module name (letters, digits, '_', '.', '-')")
+        if len(set(map(str, ts))) != len(ts):
+            bad(key, "lists the same module twice")
+        elif key == "targets" and ALL_LINEAR in ts and len(ts) > 1:
+            bad(key, "all-linear already selects every linear layer; list it alone")
+        elif not wrong:
+            values[key] = tuple(ts)
     if problems:
         raise ScenarioError(problems)
     return Finetune(method=method, **values)
@@ -182,6 +196,14 @@ def block_linears(arch: Architecture) -> list[tuple[str, Target]]:
             out.append(("gate_proj", Target("gate_proj", "mlp_in", i, h)))
         out += [("up_proj", Target("up_proj", "mlp_in", i, h)), ("down_proj", Target("down_proj", "mlp_mid", h, i))]
     return out
+
+
+def hand_modelled(arch: Architecture, ft: Finetune) -> bool:
+    """Whether the formulas of finetune.py model this fine-tune: LoRA or QLoRA of a causal-LM transformer of the
+    families they were checked on, without modules_to_save. Every other model, and these with modules_to_save, is
+    planned from its own code with the adapters on it (components/derived.py)."""
+    return (arch.kind == "transformer" and arch.family in LORA_FAMILIES and arch.head == "causal_lm"
+            and not ft.modules_to_save)
 
 
 def _check(arch: Architecture, ft: Finetune) -> None:

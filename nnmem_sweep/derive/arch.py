@@ -9,6 +9,7 @@ the derived-plan cache.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,3 +63,45 @@ def architecture_of(req) -> Architecture:
 
         raise DerivationError("decoder_seq_len applies to encoder-decoder models (config is_encoder_decoder: true)")
     return architecture_from_source(source, name=req.name, preset=req.preset, origin=req.origin)
+
+
+def derived_twin(arch: Architecture, allow_deriving: bool = False) -> Architecture | None:
+    """The derived Architecture of a hand-modelled preset (None when it has none, or, unless allow_deriving, when
+    its card is not stored): its traced allocation sequences stand for the hand model's. A derived model is its own
+    twin. A hand-modelled LoRA is twinned by the derived base with the same adapters (with_adapters)."""
+    from pathlib import Path
+
+    from ..models.resolve import ModelSpecError, resolve_model
+    from . import DerivationError, stored_only
+
+    if arch.kind == "derived":
+        return arch
+    if not arch.preset or arch.kind not in ("transformer", "moe"):
+        return None
+    try:
+        spec = resolve_model({"preset": arch.preset, "derive": True}, Path("."))
+        with contextlib.nullcontext() if allow_deriving else stored_only():
+            twin = architecture_of(spec)
+            if arch.finetune is not None and arch.finetune.adapters:
+                twin = with_adapters(twin, arch.finetune, peft_spec(arch.finetune))
+            return twin
+    except (DerivationError, ModelSpecError, ValueError):
+        return None
+
+
+def with_adapters(arch: Architecture, finetune: Any, spec: dict[str, Any]) -> Architecture:
+    """A derived model with peft's adapters on it (spec: workload/build.py wrap_lora's): a model of its own, its
+    card and plans traced with the adapters (raises DerivationError, one line, where peft cannot wrap it).
+    `finetune` (a components Finetune) is kept on the Architecture for the report."""
+    import dataclasses
+
+    source = arch.derived.source.with_finetune(spec)
+    out = architecture_from_source(source, name=arch.name, preset=arch.preset, origin=arch.origin)
+    return dataclasses.replace(out, finetune=finetune)
+
+
+def peft_spec(ft: Any) -> dict[str, Any]:
+    """A fine-tune's adapters (a components Finetune) as workload/build.py's wrap_lora takes them."""
+    return {"method": "lora", "rank": ft.rank, "alpha": ft.alpha, "dropout": ft.dropout,
+            "targets": list(ft.targets) or None, "adapter_dtype": ft.adapter_dtype,
+            "modules_to_save": list(ft.modules_to_save) or None}

@@ -36,13 +36,15 @@ class TensorInfo:
     count: int = 1
     block_linear: bool = False  # a matmul weight inside a repeated block (quantised by int8/int4/nf4/fp8)
     matmul: bool = False
+    trainable: bool = True  # requires_grad (False: a frozen base weight under peft's adapters)
+    adapter: bool = False  # one of peft's LoRA tensors (lora_A, lora_B): the adapter dtype, never quantised
 
 
 @dataclass(frozen=True)
 class ModelCard:
     class_name: str
     model_type: str
-    params: int  # trainable parameters, tied ones once
+    params: int  # parameters, tied ones once (frozen ones too: adapters' base)
     tensors: tuple[TensorInfo, ...]
     largest_block_params: int  # the largest module of the largest ModuleList (a decoder layer): ZeRO-3's unit
     fields: tuple[tuple[str, int], ...] = field(default_factory=tuple)  # (name, value) of _FIELDS present
@@ -53,13 +55,20 @@ class ModelCard:
     def to_json(self) -> dict[str, Any]:
         return {"class_name": self.class_name, "model_type": self.model_type, "params": self.params,
                 "largest_block_params": self.largest_block_params, "fields": dict(self.fields),
-                "tensors": [[t.name, list(t.shape), t.count, t.block_linear, t.matmul] for t in self.tensors]}
+                "tensors": [[t.name, list(t.shape), t.count, t.block_linear, t.matmul]
+                            + ([t.trainable, t.adapter] if not t.trainable or t.adapter else [])
+                            for t in self.tensors]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ModelCard":
         return cls(d["class_name"], d["model_type"], int(d["params"]),
-                   tuple(TensorInfo(n, tuple(s), c, bl, mm) for n, s, c, bl, mm in d["tensors"]),
+                   tuple(TensorInfo(t[0], tuple(t[1]), *t[2:]) for t in d["tensors"]),
                    int(d["largest_block_params"]), tuple(sorted((k, int(v)) for k, v in d["fields"].items())))
+
+    @property
+    def frozen(self) -> bool:
+        """Some parameters are frozen (a base under peft's adapters)."""
+        return any(not t.trainable for t in self.tensors)
 
 
 def _config_fields(cfg: dict[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -107,11 +116,13 @@ def model_card(source: src.ModelSource) -> ModelCard:
             continue
         seen.add(id(p))
         in_block = id(p) in block_params and id(p) not in head_params
+        adapter = ".lora_" in name  # peft's LoRA A and B (lora_A, lora_B, lora_embedding_*)
         # matmul weights of the blocks: nn.Linear weights, and the 3-D expert tensors of fused MoE layers
-        block_linear = in_block and (id(p) in linear_weights or (p.dim() == 3 and "expert" in name))
+        block_linear = in_block and not adapter and (id(p) in linear_weights or (p.dim() == 3 and "expert" in name))
         matmul = id(p) in linear_weights or id(p) in head_params or block_linear or \
             (id(p) in embed_weights and head is not None and getattr(head, "weight", None) is p)
-        tensors.append(TensorInfo(name, tuple(int(d) for d in p.shape), 1, block_linear, matmul))
+        tensors.append(TensorInfo(name, tuple(int(d) for d in p.shape), 1, block_linear, matmul,
+                                  bool(p.requires_grad), adapter))
     params = sum(_numel(t.shape) for t in tensors)
     cfg = source.spec if source.kind == "hf" else {}
     mtype = cfg.get("model_type", "") if source.kind == "hf" else "module"
@@ -134,6 +145,6 @@ def _merge(tensors: list[TensorInfo]) -> tuple[TensorInfo, ...]:
 
     groups: dict[tuple, list[TensorInfo]] = {}
     for t in tensors:
-        key = (re.sub(r"\.\d+\.", ".*.", t.name), t.shape, t.block_linear, t.matmul)
+        key = (re.sub(r"\.\d+\.", ".*.", t.name), t.shape, t.block_linear, t.matmul, t.trainable, t.adapter)
         groups.setdefault(key, []).append(t)
-    return tuple(TensorInfo(k[0], k[1], len(v), k[2], k[3]) for k, v in groups.items())
+    return tuple(TensorInfo(k[0], k[1], len(v), k[2], k[3], k[4], k[5]) for k, v in groups.items())

@@ -41,17 +41,32 @@ class ModelSource:
     spec_json: str
     origin: str = ""
     decoder_seq_len: int = 0  # encoder-decoders: a fixed decoder length (0: the encoder's, s)
+    # peft's adapters on the model (workload/build.py wrap_lora's spec: rank, alpha, dropout, targets, adapter_dtype,
+    # modules_to_save), as canonical JSON; "" for the model as it is. A model with adapters is a model of its own:
+    # its card and plans are its own.
+    finetune_json: str = ""
 
     @classmethod
-    def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0) -> "ModelSource":
-        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len))
+    def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0,
+           finetune: dict[str, Any] | None = None) -> "ModelSource":
+        ft = json.dumps(finetune, sort_keys=True, separators=(",", ":")) if finetune else ""
+        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len), ft)
 
     @property
     def spec(self) -> dict[str, Any]:
         return json.loads(self.spec_json)
 
+    @property
+    def finetune(self) -> dict[str, Any] | None:
+        return json.loads(self.finetune_json) if self.finetune_json else None
+
+    def with_finetune(self, finetune: dict[str, Any] | None) -> "ModelSource":
+        """The same model with peft's adapters `finetune` (None: without)."""
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune)
+
     def digest(self) -> str:
         extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
+        extra += f"\nfinetune={self.finetune_json}" if self.finetune_json else ""
         return hashlib.sha256(f"{self.kind}\n{self.spec_json}{extra}".encode()).hexdigest()
 
     @property
@@ -79,6 +94,8 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
         c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (workload/build.py native_dropout)
     if source.decoder_seq_len:
         c["decoder_seq_len"] = source.decoder_seq_len
+    if source.finetune_json:
+        c["finetune"] = source.finetune
     spec = source.spec
     if source.kind == "hf":
         c["hf_config"] = spec

@@ -133,14 +133,17 @@ FINETUNE_DIR = "finetune"
 
 
 def _lora(model: str, batch: int, seq: int, precision: str, rank: int, targets: tuple[str, ...], alpha: int = 16,
-          dropout: float = 0.0, adapter_dtype: str = "fp32", **train: Any) -> dict[str, Any]:
+          dropout: float = 0.0, adapter_dtype: str = "fp32", modules_to_save: tuple[str, ...] = (),
+          **train: Any) -> dict[str, Any]:
     case = _train(model, batch, seq, precision, **train)
     where = "all" if targets == ("all-linear",) else "".join(t.split("_")[0][0] for t in targets)
     tag = f"lora-r{rank}-{where}" + (f"-drop{dropout:g}" if dropout else "") + \
-        ("" if adapter_dtype == "fp32" else f"-adapter{adapter_dtype}")
+        ("" if adapter_dtype == "fp32" else f"-adapter{adapter_dtype}") + \
+        ("".join(f"-save{m.replace('_', '')}" for m in modules_to_save))
     case["id"] = case["id"].replace(f"{model}-train-", f"{model}-{tag}-train-", 1)
     case["finetune"] = {"method": "lora", "rank": rank, "alpha": alpha, "targets": list(targets),
-                        "dropout": dropout, "adapter_dtype": adapter_dtype}
+                        "dropout": dropout, "adapter_dtype": adapter_dtype,
+                        **({"modules_to_save": list(modules_to_save)} if modules_to_save else {})}
     return case
 
 
@@ -157,6 +160,12 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     _lora("llama-3.2-1b", 2, 1024, "bf16", 8, ("o_proj", "down_proj"), adapter_dtype="model"),
     # GPT-2's fused c_attn (Conv1D), eager attention with CUDA-style dropout masks
     _lora("gpt2", 4, 512, "fp32", 8, ("c_attn",), attention="eager", dropout_impl="native"),
+    # families planned from their own code with peft's adapters on them (issue 23): Qwen3 (q/k norms) on every
+    # linear with dropout; Gemma 2 (soft-capped logits, alternating sliding-window layers) with full checkpointing;
+    # trainable extras (peft's modules_to_save: the final norm and the untied-by-peft LM head copied and trained)
+    _lora("qwen3-0.6b", 4, 2048, "bf16", 16, ALL_LINEAR, dropout=0.05, dropout_impl="native"),
+    _lora("gemma-2-2b", 2, 1024, "bf16", 8, QV, ckpt="full", attention="eager"),
+    _lora("qwen3-0.6b", 2, 1024, "bf16", 8, QV, modules_to_save=("lm_head", "norm")),
 ]
 CASES += FINETUNE_CASES
 

@@ -9,7 +9,7 @@ from .. import columns as C
 from ..accuracy import covered
 from ..catalog import optimizers, precisions
 from ..citations import FORMULAS
-from ..components.finetune_method import targets_of
+from ..components import finetune as F
 from ..components.overhead import has_convolutions, modelled
 from ..components.runtime import nccl_bytes
 from ..replays import DEFAULT_NOTE
@@ -134,7 +134,7 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
     if ft is None or not ft.adapters:
         return []
     name = "QLoRA" if ft.method == "qlora" else "LoRA"
-    targets = ", ".join(t.name for t in targets_of(sc.model, ft))
+    targets = F.trained(sc.model, ft)[0]
     dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
              if ft.adapter_dtype == "fp32" else "the model's dtype (autocast_adapter_dtype=False)")
     items = [
@@ -144,6 +144,16 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
         "Activations of the frozen base are still stored where the backward pass to the adapters needs them: a "
         "frozen linear saves no input of its own, a frozen RMSNorm keeps its fp32 input, and nothing before the "
         "first adapter is saved. LoRA figures are checked against peft runs measured with PyTorch's MemTracker."]
+    if sc.model.kind == "derived":  # the adapters traced on the model's own code: no hand formula applies
+        items[2] = ("The training step is traced with peft's get_peft_model(LoraConfig(...)) on the model as "
+                    "transformers builds it (derive/): what the frozen base keeps for backward is what autograd keeps "
+                    "in that step, and the optimizer's state and step temporaries are counted over what peft leaves "
+                    "trainable. Checked against peft runs measured with PyTorch's MemTracker (Qwen3, Gemma 2, "
+                    "modules_to_save: tests/data/truth/finetune).")
+        if ft.modules_to_save:
+            items.append(f"peft's modules_to_save ({', '.join(ft.modules_to_save)}): each module is copied and the "
+                         "copy trained whole (its gradients and optimizer state in the model's dtype), the original "
+                         "kept frozen beside it.")
     if ft.method == "qlora":
         items.append("QLoRA (Dettmers et al. 2023): the block linears are stored in NF4 with double-quantised block "
                      "scales, the other parameters in fp32 as prepare_model_for_kbit_training leaves them. Modelled "

@@ -15,7 +15,6 @@ import pandas as pd
 
 from .. import columns as C
 from ..components import finetune as F
-from ..components.finetune_method import targets_of
 from ..scenario import Scenario
 from . import charts
 from .appendix import formulas, validation
@@ -37,10 +36,10 @@ def _finetune_text(sc: Scenario) -> str:
     ft = getattr(sc.model, "finetune", None)
     if ft is None or not ft.adapters:
         return ""
-    targets = ", ".join(t.name for t in targets_of(sc.model, ft))
+    targets, params = F.trained(sc.model, ft)
     base = "NF4 (4-bit, double-quantised block scales)" if ft.method == "qlora" else "frozen in the recipe's dtype"
     return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "
-            f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {F.adapter_params(sc.model, ft):,} trainable "
+            f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {params:,} trainable "
             f"parameters; base weights {base}")
 
 

@@ -204,12 +204,36 @@ def replacing_module_to():
         torch.nn.Module.to = original
 
 
+@contextlib.contextmanager
+def fake_deepcopy():
+    """peft copies each module of modules_to_save with copy.deepcopy, which gives a FakeTensor a fake mode of its
+    own (torch then refuses to mix the two). While peft wraps a fake model, a tensor's deepcopy is a clone made
+    in the active mode (the same shapes, dtypes and bytes; a Parameter stays a Parameter)."""
+    originals = (torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__)
+
+    def deepcopy(self, memo):  # noqa: ANN001, ANN202
+        if id(self) in memo:
+            return memo[id(self)]
+        new = self.detach().clone()
+        if isinstance(self, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        memo[id(self)] = new
+        return new
+
+    torch.Tensor.__deepcopy__ = torch.nn.Parameter.__deepcopy__ = deepcopy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = originals
+
+
 FINETUNE_MEASURED = ("lora",)  # QLoRA's bitsandbytes nf4 kernels need a CUDA device: modelled, not measured
 ADAPTER_DTYPES = ("fp32", "model")  # peft's autocast_adapter_dtype=True (fp32 adapters) or False (the model's)
 
 
 def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool) -> torch.nn.Module:
-    """The model as peft's get_peft_model(LoraConfig(...)) returns it: base frozen, adapters trainable."""
+    """The model as peft's get_peft_model(LoraConfig(...)) returns it: base frozen, adapters trainable, the modules
+    named in modules_to_save copied and trained whole (peft's ModulesToSaveWrapper)."""
     from peft import LoraConfig, get_peft_model
 
     method = spec.get("method", "lora")
@@ -218,12 +242,15 @@ def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool) -> torch
     adapter_dtype = spec.get("adapter_dtype", "fp32")
     if adapter_dtype not in ADAPTER_DTYPES:
         raise ValueError(f"adapter_dtype {adapter_dtype!r} not in {ADAPTER_DTYPES}")
-    targets = spec.get("targets") or ["q_proj", "v_proj"]
+    targets = spec.get("targets") or None  # None: peft's default for the model type (q_proj, v_proj for Llama)
     config = LoraConfig(r=int(spec.get("rank", 8)), lora_alpha=int(spec.get("alpha", 8)),
                         lora_dropout=float(spec.get("dropout", 0.0)),
-                        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+                        target_modules=None if targets is None else
+                        ("all-linear" if list(targets) == ["all-linear"] else list(targets)),
+                        modules_to_save=list(spec["modules_to_save"]) if spec.get("modules_to_save") else None,
                         task_type="CAUSAL_LM" if type(model).__name__.endswith("ForCausalLM") else None)
-    with replacing_module_to() if fake else contextlib.nullcontext():
+    with (replacing_module_to() if fake else contextlib.nullcontext()), \
+            (fake_deepcopy() if fake else contextlib.nullcontext()):
         return get_peft_model(model, config, autocast_adapter_dtype=adapter_dtype == "fp32")
 
 
