@@ -136,6 +136,8 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         C.CACHE_TOKENS: [0], C.DECODE_TOKENS: [int(i.get("decode_tokens") or 0)],
         # the optional axis only where the case ran it (columns.OPTIONAL_AXES)
         **({C.ZERO_GRAD: [i["zero_grad"]]} if "zero_grad" in i else {}),
+        # micro-batches accumulated per optimizer step (one GPU): peak.one_gpu reads it
+        **({C.GRADIENT_ACCUMULATION: [int(i["gradient_accumulation"])]} if "gradient_accumulation" in i else {}),
     })
 
 

@@ -352,15 +352,29 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
     return out
 
 
+def accumulation_only(parallel: dict) -> bool:
+    """A `parallel:` block (or grid axes) that only accumulates gradients on one GPU: every other axis at its
+    default. A plan of one GPU with the gradients kept through the micro-batches answers it (peak.py)."""
+    return bool(parallel) and all(v == C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
+                                  if a != C.GRADIENT_ACCUMULATION for v in vs)
+
+
+def sharding_axes(parallel: dict) -> list[str]:
+    """The axes of a layout that take it off one GPU (named in refusals)."""
+    return [a for a, vs in parallel.items() if a != C.GRADIENT_ACCUMULATION
+            and any(v != C.PARALLEL_DEFAULTS[a] for v in vs)]
+
+
 def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
     """What a model planned from its own code (derive/) is not planned for, each refused where it is written."""
     if model is None or model.kind != "derived":
         return
     what = f"{model.name} is planned from its own code"
-    if parallel:
+    if parallel and not accumulation_only(parallel):
         where = "parallel" if isinstance(data.get("parallel"), dict) else \
             f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
-        ck.add(where, f"parallel layouts are modelled for hand-modelled families; {what}, on one GPU", key=True)
+        ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
+                      f"families; {what}, on one GPU (gradient_accumulation alone is modelled)", key=True)
     if isinstance(data.get("cluster"), dict):
         ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
                key=True)
@@ -380,7 +394,7 @@ def check_zero_grad(data: dict, grid: dict[str, tuple[Any, ...]], parallel: dict
     cluster search (which plans them)."""
     if "zeros" not in grid.get(C.ZERO_GRAD, ()) or not ck.clean(f"grid.{C.ZERO_GRAD}"):
         return
-    if parallel or isinstance(data.get("cluster"), dict):
+    if (parallel and not accumulation_only(parallel)) or isinstance(data.get("cluster"), dict):
         ck.add(f"grid.{C.ZERO_GRAD}", "zero_grad 'zeros' is modelled on one GPU, not yet with parallel layouts or the "
                                       "cluster search; use set_to_none (or leave zero_grad out)")
 
@@ -412,9 +426,10 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if mode != "train":
         ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
         return model
-    if parallel:
-        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU only; remove the parallel: block "
-                           "or use method: full", key=True)
+    if parallel and not accumulation_only(parallel):
+        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU: {', '.join(sharding_axes(parallel))} "
+                           "would shard or split it, which is not modelled for adapters yet (gradient_accumulation "
+                           "alone is); use method: full for a sharded layout", key=True)
         return model
     if FM.hand_modelled(model, ft):
         try:

@@ -30,12 +30,37 @@ from .parallel import plan as par_plan
 from .units import parse_size
 
 
+def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame of a model whose layouts are planned on one GPU only (planned from its own code, or adapters on a
+    hand-modelled family: the config allows them gradient accumulation alone) without its parallel columns, each
+    row that accumulates over several micro-batches keeping its gradients as zero_grad 'zeros' keeps them: the
+    gradients of a micro-batch are live through the next one's forward and backward, which accumulates into them
+    (the measured LoRA cases with accumulation: tests/data/truth/finetune)."""
+    if not par_layout.has_parallel_columns(frame) or not (
+            arch.kind == "derived" or (arch.finetune is not None and arch.finetune.adapters)):
+        return frame
+    off = [c for c in C.PARALLEL_AXES if c != C.GRADIENT_ACCUMULATION and c in frame.columns
+           and (frame[c].astype(str) != str(C.PARALLEL_DEFAULTS[c])).any()]
+    if off:
+        what = f"finetune method {arch.finetune.method}" if arch.finetune is not None and arch.finetune.adapters \
+            else f"{arch.name} (planned from its own code)"
+        raise UsageError(f"{what} is modelled on one GPU only, with gradient accumulation at most: {', '.join(off)} "
+                         "would take it off one GPU")
+    accum = ints(frame, C.GRADIENT_ACCUMULATION) if C.GRADIENT_ACCUMULATION in frame.columns else \
+        np.ones(len(frame), dtype=np.int64)
+    kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
+        np.full(len(frame), "set_to_none", dtype=object)
+    drop = [c for c in (*C.PARALLEL_AXES, C.GPUS_PER_NODE, C.HOST_MEMORY) if c in frame.columns]
+    return frame.drop(columns=drop).assign(**{C.ZERO_GRAD: np.where(accum > 1, "zeros", kept)})
+
+
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                         prefill_logits: str = "last") -> dict[str, object]:
     """Component columns, peak_allocated_bytes and peak_phase for every row of `frame` (the grid axes).
     device="cpu" models what a CPU run keeps (dropout noise tensors instead of bool masks): for comparing with the
     CPU-measured ground truth only. prefill_logits (infer): "last" as generate() (logits_to_keep=1), "all" for a
     prefill that computes the logits of every prompt position."""
+    frame = one_gpu(arch, frame)
     if arch.kind == "derived":  # the model's own traced moments (components/derived.py)
         return derived.frame_components(arch, mode, frame, device)
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
@@ -60,6 +85,7 @@ def _host(plan: Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, n
 
 def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     """(host bytes per node, host fits) for frames with parallel columns (batch-independent), else None."""
+    frame = one_gpu(arch, frame)
     if mode != "train" or not par_layout.has_parallel_columns(frame):
         return None
     plan, k, _, _ = _prepare(arch, mode, frame, "cuda", read_batch=False)
@@ -69,6 +95,7 @@ def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.n
 def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                  prefill_logits: str = "last") -> list[np.ndarray]:
     """The total of every phase for every row (-1 where a phase does not happen): affine in batch each."""
+    frame = one_gpu(arch, frame)
     if arch.kind == "derived":
         return derived.frame_phase_totals(arch, mode, frame, device)(ints(frame, C.BATCH))[0]
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
@@ -81,6 +108,7 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
                           prefill_logits: str = "last"):
     """phase_totals as a function of the batch: `f(b) -> list of per-phase totals` for the rows of `frame` (whose
     batch column, if any, is ignored). The columns are read and the plan looked up once (fit.py calls it often)."""
+    frame = one_gpu(arch, frame)
     if arch.kind == "derived":
         return derived_lines.frame_batch_lines(arch, mode, frame, device)
     plan, k, _, s = _prepare(arch, mode, frame, device, read_batch=False, prefill_logits=prefill_logits)
@@ -97,6 +125,7 @@ def phase_totals_in_batch(arch: Architecture, mode: str, frame: pd.DataFrame, de
 def named_phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
                        prefill_logits: str = "last") -> list[tuple[str, np.ndarray]]:
     """(phase name, total per row) for every modelled moment; a phase may be modelled at several moments."""
+    frame = one_gpu(arch, frame)
     if arch.kind == "derived":
         totals, names = derived.frame_phase_totals(arch, mode, frame, device)(ints(frame, C.BATCH))
         return list(zip(names, totals))

@@ -86,7 +86,8 @@ def _phases(case) -> tuple[dict[str, int], dict[str, int]]:
         return int(term.eval(b, n))
 
     base = w + m + s
-    kept = g if i.get("zero_grad") == "zeros" else 0  # the adapters' gradients kept between steps (test_zero_grad.py)
+    # the adapters' gradients kept between steps (test_zero_grad.py), or through the micro-batches accumulated
+    kept = g if i.get("zero_grad") == "zeros" or i.get("gradient_accumulation", 1) > 1 else 0
     phases = {
         "forward": base + kept + ev(a.saved) + ev(a.forward_temp),
         "backward": max([base + kept + ev(a.saved) + ev(x) for x in a.backward_start_temp]

@@ -166,7 +166,14 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     _lora("qwen3-0.6b", 4, 2048, "bf16", 16, ALL_LINEAR, dropout=0.05, dropout_impl="native"),
     _lora("gemma-2-2b", 2, 1024, "bf16", 8, QV, ckpt="full", attention="eager"),
     _lora("qwen3-0.6b", 2, 1024, "bf16", 8, QV, modules_to_save=("lm_head", "norm")),
+    # gradient accumulation (4 micro-batches per optimizer step): the adapters' gradients live through the later
+    # micro-batches, a hand-modelled family and one planned from its own code
+    {**_lora("llama-3.2-1b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
+    {**_lora("qwen3-0.6b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
 ]
+for _c in FINETUNE_CASES:
+    if _c.get("gradient_accumulation", 1) > 1:
+        _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}-train-", 1)
 CASES += FINETUNE_CASES
 
 

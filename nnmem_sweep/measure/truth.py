@@ -14,7 +14,7 @@ from .cases import FINETUNE_DIR, case_by_id
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len", "zero_grad")
+              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -49,8 +49,13 @@ ZEROS_METHOD = (" zero_grad 'zeros': optimizer.zero_grad(set_to_none=False) afte
                 "step 2 on the zeroed gradients are live through forward and backward accumulates into them.")
 
 
-def method_text(kind: str, zero_grad: str = "set_to_none") -> str:
-    return METHOD + KIND_METHOD.get(kind, "") + (ZEROS_METHOD if zero_grad == "zeros" else "")
+ACCUM_METHOD = (" Gradient accumulation: {n} forward and backward passes per optimizer step, the gradients of each "
+                "accumulating into the ones before.")
+
+
+def method_text(kind: str, zero_grad: str = "set_to_none", accum: int = 1) -> str:
+    return METHOD + KIND_METHOD.get(kind, "") + (ZEROS_METHOD if zero_grad == "zeros" else "") + \
+        (ACCUM_METHOD.format(n=accum) if accum > 1 else "")
 
 
 def versions(kind: str = "") -> dict[str, str]:
@@ -95,7 +100,8 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     }
     rec["versions"] = versions(measured.get("input_kind", ""))
     rec["device"] = "cpu (FakeTensorMode)"
-    rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"))
+    rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
+                                int(case.get("gradient_accumulation", 1)))
     return rec
 
 

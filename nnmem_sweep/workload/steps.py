@@ -63,6 +63,7 @@ class Workload:
     loss_fn: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None  # for plain nn.Modules (CNN)
     kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
     zero_grad: str = "set_to_none"  # ZERO_GRADS: set_to_none frees the grads after step(); zeros keeps them, zeroed
+    accum: int = 1  # gradient accumulation: micro-batches (forward and backward) per optimizer step
 
 
 # Non-empty once this process ran a backward pass (a trace or a measurement): autograd's engine then refuses to run in
@@ -101,7 +102,8 @@ def _autocast(dtype: torch.dtype | None, device: str):
 
 
 def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
-    """Run the workload itself, phase by phase: `w.steps` training steps (forward keeping only the loss, backward,
+    """Run the workload itself, phase by phase: `w.steps` training steps (`w.accum` forward and backward passes each,
+    the gradients accumulating; forward keeping only the loss, backward,
     optimizer step, zero_grad(set_to_none=True), or zero_grad(set_to_none=False) when w.zero_grad is "zeros"; without an optimizer, forward and backward only, the gradients
     left in place), or one inference request (see `_run_infer`). Returns the totals it can read afterwards
     (gradients, optimizer state, KV cache bytes)."""
@@ -111,19 +113,22 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
     if w.mode == "train":
         w.model.train()
         for step in range(1, w.steps + 1):
-            with rec.phase("forward", step):
-                with _autocast(w.autocast_dtype, device_type(w.model)):
-                    if w.loss_fn is not None:
-                        loss = w.loss_fn(w.model, w.inputs)
-                    else:
-                        out = w.model(**w.inputs)
-                        loss = out.loss
-                        del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
-            with rec.phase("backward", step):
-                if not BACKWARD_RAN:
-                    BACKWARD_RAN.append(True)
-                loss.backward()
-                del loss
+            for micro in range(w.accum):  # the gradients of a micro-batch stay for the next to accumulate into
+                if micro:
+                    rec.step_done()  # MemTracker's module records are per forward call
+                with rec.phase("forward", step):
+                    with _autocast(w.autocast_dtype, device_type(w.model)):
+                        if w.loss_fn is not None:
+                            loss = w.loss_fn(w.model, w.inputs)
+                        else:
+                            out = w.model(**w.inputs)
+                            loss = out.loss
+                            del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
+                with rec.phase("backward", step):
+                    if not BACKWARD_RAN:
+                        BACKWARD_RAN.append(True)
+                    loss.backward()
+                    del loss
             totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
             if w.optimizer is None:  # the derive package's probe: forward and backward of one step, grads kept
                 rec.step_done()
