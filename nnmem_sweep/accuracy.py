@@ -27,7 +27,7 @@ from .components.finetune_method import parse_finetune
 from .components.optimizer import optimizer_state_bytes
 from .components.weights import gradients_bytes, master_weights_bytes, param_summary, weights_bytes
 from .derive import stored_only
-from .derive.arch import architecture_from_source, peft_spec, with_adapters
+from .derive.arch import architecture_from_source, peft_spec, with_adapters, with_preference
 from .derive.source import ModelSource
 from .errors import UsageError
 from .models.hf import architecture_from_hf
@@ -53,7 +53,7 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     inputs = case["inputs"]
     if "layers" in inputs:
         return True
-    if "module" in inputs or (inputs.get("finetune") or {}).get("modules_to_save"):
+    if "module" in inputs or (inputs.get("finetune") or {}).get("modules_to_save") or inputs.get("preference"):
         return False
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
@@ -105,6 +105,8 @@ def derived_architecture(case: dict[str, Any]):
     if inputs.get("finetune"):  # the same model with peft's adapters on it, traced so
         ft = parse_finetune(inputs["finetune"], case["case_id"])
         arch = with_adapters(arch, ft, peft_spec(ft))
+    if inputs.get("preference"):  # trained on preference pairs (workload/preference.py)
+        arch = with_preference(arch, inputs["preference"])
     return arch
 
 
@@ -182,7 +184,8 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
         phases[name] = max(phases.get(name, -1), t + host if t >= 0 else t)
     out["phases"] = phases
     prec = get_precision(i["precision"])
-    if arch.kind == "derived" and arch.derived.card.frozen:  # adapters on a derived model: the traced states
+    if arch.kind == "derived" and (arch.derived.card.frozen or arch.derived.source.preference):
+        # adapters on a derived model, or a preference step (a reference model's weights): the traced states
         _, states, _, code, *_ = derived_plans.frame_inputs(arch, i["mode"], frame, device)
         k = int(code[0])
         out["weights"] = int(states["W"][k] + states["M"][k])
@@ -263,7 +266,8 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
             row[f"{ph}_estimated_bytes"] = int(ep)
             row[f"{ph}_error"] = _rel(ep, mp) if (mp is not None and ep >= 0) else float("nan")
         totals = m["totals"]
-        measured_states = {"weights": totals["param_bytes"], "gradients": totals.get("grad_bytes"),
+        measured_states = {"weights": totals["param_bytes"] + totals.get("reference_bytes", 0),
+                           "gradients": totals.get("grad_bytes"),
                            "optimizer": totals.get("optimizer_state_bytes")}
         for kind in STATE_KINDS:
             mv, ev = measured_states[kind], est.get(kind)

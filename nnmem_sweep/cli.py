@@ -365,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
+        if getattr(args, "quiet", False):  # no progress at all, a derivation's (minutes) included
+            from .derive import silent
+
+            with silent():
+                return args.fn(args)
         return args.fn(args)
     except ScenarioError as e:
         for p in e.problems:

@@ -39,7 +39,7 @@ from .config_check import Checker, as_list, dedupe
 from .config_yaml import join
 from .errors import ScenarioError, UsageError
 from .derive import DerivationError
-from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters
+from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .paths import safe_stem
@@ -47,6 +47,7 @@ from .serving import has_kv_cache
 from .scenario import GPUSpec, Overheads
 from .throughput.defaults import compute_dtype
 from .throughput.options import parse_throughput
+from .workload import preference
 from .units import parse_size
 
 # Axis defaults per mode. None: the axis must be given.
@@ -454,6 +455,40 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return with_adapters(base, ft, peft_spec(ft))
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
+        return model
+
+
+def check_preference(data: dict, mode: str, model, ck: Checker):
+    """The `preference:` block (workload/preference.py): the model, planned from its own code (its derived twin for
+    a hand-modelled preset, with the adapters of `finetune:` on it), trained on preference pairs."""
+    given = data.get("preference")
+    if not isinstance(given, dict) or not ck.clean("preference") or model is None:
+        return model
+    if mode != "train":
+        ck.add("preference", "preference tuning applies to train mode only (this scenario has mode: infer)", key=True)
+        return model
+    lora = model.finetune is not None and model.finetune.adapters
+    spec = {"loss": given["loss"]}
+    if given["loss"] == "dpo":
+        spec["reference"] = given.get("reference") or ("adapters" if lora else "model")
+    try:
+        preference.check({**given, **spec} if given["loss"] == "dpo" else given, lora)
+    except ValueError as e:
+        ck.add("preference.reference" if "reference" in given else "preference", str(e), key=True)
+        return model
+    if model.finetune is not None and model.finetune.method == "qlora":
+        ck.add("preference", "preference tuning of a QLoRA model is not modelled (its 4-bit base is traced through "
+                             "bitsandbytes' CUDA kernels); use finetune method lora", key=True)
+        return model
+    base = model if model.kind == "derived" else derived_twin(model, allow_deriving=True)
+    if base is None:
+        ck.add("preference", f"preference tuning of {model.name} is planned from its own code, which it does not have "
+                             "(give it as a preset, hf_config or module)", key=True)
+        return model
+    try:
+        return with_preference(base, spec)
+    except DerivationError as e:
+        ck.add("preference", f"preference tuning of {model.name}: {e}", key=True)
         return model
 
 

@@ -1,6 +1,8 @@
-"""LoRA on the families planned from their own code (issue 23): peft's adapters on the model as transformers builds
-it, traced (derive/) and held to the same step measured under MemTracker (tests/data/truth/finetune/: Qwen3 on every
-linear with dropout, Gemma 2 with full checkpointing, trainable extras with peft's modules_to_save)."""
+"""Fine-tunes planned from the model's own code (issue 23): peft's adapters on the model as transformers builds it,
+and preference tuning's step, traced (derive/) and held to the same step measured under MemTracker
+(tests/data/truth/finetune/: Qwen3 LoRA on every linear with dropout, Gemma 2 with full checkpointing, trainable
+extras with peft's modules_to_save, gradient accumulation; DPO with a reference model, DPO on LoRA with the adapters
+disabled as its reference, reference-free SimPO)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +32,8 @@ def tracker_leftovers(case) -> int:
 def test_the_derived_families_lora_cases_are_committed():
     ids = {c["case_id"] for c in CASES}
     assert any(i.startswith("qwen3-") for i in ids) and any(i.startswith("gemma-") for i in ids)
-    assert any("modules_to_save" in c["inputs"]["finetune"] for c in CASES)
+    assert any("modules_to_save" in (c["inputs"].get("finetune") or {}) for c in CASES)
+    assert {c["inputs"].get("preference", {}).get("loss") for c in CASES} >= {"dpo", "simpo"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case_id"] for c in CASES])
@@ -44,12 +47,15 @@ def test_peak_and_states_are_what_peft_allocates(case):
     totals = m["totals"]
     # the base and the adapters (weights), the adapters' and extras' gradients, their optimizer state (+ the CPU's
     # host-side `step` counters, which accuracy.host_step_bytes adds for a CPU measurement): to the byte
-    assert est["weights"] == totals["param_bytes"]
+    assert est["weights"] == totals["param_bytes"] + totals.get("reference_bytes", 0)  # DPO: the frozen reference
     assert est["gradients"] == totals["grad_bytes"]
     assert est["optimizer"] == totals["optimizer_state_bytes"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["case_id"] for c in CASES])
+ADAPTER_CASES = [c for c in CASES if c["inputs"].get("finetune")]
+
+
+@pytest.mark.parametrize("case", ADAPTER_CASES, ids=[c["case_id"] for c in ADAPTER_CASES])
 def test_the_optimizer_sees_the_trainable_tensors_only(case):
     """AdamW's two moments over what requires grad: peft's adapters in fp32 (autocast_adapter_dtype) and the
     modules_to_save copies in the model's dtype; nothing for the frozen base."""
@@ -88,3 +94,15 @@ def test_a_scenario_of_a_derived_family_with_lora_is_the_measured_step():
         row = run_scenario(sc, bands=False).results.iloc[0]
     counters = A.host_step_bytes(sc.model, i)
     assert int(row[C.PEAK_ALLOCATED]) == case["measured"]["peak_bytes"] - counters
+
+
+def test_dpo_holds_its_reference_and_twice_the_sequences():
+    """DPO with a frozen copy of the model: its weights are held beside the policy's (measured: reference_bytes),
+    and the forward runs the chosen and the rejected sequences together, so the step's peak is above a plain step's
+    of the same pairs' batch; with the adapters disabled as the reference no copy is held."""
+    by = {c["case_id"]: c for c in CASES}
+    model = by["qwen3-0.6b-dpo-refmodel-train-bf16-adamw-b2-s1024"]["measured"]
+    adapters = by["qwen3-0.6b-lora-r8-qv-dpo-refadapters-train-bf16-adamw-b2-s1024"]["measured"]
+    assert model["totals"]["reference_bytes"] == model["totals"]["param_bytes"]
+    assert "reference_bytes" not in adapters["totals"]
+    assert model["peak_phase"] == adapters["peak_phase"] == "forward"  # the reference's logits beside the policy's

@@ -381,7 +381,7 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
                                         z_names),
                                  lambda: train_inputs(arch, precs, o_names, i_names, a_names, c_names, device,
-                                                      progress=True, z_names=z_names))
+                                                      progress=derive.progress_shown(), z_names=z_names))
         nA, nC = len(a_names), len(c_names)
         key = ((p_code.astype(np.int64) * nA + a_code) * nC + c_code) * max(len(z_names), 1) + z_code
         state = combine([p_code, o_code, i_code, a_code, c_code],
@@ -393,7 +393,7 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         raise UsageError(f"{arch.name}: a preallocated cache (cache_tokens) is modelled for hand-modelled families; "
                          "a derived model runs generate()'s dynamic cache (leave cache_tokens at 0)")
     recipes, W = cached(arch, ("derived-infer", device, p_names, a_names),
-                        lambda: infer_inputs(arch, precs, a_names, device, progress=True))
+                        lambda: infer_inputs(arch, precs, a_names, device, progress=derive.progress_shown()))
     key = p_code.astype(np.int64) * len(a_names) + a_code
     dec = ints(frame, C.DECODE_TOKENS) if C.DECODE_TOKENS in frame.columns else np.zeros(len(frame), np.int64)
     return recipes, W, key, key, b, s, dec

@@ -59,6 +59,24 @@ def stored_only():
         _STORED_ONLY.pop()
 
 
+_SILENT: list = []
+
+
+@contextlib.contextmanager
+def silent():
+    """Within it, deriving prints no progress on stderr, whatever a caller asked (the CLI's --quiet)."""
+    _SILENT.append(True)
+    try:
+        yield
+    finally:
+        _SILENT.pop()
+
+
+def progress_shown() -> bool:
+    """Whether a long derivation shows its progress (see silent())."""
+    return not _SILENT
+
+
 def _need_torch() -> None:
     if _STORED_ONLY:
         raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive`, or `make derive`)")

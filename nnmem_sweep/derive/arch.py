@@ -100,6 +100,16 @@ def with_adapters(arch: Architecture, finetune: Any, spec: dict[str, Any]) -> Ar
     return dataclasses.replace(out, finetune=finetune)
 
 
+def with_preference(arch: Architecture, spec: dict[str, Any]) -> Architecture:
+    """A derived model (with its adapters, if any) trained on preference pairs (workload/preference.py: loss,
+    reference): a step of its own, traced so (raises DerivationError, one line)."""
+    import dataclasses
+
+    source = arch.derived.source.with_preference(spec)
+    out = architecture_from_source(source, name=arch.name, preset=arch.preset, origin=arch.origin)
+    return dataclasses.replace(out, finetune=arch.finetune)
+
+
 def peft_spec(ft: Any) -> dict[str, Any]:
     """A fine-tune's adapters (a components Finetune) as workload/build.py's wrap_lora takes them."""
     return {"method": "lora", "rank": ft.rank, "alpha": ft.alpha, "dropout": ft.dropout,

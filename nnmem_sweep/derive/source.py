@@ -45,12 +45,16 @@ class ModelSource:
     # modules_to_save), as canonical JSON; "" for the model as it is. A model with adapters is a model of its own:
     # its card and plans are its own.
     finetune_json: str = ""
+    # preference tuning's step (workload/preference.py: loss, reference) as canonical JSON; "" for a plain step
+    preference_json: str = ""
 
     @classmethod
     def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0,
-           finetune: dict[str, Any] | None = None) -> "ModelSource":
+           finetune: dict[str, Any] | None = None, preference: dict[str, Any] | None = None) -> "ModelSource":
         ft = json.dumps(finetune, sort_keys=True, separators=(",", ":")) if finetune else ""
-        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len), ft)
+        pref = json.dumps(preference, sort_keys=True, separators=(",", ":")) if preference else ""
+        return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len), ft,
+                   pref)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -60,13 +64,22 @@ class ModelSource:
     def finetune(self) -> dict[str, Any] | None:
         return json.loads(self.finetune_json) if self.finetune_json else None
 
+    @property
+    def preference(self) -> dict[str, Any] | None:
+        return json.loads(self.preference_json) if self.preference_json else None
+
     def with_finetune(self, finetune: dict[str, Any] | None) -> "ModelSource":
         """The same model with peft's adapters `finetune` (None: without)."""
-        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune)
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune, self.preference)
+
+    def with_preference(self, preference: dict[str, Any] | None) -> "ModelSource":
+        """The same model trained on preference pairs (workload/preference.py; None: a plain step)."""
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune, preference)
 
     def digest(self) -> str:
         extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
         extra += f"\nfinetune={self.finetune_json}" if self.finetune_json else ""
+        extra += f"\npreference={self.preference_json}" if self.preference_json else ""
         return hashlib.sha256(f"{self.kind}\n{self.spec_json}{extra}".encode()).hexdigest()
 
     @property
@@ -96,6 +109,8 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
         c["decoder_seq_len"] = source.decoder_seq_len
     if source.finetune_json:
         c["finetune"] = source.finetune
+    if source.preference_json and mode == "train":
+        c["preference"] = source.preference
     spec = source.spec
     if source.kind == "hf":
         c["hf_config"] = spec

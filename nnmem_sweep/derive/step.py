@@ -124,6 +124,9 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
                 kept.append(p.grad)
     rec = Recorder()
     rec.external(model.parameters(), PARAM)
+    if w.reference is not None:  # preference tuning's frozen reference model: weights the step holds
+        rec.external(w.reference.parameters(), PARAM)
+        rec.external(w.reference.buffers(), BUFFER)  # its rotary tables too (MemTracker counts them)
     rec.external(kept, GRAD)
     rec.external(model.buffers(), BUFFER)
     rec.external([v for v in w.inputs.values() if isinstance(v, torch.Tensor)], INPUT)

@@ -171,6 +171,20 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     {**_lora("llama-3.2-1b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
     {**_lora("qwen3-0.6b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
 ]
+# preference tuning (workload/preference.py, as TRL runs it): batch preference pairs, chosen and rejected through the
+# policy in one forward; DPO with a frozen copy of the model as its reference, DPO on LoRA with the adapters disabled
+# as the reference, reference-free SimPO
+def _pref(case: dict[str, Any], loss: str, reference: str | None = None) -> dict[str, Any]:
+    spec = {"loss": loss, **({"reference": reference} if reference else {})}
+    tag = loss + (f"-ref{reference}" if reference else "")
+    return {**case, "id": case["id"].replace("-train-", f"-{tag}-train-", 1), "preference": spec}
+
+
+FINETUNE_CASES += [
+    _pref(_train("qwen3-0.6b", 2, 1024, "bf16"), "dpo", "model"),
+    _pref(_lora("qwen3-0.6b", 2, 1024, "bf16", 8, QV), "dpo", "adapters"),
+    _pref(_train("qwen3-0.6b", 2, 1024, "bf16"), "simpo"),
+]
 for _c in FINETUNE_CASES:
     if _c.get("gradient_accumulation", 1) > 1:
         _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}-train-", 1)

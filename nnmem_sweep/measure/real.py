@@ -87,6 +87,7 @@ def run_once(case: dict[str, Any], meter, steps: int, state: dict | None = None)
     w.steps = steps
     meter.release()  # a script starts from its loaded weights, not from construction's cached blocks
     externals = [*w.model.parameters(), *w.model.buffers(),
+                 *(w.reference.parameters() if w.reference is not None else ()),
                  *(v for v in w.inputs.values() if isinstance(v, torch.Tensor)),
                  *(_optimizer_tensors(w.optimizer) if w.optimizer is not None else [])]
     before = storage_bytes(externals)

@@ -118,6 +118,22 @@ class PhaseTracker(MemTracker):
     def step_done(self) -> None:
         """Module records are per forward call / step (the module hooks need them within one)."""
         self.reset_mod_stats()
+        self._repeat = False
+
+    def second_call(self) -> None:
+        """The next forward call repeats a module already called in this step (preference tuning's reference, the
+        policy with its adapters disabled, under no_grad): MemTracker refuses a second call of a top-level module,
+        and resetting its records would lose what the first call's backward needs. The second call is counted (every
+        storage it allocates is tracked as always) without module records of its own."""
+        self._repeat = True
+
+    def _pre_fw_hook(self, module, inputs):  # noqa: ANN001, ANN202
+        try:
+            return super()._pre_fw_hook(module, inputs)
+        except NotImplementedError:
+            if not getattr(self, "_repeat", False):
+                raise
+            return None
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):  # noqa: ANN001, ANN201
         # MemTracker hooks every parameter's gradient, which raises on a frozen one (a LoRA base, MEASURING.md
@@ -177,9 +193,13 @@ def run_workload(w: Workload) -> dict[str, Any]:
     externals: list[Any] = [w.model, *[v for v in w.inputs.values() if isinstance(v, torch.Tensor)]]
     if w.optimizer is not None:
         externals.append(w.optimizer)
+    if w.reference is not None:
+        externals.append(w.reference)
     tracker.track_external(*externals)
     totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()),
                               "buffer_bytes": storage_bytes(w.model.buffers())}
+    if w.reference is not None:  # preference tuning's frozen reference model
+        totals["reference_bytes"] = storage_bytes(w.reference.parameters())
     with tracker:  # call inside build.run_contexts(case, fake) (measure_case does)
         totals.update(run_steps(w, tracker))
     phases = tracker.phases

@@ -14,7 +14,7 @@ from .cases import FINETUNE_DIR, case_by_id
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation")
+              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "preference")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -120,7 +120,7 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
         t0 = time.perf_counter()
         measured = measure_case(catalog[cid], fake=True)
         rec = case_record(catalog[cid], measured)
-        folder = out_dir / FINETUNE_DIR if "finetune" in catalog[cid] else out_dir
+        folder = out_dir / FINETUNE_DIR if ("finetune" in catalog[cid] or "preference" in catalog[cid]) else out_dir
         path = folder / f"{safe_stem(cid)}.json"
         atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
         print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "

@@ -162,6 +162,38 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
     return items
 
 
+_REFERENCES = {
+    "model": "a frozen copy of the model, its weights held beside the policy's, run under no_grad on the same 2·batch "
+             "sequences after the policy's forward (its logits and log-softmax transient beside the policy's saved "
+             "activations)",
+    "adapters": "the policy itself with its LoRA adapters disabled (peft's disable_adapter), run under no_grad after "
+                "its own forward: no second copy of the weights",
+    "precomputed": "log-probabilities computed beforehand and given with the batch (TRL's precompute_ref_log_probs): "
+                   "no reference forward in the step",
+}
+
+
+def _preference_assumptions(sc: Scenario) -> list[str]:
+    """What a `preference:` block's step is (workload/preference.py), where the scenario has one."""
+    spec = sc.model.derived.source.preference if sc.model.kind == "derived" else None
+    if not spec:
+        return []
+    items = [f"{spec['loss'].upper()} as TRL's trainers run it: batch counts preference pairs; the chosen and the "
+             "rejected sequences (seq_len tokens each, prompt and completion) go through the policy as one batch of "
+             "2·batch, and each sequence's log-probability is the sum of its next tokens' log-softmax. Planned from "
+             "the model's own code with that step traced (derive/); checked against the same step measured with "
+             "PyTorch's MemTracker (DPO with a reference model, DPO on LoRA with the adapters disabled, SimPO: "
+             "tests/data/truth/finetune)."]
+    if spec["loss"] == "dpo":
+        items.append(f"The reference: {_REFERENCES[spec.get('reference', 'model')]}.")
+    else:
+        items.append(f"{spec['loss'].upper()} is reference-free: the log-probabilities normalised by the length, no "
+                     "reference forward.")
+    items.append("Not modelled: GRPO and PPO (a generation inside the step, reward and value models), reward-model "
+                 "training, and TRL's padding of a batch to its longest sequence (every sequence is seq_len long).")
+    return items
+
+
 _ZERO_GRAD = {
     "set_to_none": "set_to_none: optimizer.zero_grad(set_to_none=True), torch >= 2.0's default, frees the gradients "
                    "after each step, so forward and the start of backward hold none.",
@@ -283,5 +315,6 @@ def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
             ("Parallelism and sharding", _parallel_assumptions(sc) if sc.parallel else []),
             ("Gradients between steps (zero_grad)", _zero_grad_assumptions(sc)),
             ("Fine-tuning", _finetune_assumptions(sc)),
+            ("Preference tuning", _preference_assumptions(sc)),
             ("How many GPUs", _cluster_assumptions(sc))) if items],
     }

@@ -47,6 +47,9 @@ def _price_of(o: D.Option) -> tuple[float | None, str]:
 def _tokens_words(sc: Scenario, batch: int, seq: int) -> str:
     if not has_sequence(sc):
         return f"batch {batch:,}"
+    if sc.model.kind == "derived" and sc.model.derived.source.preference:
+        return (f"{batch:,} preference pair{'s' if batch != 1 else ''} of {seq:,} tokens ({2 * batch * seq:,} tokens "
+                "per step: chosen and rejected)")
     return f"batch {batch:,} × {seq:,} tokens ({batch * seq:,} tokens per step)"
 
 
@@ -372,6 +375,9 @@ def _notes(sc: Scenario, q: D.Question, speeds: list) -> list[str]:
         if ft is not None and ft.adapters:
             notes.append("LoRA/QLoRA: the frozen base computes no weight gradients (about 4·N FLOPs per token, not "
                          "6·N), which the model FLOPs here still count: the estimate errs slow.")
+    elif sc.model.kind == "derived" and sc.model.derived.source.preference:
+        notes.append("No throughput estimate: a preference step's FLOPs (the policy on both sequences of each pair, "
+                     "and the reference's forward) are not modelled yet.")
     elif not has_tokens(sc.model):
         notes.append("No throughput estimate: the model has no tokens to count FLOPs per token for.")
     return notes

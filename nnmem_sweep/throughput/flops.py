@@ -69,6 +69,8 @@ def derived_has_tokens(arch: Architecture) -> bool:
     """A derived model whose FLOPs per token the estimate counts: a decoder-only or encoder-only text transformer
     (a Hugging Face config with a vocabulary, layers and heads)."""
     d = arch.derived
+    if d is not None and d.source.preference:  # a preference step's FLOPs (both sequences, a reference) are not counted
+        return False
     return bool(d is not None and d.source.kind == "hf" and d.source.sequence and not
                 d.source.spec.get("is_encoder_decoder") and arch.vocab and arch.layers and arch.heads)
 

@@ -20,12 +20,14 @@ measure_case does, step for step:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable
 
 import torch
 
 from .hf_configs import hf_dict, named_config
 from .inputs import input_kind, make_inputs, module_loss
+from . import preference
 from .steps import Workload, unpacked_sequences
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
@@ -250,7 +252,10 @@ def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool) -> torch
                         modules_to_save=list(spec["modules_to_save"]) if spec.get("modules_to_save") else None,
                         task_type="CAUSAL_LM" if type(model).__name__.endswith("ForCausalLM") else None)
     with (replacing_module_to() if fake else contextlib.nullcontext()), \
-            (fake_deepcopy() if fake else contextlib.nullcontext()):
+            (fake_deepcopy() if fake else contextlib.nullcontext()), warnings.catch_warnings():
+        # peft asks the model is_gradient_checkpointing, which transformers >= 5.24 deprecates with a FutureWarning
+        # a user can do nothing about
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(model, config, autocast_adapter_dtype=adapter_dtype == "fp32")
 
 
@@ -332,7 +337,20 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
 def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer | None) -> Workload:
     """The Workload `run_steps` runs for a case: its inputs (inputs.make_inputs), the loss of a plain module, the
-    autocast dtype of its recipe and its decode steps. Call it where the model was built."""
+    autocast dtype of its recipe and its decode steps; a preference step's pairs, loss and reference model
+    (workload/preference.py). Call it where the model was built."""
+    if case.get("preference") and case["mode"] == "train":
+        spec = case["preference"]
+        reference = None
+        if spec["loss"] == "dpo" and spec.get("reference", "model") == "model":  # a frozen copy of the model
+            reference = build_hf_model(cfg, case.get("attention", "flash"), "none", train=False)
+            reference.requires_grad_(False)
+            reference.eval()
+        return Workload(model=model, inputs=preference.make_inputs(case, model), mode="train", optimizer=optimizer,
+                        autocast_dtype=_AUTOCAST_DTYPE.get(case.get("precision", "fp32")),
+                        loss_fn=preference.loss_fn(spec, reference), kind="preference",
+                        zero_grad=case.get("zero_grad", "set_to_none"),
+                        accum=int(case.get("gradient_accumulation", 1)), reference=reference)
     return Workload(model=model, inputs=make_inputs(case, cfg, model), mode=case["mode"], optimizer=optimizer,
                     autocast_dtype=_AUTOCAST_DTYPE.get(case.get("precision", "fp32")),
                     decode_tokens=int(case.get("decode_tokens", 0) or 0),

@@ -64,6 +64,7 @@ class Workload:
     kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
     zero_grad: str = "set_to_none"  # ZERO_GRADS: set_to_none frees the grads after step(); zeros keeps them, zeroed
     accum: int = 1  # gradient accumulation: micro-batches (forward and backward) per optimizer step
+    reference: torch.nn.Module | None = None  # preference tuning's frozen reference model (workload/preference.py)
 
 
 # Non-empty once this process ran a backward pass (a trace or a measurement): autograd's engine then refuses to run in
@@ -86,7 +87,8 @@ class Phases(Protocol):
     def step_done(self) -> None: ...
 
     # optional: `saw_cache(cache)` is called after each phase of a generative request with its KV cache (the derive
-    # package tells cache storages from the rest with it)
+    # package tells cache storages from the rest with it); `second_call()` before a module is called a second time in
+    # one step (preference tuning's reference with the adapters disabled: MemTracker needs to know)
 
 
 def device_type(model: torch.nn.Module) -> str:
@@ -118,7 +120,9 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
                     rec.step_done()  # MemTracker's module records are per forward call
                 with rec.phase("forward", step):
                     with _autocast(w.autocast_dtype, device_type(w.model)):
-                        if w.loss_fn is not None:
+                        if w.kind == "preference":  # the policy may run twice (its reference: adapters off)
+                            loss = w.loss_fn(w.model, w.inputs, getattr(rec, "second_call", lambda: None))
+                        elif w.loss_fn is not None:
                             loss = w.loss_fn(w.model, w.inputs)
                         else:
                             out = w.model(**w.inputs)
