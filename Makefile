@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c 'from nnmem_sweep.allocator import fast; fast.warm()'
 	@touch $@
 
-# The measurement extra (torch, torchvision, transformers, peft): the pinned pair first, so the extra's open ranges
+# The measurement extra (torch, torchvision, transformers, peft, bitsandbytes): the pinned pair first, so the extra's open ranges
 # never pick other releases. A venv with an older torch (2.13, no torchvision) is moved to the pair.
 $(MSTAMP): $(STAMP)
 	@$(BIN)/python -c 'import torch, torchvision' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)

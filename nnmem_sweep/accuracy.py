@@ -53,8 +53,9 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     inputs = case["inputs"]
     if "layers" in inputs:
         return True
-    if "module" in inputs or (inputs.get("finetune") or {}).get("modules_to_save") or inputs.get("preference"):
-        return False
+    ft = inputs.get("finetune") or {}
+    if "module" in inputs or ft.get("modules_to_save") or ft.get("method") == "qlora" or inputs.get("preference"):
+        return False  # planned from the model's own code (components/finetune_method.py hand_modelled)
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 

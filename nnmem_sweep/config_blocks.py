@@ -441,11 +441,6 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
             return model
         return dataclasses.replace(model, finetune=ft)
     # every other model (and modules_to_save): planned from its own code with peft's adapters on it
-    if ft.method == "qlora":
-        ck.add("finetune", f"method qlora is modelled for the hand-modelled families ({', '.join(FM.LORA_FAMILIES)}) "
-                           f"only: {model.name}'s 4-bit base would be traced through bitsandbytes' kernels, which "
-                           "need a CUDA device; plan method: lora (a 16-bit base)", key=True)
-        return model
     base = derived_twin(model, allow_deriving=True) if model.kind != "derived" else model
     if base is None:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: it has no hand model of its adapters and cannot be "
@@ -475,10 +470,6 @@ def check_preference(data: dict, mode: str, model, ck: Checker):
         preference.check({**given, **spec} if given["loss"] == "dpo" else given, lora)
     except ValueError as e:
         ck.add("preference.reference" if "reference" in given else "preference", str(e), key=True)
-        return model
-    if model.finetune is not None and model.finetune.method == "qlora":
-        ck.add("preference", "preference tuning of a QLoRA model is not modelled (its 4-bit base is traced through "
-                             "bitsandbytes' CUDA kernels); use finetune method lora", key=True)
         return model
     base = model if model.kind == "derived" else derived_twin(model, allow_deriving=True)
     if base is None:

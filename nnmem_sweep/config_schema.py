@@ -87,7 +87,10 @@ def schema_problems(data: Any, b: Builder) -> list[Problem]:
             wanted = [want] if isinstance(want, str) else want
             add(path, f"expected {' or '.join(_TYPE_WORDS[w] for w in wanted)}, got {_show(inst)}")
         elif kind == "enum":
-            add(path, f"{_show(inst)} is not one of: {', '.join(map(str, want))}{_did_you_mean(inst, want)}")
+            # a value the schema knows of and does not model says why (the schema's own "x-not-modelled" words)
+            why = err.schema.get("x-not-modelled", {}).get(str(inst).lower())
+            hint = f"; {why}" if why else _did_you_mean(inst, want)
+            add(path, f"{_show(inst)} is not one of: {', '.join(map(str, want))}{hint}")
         elif kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             words = {"minimum": "at least", "maximum": "at most",
                      "exclusiveMinimum": "more than", "exclusiveMaximum": "less than"}[kind]

@@ -172,47 +172,16 @@ def test_forward_cache_terms_by_hand():
     assert F.forward_cache_kv(llama, get_precision("bf16"), od, "flash", "full").tok == 0
 
 
-# ---------------------------------------------------------------- QLoRA (modelled, not measured)
-
-def test_qlora_one_matrix_by_hand():
-    # Llama 3.2 1B q_proj 2048 × 2048 = 4,194,304 weights: NF4 4 bits -> 2,097,152 B; one 8-bit absmax per 64
-    # -> 65,536 B; one fp32 second-level absmax per 256 first-level ones -> 256 · 4 = 1,024 B; 2,163,712 B
-    # = 4.127 bits per weight (QLoRA §3: 8/64 + 32/(64·256) = 0.127 bits of constants)
-    assert F.qlora_matrix_bytes((2048, 2048)) == 2_163_712
-    assert F.qlora_matrix_bytes((2048, 2048)) * 8 / (2048 * 2048) == pytest.approx(4.127, abs=1e-3)
-
-
-def test_qlora_model_weights_by_hand():
-    arch = _arch("llama-3.2-1b")
-    ft = FM.parse_finetune({"method": "qlora"})  # r 64, all-linear
-    # per layer: q, o 2,163,712 each; k, v (512 × 2048) 540,928 each; gate, up, down (8192 × 2048) 8,654,848 each
-    # -> 31,373,824 × 16 layers = 501,981,184 B of NF4 block linears
-    # rest (embedding 128,256 × 2048, norms) 1,235,814,400 − 973,078,528 = 262,735,872 params × 4 B (fp32 after
-    # prepare_model_for_kbit_training) = 1,050,943,488 B; adapters 45,088,768 × 4 B = 180,355,072 B
-    assert F.weights_bytes(arch, get_precision("bf16"), ft) == 501_981_184 + 1_050_943_488 + 180_355_072
-    assert F.gradients_bytes(arch, get_precision("bf16"), ft) == 180_355_072
-
-
-def test_qlora_activations_are_lora_plus_the_dequantized_down_projection():
-    arch, p = _arch("llama-3.2-1b"), get_precision("bf16")
-    spec = {"rank": 64, "alpha": 16, "dropout": 0.1, "targets": ["all-linear"]}
-    q = F.train_activations(arch, p, "flash", "none", FM.parse_finetune({"method": "qlora", **spec}))
-    lo = F.train_activations(arch, p, "flash", "none", FM.parse_finetune({"method": "lora", **spec}))
-    assert q.saved == lo.saved and q.forward_temp == lo.forward_temp
-    # MatMul4Bit.backward dequantizes the down projection (2048 × 8192) to bf16: 33,554,432 B
-    assert q.backward_start_temp[1].const - lo.backward_start_temp[1].const == 2048 * 8192 * 2
-
-
 # ---------------------------------------------------------------- properties
 
 @settings(max_examples=40, deadline=None)
-@given(r=st.integers(1, 256), dr=st.integers(1, 256), method=st.sampled_from(["lora", "qlora"]),
+@given(r=st.integers(1, 256), dr=st.integers(1, 256),
        prec=st.sampled_from(["fp32", "bf16", "bf16-mixed"]),
        targets=st.sampled_from([["q_proj", "v_proj"], ["all-linear"], ["o_proj", "down_proj"]]))
-def test_adapter_bytes_grow_with_rank_base_bytes_do_not(r, dr, method, prec, targets):
+def test_adapter_bytes_grow_with_rank_base_bytes_do_not(r, dr, prec, targets):
     arch, p = _arch("qwen2.5-0.5b"), get_precision(prec)
-    lo = FM.parse_finetune({"method": method, "rank": r, "targets": targets})
-    hi = FM.parse_finetune({"method": method, "rank": r + dr, "targets": targets})
+    lo = FM.parse_finetune({"method": "lora", "rank": r, "targets": targets})
+    hi = FM.parse_finetune({"method": "lora", "rank": r + dr, "targets": targets})
     assert F.adapter_params(arch, hi) > F.adapter_params(arch, lo)
     adapters = {ft: F.adapter_params(arch, ft) * 4 for ft in (lo, hi)}
     base = {ft: F.weights_bytes(arch, p, ft) - adapters[ft] for ft in (lo, hi)}
@@ -337,7 +306,7 @@ def test_every_formula_names_a_source():
     assert len(names) >= 12
     assert all(FORMULAS[n].sources for n in names)
     keys = {s.key for n in names for s in FORMULAS[n].sources}
-    assert {"hu2021", "dettmers2023", "peft-0.21"} <= keys
+    assert {"hu2021", "peft-0.21"} <= keys
 
 
 # ---------------------------------------------------------------- the measuring path itself

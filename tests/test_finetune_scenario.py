@@ -122,3 +122,28 @@ def test_gradient_accumulation_keeps_the_adapters_gradients_through_the_micro_ba
         F.gradients_bytes(sc.model, get_precision("bf16"), sc.model.finetune) + grads
     measured = json.loads(next(TRUTH.glob("llama-3.2-1b-lora-r16-all-accum4-*.json")).read_text())
     assert abs(int(four[C.PEAK_ALLOCATED]) - measured["measured"]["peak_bytes"]) <= 1e-4 * measured["measured"]["peak_bytes"]
+
+
+def test_online_rl_is_refused_saying_why():
+    text = ("model: {preset: qwen3-0.6b}\nmode: train\ngrid: {batch: 1, seq_len: 512, precision: bf16, "
+            "optimizer: adamw}\ngpus: [h100-sxm]\npreference: {loss: grpo}\n")
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario_text(text, "s.yaml")
+    (p,) = e.value.problems
+    assert (p.key_path, p.line) == ("preference.loss", 5)
+    assert "GRPO" in p.message and "generation inside the step" in p.message and "did you mean" not in p.message
+
+
+def test_qlora_of_a_hand_modelled_family_is_planned_from_its_own_code():
+    """QLoRA on Llama (a hand-modelled family) goes the traced route (workload/qlora.py): the scenario's peak is
+    the measured step's, to the byte less the CPU's host-side `step` counters, which a GPU keeps on the host."""
+    from nnmem_sweep.accuracy import host_step_bytes
+    from nnmem_sweep.derive import stored_only
+
+    path = TRUTH / "llama-3.2-1b-qlora-r16-all-train-bf16-adamw-b2-s2048.json"
+    case = json.loads(path.read_text())
+    sc = scenario_of(case["inputs"])
+    assert sc.model.kind == "derived" and sc.model.derived.source.finetune["method"] == "qlora"
+    with stored_only():
+        row = run_scenario(sc, bands=False).results.iloc[0]
+    assert int(row[C.PEAK_ALLOCATED]) == case["measured"]["peak_bytes"] - host_step_bytes(sc.model, case["inputs"])

@@ -209,7 +209,9 @@ def test_finetune_and_cluster_assumptions_only_where_used():
                                      "autocast_adapter_dtype=True).")
     assert not any("QLoRA" in i for i in groups[0]["items"])
     qlora = assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: qlora}\n"))["groups"][0]["items"]
-    assert any(i.startswith("QLoRA") and "not measured" in i for i in qlora)
+    # traced through bitsandbytes' own 4-bit storage (workload/qlora.py); what the trace cannot see is said
+    assert any(i.startswith("QLoRA") and "fused kernel" in i and "prepare_model_for_kbit_training" in i
+               for i in qlora)
     assert assumptions.assumptions(parse_scenario_text(lora + "finetune: {method: full}\n"))["groups"] == []
     cluster = assumptions.assumptions(parse_scenario_text(lora + "cluster: {global_batch: 8}\n"))["groups"]
     assert [g["title"] for g in cluster] == ["How many GPUs"]

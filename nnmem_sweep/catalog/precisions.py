@@ -22,6 +22,10 @@ DETTMERS_2022 = source("dettmers2022", "Dettmers et al. 2022, LLM.int8(): 8-bit 
                        "Transformers at Scale", "arXiv:2208.07339")
 DETTMERS_2023 = source("dettmers2023", "Dettmers et al. 2023, QLoRA: Efficient Finetuning of Quantized LLMs",
                        "arXiv:2305.14314")
+# bitsandbytes 0.50 backends/cuda/ops.py (_gemm_4bit_custom_max_m): past this many rows (b·s) a 4-bit matmul on CUDA
+# dequantizes the whole weight and calls F.linear; at or below it a fused kernel may run instead (QLoRA's trace,
+# workload/qlora.py, takes the dequantizing path)
+BNB_CUDA_DEQUANT_ROWS = 1536
 MICIKEVICIUS_2022 = source("micikevicius2022", "Micikevicius et al. 2022, FP8 Formats for Deep Learning",
                            "arXiv:2209.05433")
 VLLM_FP8 = source("vllm-fp8", "vLLM documentation, FP8 W8A8 quantization (e4m3 weights; per-tensor or per-channel "

@@ -1,16 +1,15 @@
-"""Fine-tuning methods: full, LoRA and QLoRA, as the bytes a training step keeps (issue 4, "Fine-tuning methods").
+"""Fine-tuning methods: full and LoRA, as the bytes a training step keeps (issue 4, "Fine-tuning methods"); QLoRA is
+planned from the model's own code with bitsandbytes' 4-bit base traced (workload/qlora.py, issue 23).
 The method itself (what a scenario asks for, which linears carry adapters) is finetune_method.py; this module is the
 memory it costs.
 
 LoRA (Hu et al. 2021 §4.1) freezes the pretrained weights and trains, beside each targeted linear W (out × in), the
 product B·A with A (r × in) and B (out × r): `h = W x + (α/r) · B A dropout(x)`. peft's LoraLayer does this with
 two nn.Linear (no bias) and, by default, casts the adapters of a 16-bit model to fp32 (get_peft_model's
-autocast_adapter_dtype=True) and the input with them. QLoRA (Dettmers et al. 2023 §3) stores the frozen linears
-of the blocks in NF4 with double-quantised block scales (components/weights.py nf4_bytes).
+autocast_adapter_dtype=True) and the input with them.
 
 What a frozen base changes, checked against peft runs under MemTracker (tests/data/truth/finetune/, FINDINGS.md):
-  - weights: the base in its dtype (QLoRA: NF4 block linears, the rest as prepare_model_for_kbit_training leaves
-    it, fp32) plus the adapters in theirs; gradients, master copy and optimizer state for the adapters only;
+  - weights: the base in its dtype plus the adapters in theirs; gradients, master copy and optimizer state for the adapters only;
   - activations: autograd saves a matmul's input only for the weight's gradient, so a frozen linear saves nothing
     of its own (the input stays only where another op saves it); a frozen RMSNorm keeps its fp32 input and rsqrt
     but not the normalised tensor (that was for the weight's gradient); nothing before the first adapter is saved
@@ -27,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..catalog.optimizers import BNB_OPTIM, DETTMERS_2021, SHAZEER_2018, TORCH_OPTIM, Optimizer, get_optimizer
-from ..catalog.precisions import DETTMERS_2023, Precision
+from ..catalog.precisions import Precision
 from ..citations import formula, source
 from ..models.arch import Architecture
 from . import activations as act
@@ -35,7 +34,7 @@ from . import optimizer as optim
 from .finetune_method import FULL, Finetune, adapter_shapes, block_linears, targets_of
 from .plan import consts
 from .terms import ZERO, Term
-from .weights import nf4_bytes, param_summary
+from .weights import param_summary
 from . import weights as wts
 
 HU_2021 = source("hu2021", "Hu et al. 2021, LoRA: Low-Rank Adaptation of Large Language Models", "arXiv:2106.09685")
@@ -44,7 +43,6 @@ PEFT = source("peft-0.21", "Hugging Face peft 0.21 (tuners/lora/layer.py LoraLay
               "https://github.com/huggingface/peft/tree/main/src/peft")
 
 FP32 = 4
-QLORA_REST_BYTES = 4  # prepare_model_for_kbit_training casts every non-quantised fp16/bf16 parameter to fp32
 
 
 @formula("lora_adapter_params", "L · Σ_targets r · (in + out)  (A: r × in, B: out × r, no bias)", HU_2021, PEFT,
@@ -86,31 +84,18 @@ def adapter_dtype_bytes(ft: Finetune, p: Precision) -> tuple[int, int, int, int]
 
 # ---------------------------------------------------------------- model states
 
-@formula("finetune.weights_bytes",
-         "lora: Ψ_base · bytes(weight) + Ψ_A · a;  qlora: Σ block linears nf4(rows, cols) + (Ψ_base − block linears) "
-         "· 4 + Ψ_A · a", HU_2021, DETTMERS_2023, PEFT,
-         where="LoRA §4.1 (W0 frozen); QLoRA §3 (NF4 storage, double quantisation); prepare_model_for_kbit_training "
-         "upcasts the non-quantised parameters (embeddings, norms, lm_head) to fp32",
-         note="a = bytes of an adapter parameter (fp32 by default). QLoRA is modelled from the published format, "
-              "not measured (bitsandbytes' 4-bit kernels need a CUDA device); each matrix's 16-entry NF4 code table "
-              "and fp32 offset (68 B) are left out.")
+@formula("finetune.weights_bytes", "Ψ_base · bytes(weight) + Ψ_A · a", HU_2021, PEFT,
+         where="LoRA §4.1 (W0 frozen)", note="a = bytes of an adapter parameter (fp32 by default). QLoRA's 4-bit "
+         "base is traced through bitsandbytes' storage instead (workload/qlora.py): these formulas, checked "
+         "against it, came out 8.7 % low on Llama 3.2 1B (prepare_model_for_kbit_training's fp32 embeddings "
+         "carry an fp32 residual stream)")
 def weights_bytes(arch: Architecture, p: Precision, ft: Finetune = FULL) -> int:
     if not ft.adapters:
         return wts.weights_bytes(arch, p)
+    if ft.method != "lora":
+        raise ValueError(f"finetune method {ft.method} is planned from the model's own code (hand_modelled)")
     s = param_summary(arch)
-    adapters = adapter_params(arch, ft) * adapter_dtype_bytes(ft, p)[0]
-    if ft.method == "lora":
-        return s.total * p.weight_bytes + adapters
-    quantised = sum(qlora_matrix_bytes(x.shape) * x.count for x in s.tensors if x.block_linear)
-    return quantised + (s.total - s.block_linear) * QLORA_REST_BYTES + adapters
-
-
-def qlora_matrix_bytes(shape: tuple[int, ...]) -> int:
-    """One frozen block linear in NF4 (MoE experts: the leading dimensions are rows)."""
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return nf4_bytes(rows, shape[-1])
+    return s.total * p.weight_bytes + adapter_params(arch, ft) * adapter_dtype_bytes(ft, p)[0]
 
 
 @formula("finetune.master_weights_bytes", "Ψ_A · 4 when the adapters are in a 16-bit model dtype under bf16-master",
@@ -363,21 +348,6 @@ def forward_cache_kv(arch: Architecture, p: Precision, ft: Finetune, attention: 
     return Term(tok=layers * 2 * hkv * p.act_bytes)
 
 
-BNB_4BIT = source("bnb-matmul4bit", "bitsandbytes autograd/_functions.py MatMul4Bit: forward dequantizes the NF4 "
-                  "weight to the input dtype for F.linear and keeps (None, B), not the input; backward dequantizes it "
-                  "again for grad_A", "https://github.com/bitsandbytes-foundation/bitsandbytes")
-
-
-@formula("qlora_dequant_temporary_bytes", "I·h·e  (the last layer's down projection dequantized for its input gradient)",
-         BNB_4BIT, DETTMERS_2023, where="MatMul4Bit.backward: dequantize_4bit(B).to(grad_output.dtype)",
-         note="Modelled from the source, not measured. The forward's dequantized copy (one matrix at a time) is not "
-              "live at the loss, the forward moment the plan models.")
-def qlora_dequant_temp(arch: Architecture, p: Precision, ft: Finetune) -> Term:
-    if ft.method != "qlora":
-        return ZERO
-    return Term(const=arch.intermediate * arch.hidden * p.act_bytes)
-
-
 def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, ft: Finetune = FULL,
                       device: str = "cuda") -> act.TrainActivations:
     """activations.train_activations for a frozen base with adapters (full: that function itself)."""
@@ -397,7 +367,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     # no embedding term: a frozen embedding's output needs no grad, so nothing on it is saved
     saved = inputs + copies + act.rope_saved(arch, p) + layers + frozen_head_saved(arch, p)
     bwd_start = [act.loss_backward_temp(arch, p),
-                 frozen_last_layer_backward_temp(arch, p) + qlora_dequant_temp(arch, p, ft)]
+                 frozen_last_layer_backward_temp(arch, p)]
     if checkpointing == "full":  # the last layer recomputed with everything it saves
         bwd_start.append(full_layer)
     elif checkpointing == "selective" and attention == "eager":  # the last layer's scores recomputed

@@ -199,11 +199,12 @@ def block_linears(arch: Architecture) -> list[tuple[str, Target]]:
 
 
 def hand_modelled(arch: Architecture, ft: Finetune) -> bool:
-    """Whether the formulas of finetune.py model this fine-tune: LoRA or QLoRA of a causal-LM transformer of the
-    families they were checked on, without modules_to_save. Every other model, and these with modules_to_save, is
-    planned from its own code with the adapters on it (components/derived.py)."""
-    return (arch.kind == "transformer" and arch.family in LORA_FAMILIES and arch.head == "causal_lm"
-            and not ft.modules_to_save)
+    """Whether the formulas of finetune.py model this fine-tune: LoRA of a causal-LM transformer of the families
+    they were checked on, without modules_to_save. Every other model, these with modules_to_save, and QLoRA on any
+    model (its 4-bit base traced through bitsandbytes' storage, workload/qlora.py) are planned from the model's own
+    code with the adapters on it (components/derived.py)."""
+    return (ft.method == "lora" and arch.kind == "transformer" and arch.family in LORA_FAMILIES
+            and arch.head == "causal_lm" and not ft.modules_to_save)
 
 
 def _check(arch: Architecture, ft: Finetune) -> None:

@@ -112,6 +112,6 @@ def with_preference(arch: Architecture, spec: dict[str, Any]) -> Architecture:
 
 def peft_spec(ft: Any) -> dict[str, Any]:
     """A fine-tune's adapters (a components Finetune) as workload/build.py's wrap_lora takes them."""
-    return {"method": "lora", "rank": ft.rank, "alpha": ft.alpha, "dropout": ft.dropout,
+    return {"method": ft.method, "rank": ft.rank, "alpha": ft.alpha, "dropout": ft.dropout,
             "targets": list(ft.targets) or None, "adapter_dtype": ft.adapter_dtype,
             "modules_to_save": list(ft.modules_to_save) or None}

@@ -121,7 +121,9 @@ def model_card(source: src.ModelSource) -> ModelCard:
         block_linear = in_block and not adapter and (id(p) in linear_weights or (p.dim() == 3 and "expert" in name))
         matmul = id(p) in linear_weights or id(p) in head_params or block_linear or \
             (id(p) in embed_weights and head is not None and getattr(head, "weight", None) is p)
-        tensors.append(TensorInfo(name, tuple(int(d) for d in p.shape), 1, block_linear, matmul,
+        # a 4-bit weight (QLoRA, workload/qlora.py) by the matrix it holds, not its packed bytes' shape
+        shape = getattr(getattr(p, "quant_state", None), "shape", None) or p.shape
+        tensors.append(TensorInfo(name, tuple(int(d) for d in shape), 1, block_linear, matmul,
                                   bool(p.requires_grad), adapter))
     params = sum(_numel(t.shape) for t in tensors)
     cfg = source.spec if source.kind == "hf" else {}

@@ -106,6 +106,7 @@ def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
 def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], device: str) -> StepTrace:
     """Trace `case` (a measure case at the probe's batch and sequence) on `model` (built for it, inside the
     FakeTensorMode it was built in, which the caller has entered)."""
+    from ..workload import qlora
     from ..workload.build import default_dtype, make_workload, model_dtype, run_contexts
     from ..workload.steps import run_steps
 
@@ -124,6 +125,7 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
                 kept.append(p.grad)
     rec = Recorder()
     rec.external(model.parameters(), PARAM)
+    rec.external(qlora.quant_state_tensors(model), PARAM)  # QLoRA's 4-bit quant states: weights too
     if w.reference is not None:  # preference tuning's frozen reference model: weights the step holds
         rec.external(w.reference.parameters(), PARAM)
         rec.external(w.reference.buffers(), BUFFER)  # its rotary tables too (MemTracker counts them)

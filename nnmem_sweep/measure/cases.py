@@ -134,14 +134,14 @@ FINETUNE_DIR = "finetune"
 
 def _lora(model: str, batch: int, seq: int, precision: str, rank: int, targets: tuple[str, ...], alpha: int = 16,
           dropout: float = 0.0, adapter_dtype: str = "fp32", modules_to_save: tuple[str, ...] = (),
-          **train: Any) -> dict[str, Any]:
+          method: str = "lora", **train: Any) -> dict[str, Any]:
     case = _train(model, batch, seq, precision, **train)
     where = "all" if targets == ("all-linear",) else "".join(t.split("_")[0][0] for t in targets)
-    tag = f"lora-r{rank}-{where}" + (f"-drop{dropout:g}" if dropout else "") + \
+    tag = f"{method}-r{rank}-{where}" + (f"-drop{dropout:g}" if dropout else "") + \
         ("" if adapter_dtype == "fp32" else f"-adapter{adapter_dtype}") + \
         ("".join(f"-save{m.replace('_', '')}" for m in modules_to_save))
     case["id"] = case["id"].replace(f"{model}-train-", f"{model}-{tag}-train-", 1)
-    case["finetune"] = {"method": "lora", "rank": rank, "alpha": alpha, "targets": list(targets),
+    case["finetune"] = {"method": method, "rank": rank, "alpha": alpha, "targets": list(targets),
                         "dropout": dropout, "adapter_dtype": adapter_dtype,
                         **({"modules_to_save": list(modules_to_save)} if modules_to_save else {})}
     return case
@@ -170,6 +170,11 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     # micro-batches, a hand-modelled family and one planned from its own code
     {**_lora("llama-3.2-1b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
     {**_lora("qwen3-0.6b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
+    # QLoRA (workload/qlora.py): the base's linears in NF4 as bitsandbytes stores them, the rest in fp32 as
+    # prepare_model_for_kbit_training leaves it, the matmul as bitsandbytes runs a training step on CUDA; a
+    # hand-modelled family and one planned from its own code, with and without checkpointing
+    _lora("llama-3.2-1b", 2, 2048, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora"),
+    _lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"),
 ]
 # preference tuning (workload/preference.py, as TRL runs it): batch preference pairs, chosen and rejected through the
 # policy in one forward; DPO with a frozen copy of the model as its reference, DPO on LoRA with the adapters disabled

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from ..workload import qlora
 from ..workload.steps import Workload, run_steps, storage_bytes
 
 # MemTracker's category names (_MemRefType values) -> our short names, in report order.
@@ -195,8 +196,9 @@ def run_workload(w: Workload) -> dict[str, Any]:
         externals.append(w.optimizer)
     if w.reference is not None:
         externals.append(w.reference)
-    tracker.track_external(*externals)
-    totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()),
+    quant = qlora.quant_state_tensors(w.model)  # QLoRA's 4-bit quant states: weights, not parameters or buffers
+    tracker.track_external(*externals, *quant)
+    totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()) + storage_bytes(quant),
                               "buffer_bytes": storage_bytes(w.model.buffers())}
     if w.reference is not None:  # preference tuning's frozen reference model
         totals["reference_bytes"] = storage_bytes(w.reference.parameters())

@@ -8,6 +8,7 @@ from typing import Any
 from .. import columns as C
 from ..accuracy import covered
 from ..catalog import optimizers, precisions
+from ..catalog.precisions import BNB_CUDA_DEQUANT_ROWS
 from ..citations import FORMULAS
 from ..components import finetune as F
 from ..components.overhead import has_convolutions, modelled
@@ -149,16 +150,22 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
                     "transformers builds it (derive/): what the frozen base keeps for backward is what autograd keeps "
                     "in that step, and the optimizer's state and step temporaries are counted over what peft leaves "
                     "trainable. Checked against peft runs measured with PyTorch's MemTracker (Qwen3, Gemma 2, "
-                    "modules_to_save: tests/data/truth/finetune).")
+                    "modules_to_save, QLoRA on Llama 3.2 1B and Qwen3: tests/data/truth/finetune).")
         if ft.modules_to_save:
             items.append(f"peft's modules_to_save ({', '.join(ft.modules_to_save)}): each module is copied and the "
                          "copy trained whole (its gradients and optimizer state in the model's dtype), the original "
                          "kept frozen beside it.")
     if ft.method == "qlora":
-        items.append("QLoRA (Dettmers et al. 2023): the block linears are stored in NF4 with double-quantised block "
-                     "scales, the other parameters in fp32 as prepare_model_for_kbit_training leaves them. Modelled "
-                     "from the published format and the libraries' source, not measured: bitsandbytes' 4-bit "
-                     "kernels need a CUDA device.")
+        items.append("QLoRA (Dettmers et al. 2023), as BitsAndBytesConfig(load_in_4bit, nf4, double quantisation) and "
+                     "peft's prepare_model_for_kbit_training leave the model: every linear but the LM head stored in "
+                     "NF4 by bitsandbytes itself (packed weights, uint8 block scales per 64 values, fp32 scales per "
+                     "256 of those, each matrix's code tables), every other parameter in fp32, so the embeddings' "
+                     "output and the residual stream are fp32 too. Each 4-bit matmul is traced as bitsandbytes runs "
+                     f"a training step on CUDA past {BNB_CUDA_DEQUANT_ROWS:,} rows (b·s): the weight dequantized to the "
+                     "compute dtype for F.linear, and again for the input's gradient, nothing of the input kept. "
+                     f"Below {BNB_CUDA_DEQUANT_ROWS:,} rows bitsandbytes may pick a fused kernel without the dequantized "
+                     "copy: the estimate then counts one matrix too many, briefly. Measured on the CPU under "
+                     "MemTracker with bitsandbytes' own storage (its 4-bit CUDA kernels themselves are not run).")
     return items
 
 

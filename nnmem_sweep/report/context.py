@@ -37,7 +37,8 @@ def _finetune_text(sc: Scenario) -> str:
     if ft is None or not ft.adapters:
         return ""
     targets, params = F.trained(sc.model, ft)
-    base = "NF4 (4-bit, double-quantised block scales)" if ft.method == "qlora" else "frozen in the recipe's dtype"
+    base = ("NF4 (4-bit, double-quantised block scales), the rest fp32" if ft.method == "qlora"
+            else "frozen in the recipe's dtype")
     return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "
             f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {params:,} trainable "
             f"parameters; base weights {base}")

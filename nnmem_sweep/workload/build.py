@@ -27,7 +27,7 @@ import torch
 
 from .hf_configs import hf_dict, named_config
 from .inputs import input_kind, make_inputs, module_loss
-from . import preference
+from . import preference, qlora
 from .steps import Workload, unpacked_sequences
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
@@ -229,18 +229,26 @@ def fake_deepcopy():
         torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = originals
 
 
-FINETUNE_MEASURED = ("lora",)  # QLoRA's bitsandbytes nf4 kernels need a CUDA device: modelled, not measured
+FINETUNE_MEASURED = ("lora", "qlora")  # qlora: the 4-bit base as bitsandbytes stores and runs it (qlora.py)
 ADAPTER_DTYPES = ("fp32", "model")  # peft's autocast_adapter_dtype=True (fp32 adapters) or False (the model's)
 
 
-def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool) -> torch.nn.Module:
+def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool,
+              compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """The model as peft's get_peft_model(LoraConfig(...)) returns it: base frozen, adapters trainable, the modules
-    named in modules_to_save copied and trained whole (peft's ModulesToSaveWrapper)."""
+    named in modules_to_save copied and trained whole (peft's ModulesToSaveWrapper). QLoRA: the base's linears in
+    NF4 first and the rest in fp32, as BitsAndBytesConfig and prepare_model_for_kbit_training leave it (qlora.py;
+    compute_dtype: bnb_4bit_compute_dtype, the recipe's activation dtype)."""
     from peft import LoraConfig, get_peft_model
 
     method = spec.get("method", "lora")
     if method not in FINETUNE_MEASURED:
         raise ValueError(f"finetune method {method!r} cannot be measured here; measured: {FINETUNE_MEASURED}")
+    if method == "qlora":
+        if not qlora.available():
+            raise ValueError("finetune method qlora is traced through bitsandbytes' 4-bit storage; install it "
+                             "(pip install 'nnmem-sweep[measure]')")
+        model = qlora.quantize(model, compute_dtype or torch.get_default_dtype())
     adapter_dtype = spec.get("adapter_dtype", "fp32")
     if adapter_dtype not in ADAPTER_DTYPES:
         raise ValueError(f"adapter_dtype {adapter_dtype!r} not in {ADAPTER_DTYPES}")
@@ -330,7 +338,7 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
     model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"),
                            case["mode"] == "train")
     if "finetune" in case:
-        model = wrap_lora(model, case["finetune"], fake)
+        model = wrap_lora(model, case["finetune"], fake, compute_dtype(case.get("precision", "fp32")))
     return model
 
 
@@ -366,6 +374,11 @@ def case_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if "module" in case:
         return {}, f"module {case['module']}"
     return model_config(case)
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype a recipe computes in: the autocast dtype of a mixed recipe, else the model's."""
+    return _AUTOCAST_DTYPE.get(precision) or model_dtype(precision)
 
 
 def model_dtype(precision: str) -> torch.dtype:
