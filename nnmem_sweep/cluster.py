@@ -137,6 +137,8 @@ def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFram
     f[C.OFFLOAD] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=["none"])
     f[C.GRADIENT_ACCUMULATION] = np.where(pp > 1, 1, acc)
     f[C.FP32_GRAD_ACCUMULATION] = bool(search.fixed.get(C.FP32_GRAD_ACCUMULATION, False))
+    for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):
+        f[axis] = search.fixed.get(axis, C.PARALLEL_DEFAULTS[axis])
     # layouts the model cannot take (heads not divisible by t, ...) are dropped before estimating
     key = tp * 1000 + pp
     ok = np.ones(len(f), dtype=bool)
@@ -333,6 +335,8 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
         chosen = (target or {}).get(axis)
         fixed[axis] = chosen if chosen in values else (values[0] if values else None)
     fixed[C.FP32_GRAD_ACCUMULATION] = bool(((parallel or {}).get(C.FP32_GRAD_ACCUMULATION) or (False,))[0])
+    for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):  # DeepSpeed's buffers, as the scenario says
+        fixed[axis] = ((parallel or {}).get(axis) or (C.PARALLEL_DEFAULTS[axis],))[0]
     search = ClusterSearch(global_batch=global_batch, seq_len=int(seq), max_gpus=int(given.get("max_gpus",
                            DEFAULT_MAX_GPUS)), gpus_per_node=gpus_per_node, tensor_parallel=tps,
                            pipeline_parallel=pps, micro_batch=micro,

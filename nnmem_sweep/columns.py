@@ -93,13 +93,18 @@ EXPERT_PARALLEL = "expert_parallel"  # GPUs the experts are split over (MoE), ca
 OFFLOAD = "offload"  # none | optimizer | optimizer+params (ZeRO-Offload to host memory)
 GRADIENT_ACCUMULATION = "gradient_accumulation"  # micro-batches accumulated per optimizer step (no pipeline)
 FP32_GRAD_ACCUMULATION = "fp32_grad_accumulation"  # bool: Megatron-style fp32 main grads
+# DeepSpeed ZeRO's communication buffers (parallel/states.py deepspeed_buffers; `parallel.deepspeed:` fills them with
+# DeepSpeed's defaults or a ds_config's values); 0 / False: a ZeRO layout that is not DeepSpeed's (FSDP)
+REDUCE_BUCKET = "reduce_bucket_size"  # elements of DeepSpeed's gradient reduce bucket
+OVERLAP_COMM = "overlap_comm"  # bool: DeepSpeed overlap_comm (ZeRO-1/2 keep a second reduce bucket)
+PREFETCH_BUCKET = "prefetch_bucket_size"  # elements ZeRO-3 prefetches ahead (stage3_prefetch_bucket_size)
 PARALLEL_AXES = (DATA_PARALLEL, ZERO_STAGE, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE_PARALLEL, MICRO_BATCHES,
                  PIPELINE_SCHEDULE, VIRTUAL_STAGES, CONTEXT_PARALLEL, EXPERT_PARALLEL, OFFLOAD,
-                 GRADIENT_ACCUMULATION, FP32_GRAD_ACCUMULATION)
+                 GRADIENT_ACCUMULATION, FP32_GRAD_ACCUMULATION, REDUCE_BUCKET, OVERLAP_COMM, PREFETCH_BUCKET)
 PARALLEL_DEFAULTS = {DATA_PARALLEL: 1, ZERO_STAGE: 0, TENSOR_PARALLEL: 1, SEQUENCE_PARALLEL: False,
                      PIPELINE_PARALLEL: 1, MICRO_BATCHES: 1, PIPELINE_SCHEDULE: "1f1b", VIRTUAL_STAGES: 1,
                      CONTEXT_PARALLEL: 1, EXPERT_PARALLEL: 1, OFFLOAD: "none", GRADIENT_ACCUMULATION: 1,
-                     FP32_GRAD_ACCUMULATION: False}
+                     FP32_GRAD_ACCUMULATION: False, REDUCE_BUCKET: 0, OVERLAP_COMM: False, PREFETCH_BUCKET: 0}
 # The node a rank runs on (scenario `node:`), carried as columns beside gpu_memory_bytes when PARALLEL_AXES are
 GPUS_PER_NODE = "gpus_per_node"
 HOST_MEMORY = "host_memory_bytes"  # the node's RAM

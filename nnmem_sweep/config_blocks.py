@@ -41,6 +41,7 @@ from .errors import ScenarioError, UsageError
 from .derive import DerivationError
 from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
+from .parallel import deepspeed as DS
 from .parallel import layout as L
 from .paths import safe_stem
 from .serving import has_kv_cache
@@ -309,6 +310,20 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
     for a in in_grid:
         if a in block:
             ck.add(f"grid.{a}", f"{a} is swept both here and in parallel:; keep one", key=True)
+    if "deepspeed" in block:  # DeepSpeed's settings as the axes its buffers are estimated from (parallel/deepspeed.py)
+        block = dict(block)
+        ds_given = block.pop("deepspeed")
+        clash = [a for a in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET) if a in block or a in in_grid]
+        if clash:
+            ck.add("parallel.deepspeed", f"deepspeed sets {', '.join(clash)}; give one or the other", key=True)
+            return {}
+        try:
+            block.update(DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None))
+        except DS.DeepSpeedConfigError as e:
+            ck.add("parallel.deepspeed", str(e))
+            return {}
+        if not block and not in_grid:
+            return {}
     given = {**block, **in_grid}
     if not given:
         return {}
@@ -316,7 +331,7 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
     home = "parallel" if block else f"grid.{next(iter(in_grid))}"
     out = {a: dedupe(as_list(given[a])) if a in given else (C.PARALLEL_DEFAULTS[a],) for a in C.PARALLEL_AXES}
     for a in C.PARALLEL_AXES:  # YAML booleans stay booleans (_dedupe would keep True as True; 1 is not a bool)
-        if a in (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION):
+        if a in (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION, C.OVERLAP_COMM):
             out[a] = tuple(bool(v) for v in out[a])
     if model is None:
         return out

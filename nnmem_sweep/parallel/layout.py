@@ -38,6 +38,14 @@ class Layout:
     offload: str = "none"
     accum: int = 1  # gradient_accumulation
     fp32_grads: bool = False  # fp32_grad_accumulation
+    reduce_bucket: int = 0  # DeepSpeed reduce_bucket_size (elements; 0: not DeepSpeed)
+    overlap_comm: bool = False  # DeepSpeed overlap_comm
+    prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size (elements)
+
+    @property
+    def deepspeed(self) -> bool:
+        """A DeepSpeed ZeRO layout (its buffers counted: parallel/states.py deepspeed_buffers)."""
+        return self.zero >= 1 and (self.reduce_bucket > 0 or self.prefetch_bucket > 0)
 
     @property
     def t_sp(self) -> int:
@@ -64,8 +72,9 @@ class Layout:
 _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp", C.SEQUENCE_PARALLEL: "sp",
            C.PIPELINE_PARALLEL: "pp", C.MICRO_BATCHES: "micro_batches", C.PIPELINE_SCHEDULE: "schedule",
            C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
-           C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads"}
-_BOOL = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION)
+           C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
+           C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket"}
+_BOOL = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION, C.OVERLAP_COMM)
 _STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD)
 
 
@@ -127,6 +136,9 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
                    (C.CONTEXT_PARALLEL, lay.cp), (C.EXPERT_PARALLEL, lay.ep), (C.GRADIENT_ACCUMULATION, lay.accum)):
         if v < 1:
             out.append((col, f"{col} must be at least 1, got {v}"))
+    for col, v in ((C.REDUCE_BUCKET, lay.reduce_bucket), (C.PREFETCH_BUCKET, lay.prefetch_bucket)):
+        if v < 0:
+            out.append((col, f"{col} must be at least 0, got {v}"))
     if lay.zero not in (0, 1, 2, 3):
         out.append((C.ZERO_STAGE, f"zero_stage must be 0, 1, 2 or 3, got {lay.zero}"))
     if lay.schedule not in SCHEDULES:

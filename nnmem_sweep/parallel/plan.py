@@ -62,6 +62,26 @@ def _host_table(st, sizes, dims) -> np.ndarray:
     return np.ascontiguousarray(lift(host, dims, sizes)[..., 0]).reshape(-1)
 
 
+def _with_deepspeed_buffers(phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
+    """DeepSpeed's reduce buckets (states.deepspeed_buffers) added to the temporaries: ZeRO-1/2's through the
+    backward from its second moment (the first is the loss's, before any parameter has a gradient), ZeRO-3's in
+    every phase. `dims`: the plan dimensions of precision and layout."""
+    ds = [par_states.deepspeed_buffers(lay, p) for p in precs for lay in layouts]
+    if not any(a or b for a, b in ds):
+        return phases
+    shape = (len(precs), len(layouts))
+    bwd = lift(consts([a for a, _ in ds], shape), dims, sizes)
+    always = lift(consts([b for _, b in ds], shape), dims, sizes)
+    out, previous = [], ""
+    for name, comps in phases:  # a stage's phases: forward, the backward's moments (the loss's first), optimizer
+        extra = always + (bwd if name == "backward" and previous in ("backward", "") else 0)
+        previous = name
+        comps = dict(comps)
+        comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
+        out.append((name, comps))
+    return out
+
+
 def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
                          a_names: tuple, c_names: tuple, layouts: tuple) -> Plan:
     precs = precisions(p_names, "train")
@@ -78,6 +98,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         else:
             phases = layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
                                       grads_share=s0["gradients"])
+        phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 3))
         plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
         plan.host = _host_table(st, sizes, dims)
         plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
@@ -122,6 +143,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         ]
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
+    phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 5))
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)
     plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)

@@ -55,6 +55,7 @@ class StageParams:
     expert: int  # sharded over the d / ep ranks that hold the same experts
     largest: int  # the largest unit ZeRO-3 gathers at once on this rank (a transformer block, the embedding, the head)
     tensors: int  # parameter tensors on the rank (fused optimizers keep a step per tensor)
+    largest_tensor: int = 0  # the largest single tensor on the rank (DeepSpeed ZeRO-3 gathers module by module)
 
     @property
     def held(self) -> int:
@@ -84,11 +85,12 @@ def stage_params(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1) -> t
     params models and layer nets are one replicated block (they cannot be split by t, p or ep)."""
     s = param_summary(arch)
     if arch.kind != "transformer":
-        one = StageParams(s.total, 0, min(s.largest, s.total), s.n_tensors)
+        one = StageParams(s.total, 0, min(s.largest, s.total), s.n_tensors, min(s.largest, s.total))
         return one, one
     dense = {"embedding": 0, "layer": 0, "head": 0}  # per layer for "layer"
     expert_per_layer = 0
     count = {"embedding": 0, "layer": 0, "head": 0}
+    big = {"embedding": 0, "layer": 0, "head": 0}  # the largest single tensor of each group on a rank
     tied_copy = 0
     for x in transformer_tensors(arch):
         g = _group(x.name)
@@ -96,10 +98,13 @@ def stage_params(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1) -> t
         if x.name.startswith("experts."):
             e = arch.num_experts
             expert_per_layer += (e // ep) * _ceil(per // e, tp)
+            big[g] = max(big[g], _ceil(per // e, tp))
         elif x.name.endswith(_TP_SHARDED) or x.name in _TP_SHARDED:
             dense[g] += _ceil(per, tp)
+            big[g] = max(big[g], _ceil(per, tp))
         else:
             dense[g] += per
+            big[g] = max(big[g], per)
         count[g] += 1
         if x.name == "embed_tokens":
             tied_copy = _ceil(per, tp)
@@ -109,13 +114,15 @@ def stage_params(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1) -> t
     if pp == 1:
         d = dense["embedding"] + arch.layers * dense["layer"] + dense["head"]
         one = StageParams(d, arch.layers * expert_per_layer, max(layer, dense["embedding"], dense["head"]),
-                          count["embedding"] + arch.layers * count["layer"] + count["head"])
+                          count["embedding"] + arch.layers * count["layer"] + count["head"], max(big.values()))
         return one, one
     head = dense["head"] + (tied_copy if tied else 0)
     first = StageParams(dense["embedding"] + n * dense["layer"], n * expert_per_layer,
-                        max(layer, dense["embedding"]), count["embedding"] + n * count["layer"])
+                        max(layer, dense["embedding"]), count["embedding"] + n * count["layer"],
+                        max(big["embedding"], big["layer"]))
     last = StageParams(n * dense["layer"] + head, n * expert_per_layer, max(layer, head),
-                       n * count["layer"] + count["head"] + (1 if tied else 0))
+                       n * count["layer"] + count["head"] + (1 if tied else 0),
+                       max(big["layer"], big["head"], tied_copy if tied else 0))
     return first, last
 
 
@@ -154,6 +161,42 @@ def zero3_gathered_bytes(sp: StageParams, prec: Precision) -> int:
     return 2 * sp.largest * prec.weight_bytes
 
 
+DEEPSPEED_ZERO = source("deepspeed-zero", "DeepSpeed runtime/zero: stage_1_and_2.py setup_buckets (with "
+                        "contiguous_gradients, a reduce bucket of reduce_bucket_size elements in the 16-bit dtype of "
+                        "the parameters, a second one with overlap_comm, made at the backward's first gradient and "
+                        "released at its end), stage3.py (one reduce bucket made at initialisation; parameters "
+                        "gathered module by module, stage3_prefetch_bucket_size elements fetched ahead), config.py "
+                        "(defaults: reduce_bucket_size and allgather_bucket_size 5e8, stage3_prefetch_bucket_size "
+                        "5e7, contiguous_gradients true, overlap_comm true for stage 3 only), utils.py "
+                        "all_gather_dp_groups (all_gather_into_tensor into the flat parameters: no allgather bucket)",
+                        "https://github.com/deepspeedai/DeepSpeed/tree/master/deepspeed/runtime/zero")
+
+
+@formula("parallel.deepspeed_buffers",
+         "ZeRO-1/2: (1 + overlap_comm) · R · e through the backward;  ZeRO-3: R · e throughout, and the gathered "
+         "parameters (largest tensor + P) · e instead of two units",
+         DEEPSPEED_ZERO, where="R = reduce_bucket_size, P = stage3_prefetch_bucket_size (elements), e = bytes of a "
+         "16-bit parameter (the recipe's weight dtype)",
+         note="A ZeRO layout without parallel.deepspeed (or with reduce_bucket_size 0) is FSDP's: no reduce bucket "
+              "(FSDP reduce-scatters each unit's gradients as they come). allgather_bucket_size allocates nothing "
+              "with all_gather_into_tensor (every NCCL since 2.12). The ZeRO-1/2 buckets are counted from the "
+              "backward's first moment after the loss's (the head's gradient comes after its log-softmax backward). "
+              "ZeRO-3's persistent parameters (stage3_param_persistence_threshold, 1e5 elements: the norms) are "
+              "not counted.")
+def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
+    """(bytes through the backward only, bytes in every phase) of DeepSpeed's reduce buckets on one rank."""
+    if not lay.deepspeed:
+        return 0, 0
+    if lay.zero in (1, 2):
+        return (2 if lay.overlap_comm else 1) * lay.reduce_bucket * prec.weight_bytes, 0
+    return 0, lay.reduce_bucket * prec.weight_bytes
+
+
+def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
+    """ZeRO-3 under DeepSpeed: the module in use (at most the rank's largest tensor) and what is prefetched."""
+    return (sp.largest_tensor + lay.prefetch_bucket) * prec.weight_bytes
+
+
 @formula("parallel.rank_states",
          "W = ⌈W_Ψ·n_w/Ψ⌉ (+ ZeRO-3 gathered), G = n_g · (4 with fp32 main grads, else bytes(grad)), "
          "M, S, T = ⌈X_Ψ·n_o/Ψ⌉; offload optimizer: M + S + 4·n_o to host (no GPU gradients or step temporaries), "
@@ -179,7 +222,9 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
     n_w = nz if lay.zero >= 3 else n
     n_g = nz if lay.zero >= 2 else n
     n_o = nz if lay.zero >= 1 else n
-    gathered = zero3_gathered_bytes(sp, prec) if lay.zero >= 3 else 0
+    gathered = 0
+    if lay.zero >= 3:
+        gathered = deepspeed_gathered_bytes(sp, lay, prec) if lay.deepspeed else zero3_gathered_bytes(sp, prec)
     w = _share(weights_bytes(arch, prec), n_w, psi)
     if lay.fp32_grads and prec.grad_bytes:
         g = n_g * max(prec.grad_bytes, MAIN_GRAD_BYTES)

@@ -97,7 +97,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer state, "
             "stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank; ZeRO-3 adds two gathered "
             "copies of the largest unit (a transformer block, the embedding or the head: the one in use and the "
-            "prefetched one).",
+            "prefetched one), as FSDP wraps and prefetches; without parallel.deepspeed no reduce bucket is counted.",
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
@@ -109,6 +109,15 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                 "model.largest_layer_params is not given), so two gathered copies of every parameter are counted, an "
                 "upper bound; give largest_layer_params (DeepSpeed's measure: the parameters of the largest module, "
                 "e.g. 12·h² + 13·h for a GPT block) to tighten it.")
+        if any(axes[C.REDUCE_BUCKET]) or any(axes[C.PREFETCH_BUCKET]):
+            items.append("DeepSpeed ZeRO (parallel.deepspeed; DeepSpeed's runtime/zero source): ZeRO-1/2 keep a "
+                         "reduce bucket of reduce_bucket_size elements in the parameters' 16-bit dtype through the "
+                         "backward (two with overlap_comm), counted from the backward's first moment after the "
+                         "loss's; ZeRO-3 keeps one bucket from initialisation and gathers parameters module by "
+                         "module, the module in use (at most the rank's largest tensor) plus "
+                         "stage3_prefetch_bucket_size elements, instead of two units. The buckets are in the "
+                         "temporaries column. allgather_bucket_size allocates nothing (all_gather_into_tensor); "
+                         "ZeRO-3's persistent small parameters (the norms) are not counted.")
         if any(axes[C.FP32_GRAD_ACCUMULATION]):
             items.append("fp32 grads: Megatron-style fp32 main gradients replace the 16-bit ones (4 bytes per "
                          "parameter, 18 per parameter with bf16-master and Adam).")

@@ -40,6 +40,9 @@ AXIS_LABELS = {
     "offload": "offload",
     "gradient_accumulation": "grad accum",
     "fp32_grad_accumulation": "fp32 grads",
+    "reduce_bucket_size": "DS reduce bucket",
+    "overlap_comm": "DS overlap_comm",
+    "prefetch_bucket_size": "DS prefetch bucket",
 }
 
 COMPONENT_LABELS = {

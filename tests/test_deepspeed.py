@@ -1,0 +1,78 @@
+"""DeepSpeed ZeRO's buffers (issue 23): the reduce bucket(s) of ZeRO-1/2 through the backward, ZeRO-3's bucket and
+module-by-module gathering, from DeepSpeed's defaults, a mapping or a ds_config JSON ('auto' as transformers'
+Trainer fills it). Figures by hand from DeepSpeed's source (parallel/states.py DEEPSPEED_ZERO)."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep.config import parse_scenario_text
+from nnmem_sweep.errors import ScenarioError
+from nnmem_sweep.runner import run_scenario
+
+DATA = Path(__file__).parent / "data" / "deepspeed"
+
+
+def _run(parallel: str, zero: int = 2, optimizer: str = "sgd"):
+    text = textwrap.dedent(f"""\
+        model: {{preset: llama-3.2-1b}}
+        mode: train
+        grid: {{batch: 1, seq_len: 128, precision: bf16, optimizer: {optimizer}, checkpointing: none}}
+        gpus: [h100-sxm]
+        parallel: {{data_parallel: 8, zero_stage: {zero}, {parallel}}}
+        """)
+    sc = parse_scenario_text(text, "ds.yaml", DATA)
+    return sc, run_scenario(sc, bands=False).results.iloc[0]
+
+
+def test_zero2_keeps_one_reduce_bucket_through_the_backward_two_with_overlap_comm():
+    # a short sequence, so the backward's peak is past the loss's moment: 5e8 elements x 2 B (bf16) = 1e9 B a bucket
+    _, fsdp = _run("gradient_accumulation: 1")
+    _, ds = _run("deepspeed: true")
+    _, overlap = _run("deepspeed: {overlap_comm: true}")
+    assert fsdp[C.PEAK_PHASE] == ds[C.PEAK_PHASE] == "backward"
+    assert ds[C.PEAK_ALLOCATED] - fsdp[C.PEAK_ALLOCATED] == 1_000_000_000
+    assert overlap[C.PEAK_ALLOCATED] - fsdp[C.PEAK_ALLOCATED] == 2_000_000_000
+    _, small = _run("deepspeed: {reduce_bucket_size: 2.0e+8}")
+    assert small[C.PEAK_ALLOCATED] - fsdp[C.PEAK_ALLOCATED] == 400_000_000
+    _, none = _run("deepspeed: {contiguous_gradients: false}")  # no bucket without contiguous_gradients
+    assert none[C.PEAK_ALLOCATED] == fsdp[C.PEAK_ALLOCATED]
+
+
+def test_deepspeed_true_is_its_defaults_as_axes():
+    sc, _ = _run("deepspeed: true")
+    assert (sc.parallel[C.REDUCE_BUCKET], sc.parallel[C.OVERLAP_COMM], sc.parallel[C.PREFETCH_BUCKET]) == \
+        ((500_000_000,), (False,), (50_000_000,))
+
+
+def test_zero3_gathers_the_module_in_use_and_the_prefetch_not_two_blocks():
+    # Llama 3.2 1B: the largest tensor is the (tied) embedding, 128,256 x 2,048 = 262,668,288 elements; DeepSpeed
+    # holds it and 5e7 prefetched elements, in bf16; FSDP two units (the largest: that embedding) instead
+    _, fsdp = _run("gradient_accumulation: 1", zero=3)
+    _, ds = _run("deepspeed: true", zero=3)
+    shard = fsdp[C.WEIGHTS] - 2 * 262_668_288 * 2
+    assert ds[C.WEIGHTS] == shard + (262_668_288 + 50_000_000) * 2
+    # and ZeRO-3's reduce bucket (1e9 B) from initialisation: in every phase's temporaries
+    assert ds[C.TEMPORARY] - fsdp[C.TEMPORARY] == 1_000_000_000
+
+
+def test_a_ds_config_json_with_auto_values_is_read_as_transformers_fills_it():
+    # reduce_bucket_size 'auto' = hidden^2 = 2048^2; stage3_prefetch_bucket_size 'auto' = 0.9 * 2048^2
+    sc, _ = _run("deepspeed: zero3_auto.json", zero=3)
+    assert sc.parallel[C.REDUCE_BUCKET] == (4_194_304,)
+    assert sc.parallel[C.PREFETCH_BUCKET] == (3_774_873,)
+    assert sc.parallel[C.OVERLAP_COMM] == (True,)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("missing.json", "cannot read the DeepSpeed config"),
+    ("{reduce_bucket_size: 5.0e+8}, reduce_bucket_size: 1000", "give one or the other"),
+])
+def test_bad_deepspeed_settings_are_one_located_line(value, words):
+    with pytest.raises(ScenarioError) as e:
+        _run(f"deepspeed: {value}")
+    (p,) = e.value.problems
+    assert p.key_path == "parallel.deepspeed" and p.line == 5 and words in p.message
