@@ -59,9 +59,10 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 
-def load_cases(truth_dir: str | Path, derived: bool = True) -> list[dict[str, Any]]:
+def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False) -> list[dict[str, Any]]:
     """Every *.json case in `truth_dir` and its subfolders, sorted by case id; without `derived`, only the
-    hand-modelled ones (`hand_modelled_case`)."""
+    hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP2, truth/sharded/) only with
+    `sharded`, and then only those."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -71,7 +72,8 @@ def load_cases(truth_dir: str | Path, derived: bool = True) -> list[dict[str, An
             rec = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)):
+        if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)) and \
+                bool(rec["inputs"].get("fsdp")) == sharded:
             cases.append(rec)
     return sorted(cases, key=lambda r: r["case_id"])
 
@@ -141,6 +143,9 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         **({C.ZERO_GRAD: [i["zero_grad"]]} if "zero_grad" in i else {}),
         # micro-batches accumulated per optimizer step (one GPU): peak.one_gpu reads it
         **({C.GRADIENT_ACCUMULATION: [int(i["gradient_accumulation"])]} if "gradient_accumulation" in i else {}),
+        # one rank of an FSDP2 step: the layout the estimate reads (parallel/)
+        **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])]}
+           if i.get("fsdp") else {}),
     })
 
 
@@ -184,6 +189,9 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
         t = int(np.asarray(total)[0])
         phases[name] = max(phases.get(name, -1), t + host if t >= 0 else t)
     out["phases"] = phases
+    if i.get("fsdp"):  # one rank's figures at its peak; a rank's state totals are not compared (yet)
+        out.update(weights=None, gradients=None, optimizer=None)
+        return out
     prec = get_precision(i["precision"])
     if arch.kind == "derived" and (arch.derived.card.frozen or arch.derived.source.preference):
         # adapters on a derived model, or a preference step (a reference model's weights): the traced states
@@ -327,6 +335,10 @@ def accuracy_cli(truth_dir: str | Path) -> int:
     print(f"\nall: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
           f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
           "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")
+    sharded = load_cases(truth_dir, sharded=True)
+    if sharded:
+        print("\none rank of FSDP2-sharded steps (truth/sharded/; compared, not yet held to them: issue 22):")
+        print(format_table(compare(sharded)))
     pub = published_compare.compare_published()
     print("\npublished real-GPU measurements (tests/data/published), estimated with the same configuration:")
     print(published_compare.format_table(published_compare.estimated(pub)))

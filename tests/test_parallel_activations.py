@@ -179,9 +179,11 @@ def test_per_rank_memory_never_grows_with_more_gpus(dp, zero, t, sp, p, m, ckpt,
         # each with its int64 ids and labels (16 B a token) and RoPE tables (2·128·2 B a position) and nothing more
         more = min(2 * p, m) - min(p, m)
         assert peak(**{**cols, C.PIPELINE_PARALLEL: p * 2}) <= here + more * (16 * b * 4096 + 512 * 4096)
-    if zero < 2 or dp >= 8:  # ZeRO-3 gathers two units (4 x the embedding in bf16): a saving from 8 ranks on
-        if zero < 3:
-            assert peak(**{**cols, C.ZERO_STAGE: zero + 1}) <= here
+    # ZeRO-1 -> 2 is not a saving in general: stage 2 of a transformer over data parallel alone is FSDP2's
+    # SHARD_GRAD_OP, which holds the shard beside every unsharded block from forward to backward (W/d more than
+    # DeepSpeed's ZeRO-1 at the loss, tests/data/truth/sharded). ZeRO-3 gathers units: a saving from 8 ranks on
+    if zero == 0 or (zero == 2 and dp >= 8):
+        assert peak(**{**cols, C.ZERO_STAGE: zero + 1}) <= here
 
 
 def test_params_model_shards_its_states_with_zero_and_keeps_its_activations():

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..workload.build import (build_model, build_optimizer, case_config, default_dtype, make_workload, model_dtype,
-                              run_contexts)
+                              run_contexts, sharding)
 from .tracker import run_workload
 
 
@@ -25,7 +25,7 @@ def measure_case(case: dict[str, Any], fake: bool = True) -> dict[str, Any]:
     train = case["mode"] == "train"
     torch.manual_seed(0)
     cfg, origin = case_config(case)
-    with mode_ctx:
+    with sharding(case), mode_ctx:
         with default_dtype(dtype):
             model = build_model(case, cfg, fake)
             opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None

@@ -195,6 +195,28 @@ for _c in FINETUNE_CASES:
         _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}-train-", 1)
 CASES += FINETUNE_CASES
 
+# One rank of a step sharded by FSDP2 (workload/fsdp.py, issue 22): fully_shard per decoder block and the root over
+# PyTorch's fake process group, FSDPMemTracker, the optimizer over the rank's local shards. Written under
+# tests/data/truth/sharded/ (SHARDED_DIR): the estimate of sharded layouts is compared with them in `make accuracy`
+# (docs/accuracy.md), not yet held to them. Full fine-tunes of a hand-modelled family over 2, 4 and 8 ranks,
+# FULL_SHARD (zero_stage 3) and SHARD_GRAD_OP (2), with and without checkpointing; LoRA and QLoRA of Qwen3.
+SHARDED_DIR = "sharded"
+
+
+def _fsdp(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
+    return {**case, "id": case["id"].replace("-train-", f"-fsdp{world}z{stage}-train-", 1),
+            "fsdp": {"world": world, "zero_stage": stage}}
+
+
+SHARDED_CASES: list[dict[str, Any]] = [
+    _fsdp(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt=ck), w, z)
+    for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
+] + [
+    _fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 3),
+    _fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"), 4, 3),
+]
+CASES += SHARDED_CASES
+
 
 # The families issue 12 plans from the model's own code (no hand reader in models/hf.py): real published configs
 # (the presets) where they trace in seconds, the big MoE models at their real widths with fewer layers / experts

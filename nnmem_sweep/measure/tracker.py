@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from ..workload import qlora
+from ..workload import fsdp, qlora
 from ..workload.steps import Workload, run_steps, storage_bytes
 
 # MemTracker's category names (_MemRefType values) -> our short names, in report order.
@@ -29,6 +30,16 @@ CATEGORY_NAMES = {
     "Temp": "temp",
     "Optstate": "opt",
     "Other": "other",
+    # FSDPMemTracker's (a sharded step, workload/fsdp.py): shards and unsharded copies under the same names; the
+    # collectives' buffers are temporaries
+    "Sharded Param": "param",
+    "Unsharded Param": "param",
+    "Sharded Grad": "grad",
+    "Unsharded Grad": "grad",
+    "OptState": "opt",
+    "All Gather": "temp",
+    "Reduce Scatter": "temp",
+    "Inputs": "other",
 }
 CATEGORIES = tuple(CATEGORY_NAMES.values())
 
@@ -92,11 +103,11 @@ class _NoHandle:
 _NO_HANDLE = _NoHandle()
 
 
-class PhaseTracker(MemTracker):
-    """MemTracker that also keeps the peak of each phase, where it happened, and which aten ops ran."""
+class _Phases:
+    """What PhaseTracker and FSDPPhaseTracker add to PyTorch's trackers: the peak of each phase, where it happened,
+    and which aten ops ran."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def _init_phases(self) -> None:
         self.ops: Counter[str] = Counter()
         self.phases: list[PhasePeak] = []
         self._phase: PhasePeak | None = None
@@ -188,18 +199,43 @@ class PhaseTracker(MemTracker):
         return "none"
 
 
+class PhaseTracker(_Phases, MemTracker):
+    """MemTracker that also keeps the peak of each phase, where it happened, and which aten ops ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._init_phases()
+
+
+class FSDPPhaseTracker(_Phases, FSDPMemTracker):
+    """FSDPMemTracker (a step sharded by FSDP2, workload/fsdp.py) with the same phase records, for one rank."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
+        super().__init__(model, optimizer)
+        self._init_phases()
+
+
 def run_workload(w: Workload) -> dict[str, Any]:
-    """Run the workload under a PhaseTracker; return peaks, splits and totals (plain ints and strings)."""
-    tracker = PhaseTracker()
-    externals: list[Any] = [w.model, *[v for v in w.inputs.values() if isinstance(v, torch.Tensor)]]
-    if w.optimizer is not None:
-        externals.append(w.optimizer)
-    if w.reference is not None:
-        externals.append(w.reference)
+    """Run the workload under a PhaseTracker (FSDPPhaseTracker for a sharded model); return peaks, splits and totals
+    (plain ints and strings)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    inputs = [v for v in w.inputs.values() if isinstance(v, torch.Tensor)]
     quant = qlora.quant_state_tensors(w.model)  # QLoRA's 4-bit quant states: weights, not parameters or buffers
-    tracker.track_external(*externals, *quant)
-    totals: dict[str, int] = {"param_bytes": storage_bytes(w.model.parameters()) + storage_bytes(quant),
-                              "buffer_bytes": storage_bytes(w.model.buffers())}
+    if isinstance(w.model, FSDPModule):  # one rank's shards; FSDPMemTracker finds the model's and optimizer's own
+        tracker: Any = FSDPPhaseTracker(w.model, getattr(w.optimizer, "inner", w.optimizer))
+        tracker.track_inputs(tuple(inputs))
+        tracker.track_external(*quant)
+    else:
+        tracker = PhaseTracker()
+        externals: list[Any] = [w.model, *inputs]
+        if w.optimizer is not None:
+            externals.append(w.optimizer)
+        if w.reference is not None:
+            externals.append(w.reference)
+        tracker.track_external(*externals, *quant)
+    totals: dict[str, int] = {"param_bytes": storage_bytes(fsdp.local(p) for p in w.model.parameters())
+                              + storage_bytes(quant), "buffer_bytes": storage_bytes(w.model.buffers())}
     if w.reference is not None:  # preference tuning's frozen reference model
         totals["reference_bytes"] = storage_bytes(w.reference.parameters())
     with tracker:  # call inside build.run_contexts(case, fake) (measure_case does)

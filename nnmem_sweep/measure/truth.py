@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import atomic_write_text, safe_stem
-from .cases import FINETUNE_DIR, case_by_id
+from .cases import FINETUNE_DIR, SHARDED_DIR, case_by_id
 
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "preference")
+              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "preference", "fsdp")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -102,6 +102,11 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)))
+    if case.get("fsdp"):
+        rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
+                          "with FSDP2's fully_shard per decoder block and at the root (reshard after forward: "
+                          f"{'yes' if case['fsdp']['zero_stage'] == 3 else 'no'}), measured with FSDPMemTracker; the "
+                          "optimizer steps the rank's local shards (workload/fsdp.py).")
     return rec
 
 
@@ -120,7 +125,9 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
         t0 = time.perf_counter()
         measured = measure_case(catalog[cid], fake=True)
         rec = case_record(catalog[cid], measured)
-        folder = out_dir / FINETUNE_DIR if ("finetune" in catalog[cid] or "preference" in catalog[cid]) else out_dir
+        case = catalog[cid]
+        folder = out_dir / SHARDED_DIR if "fsdp" in case else \
+            out_dir / FINETUNE_DIR if ("finetune" in case or "preference" in case) else out_dir
         path = folder / f"{safe_stem(cid)}.json"
         atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
         print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "

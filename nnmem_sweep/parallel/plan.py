@@ -82,6 +82,26 @@ def _with_deepspeed_buffers(phases: list, precs, layouts, sizes: tuple, dims: tu
     return out
 
 
+def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
+    """FSDP2's parameters moment by moment (states.fsdp_weight_deltas) added to the weights of each phase: the
+    forward, the backward's first moment (the loss's), its later moments, the optimizer step."""
+    d = [par_states.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
+    if not any(any(x) for x in d):
+        return phases
+    shape = (len(precs), len(layouts))
+    fwd, first, later, step = (lift(consts([x[k] for x in d], shape), dims, sizes) for k in range(4))
+    out, previous = [], ""
+    for name, comps in phases:
+        delta = {"forward": fwd, "optimizer": step}.get(name)
+        if name == "backward":
+            delta = later if previous == "backward" else first
+        previous = name
+        comps = dict(comps)
+        comps[C.WEIGHTS] = comps[C.WEIGHTS] + delta
+        out.append((name, comps))
+    return out
+
+
 def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, i_names: tuple,
                          a_names: tuple, c_names: tuple, layouts: tuple) -> Plan:
     precs = precisions(p_names, "train")
@@ -144,6 +164,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
     phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 5))
+    phases = _with_fsdp_units(arch, phases, precs, layouts, sizes, (0, 5))
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)
     plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)

@@ -56,6 +56,7 @@ class StageParams:
     largest: int  # the largest unit ZeRO-3 gathers at once on this rank (a transformer block, the embedding, the head)
     tensors: int  # parameter tensors on the rank (fused optimizers keep a step per tensor)
     largest_tensor: int = 0  # the largest single tensor on the rank (DeepSpeed ZeRO-3 gathers module by module)
+    layer_params: int = 0  # one decoder layer's parameters on the rank (FSDP2's unit)
 
     @property
     def held(self) -> int:
@@ -114,7 +115,7 @@ def stage_params(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1) -> t
     if pp == 1:
         d = dense["embedding"] + arch.layers * dense["layer"] + dense["head"]
         one = StageParams(d, arch.layers * expert_per_layer, max(layer, dense["embedding"], dense["head"]),
-                          count["embedding"] + arch.layers * count["layer"] + count["head"], max(big.values()))
+                          count["embedding"] + arch.layers * count["layer"] + count["head"], max(big.values()), layer)
         return one, one
     head = dense["head"] + (tied_copy if tied else 0)
     first = StageParams(dense["embedding"] + n * dense["layer"], n * expert_per_layer,
@@ -195,6 +196,48 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
 def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
     """ZeRO-3 under DeepSpeed: the module in use (at most the rank's largest tensor) and what is prefetched."""
     return (sp.largest_tensor + lay.prefetch_bucket) * prec.weight_bytes
+
+
+FSDP2 = source("torch-fsdp2", "PyTorch FSDP2 (torch.distributed.fsdp.fully_shard): each wrapped module's parameters "
+               "sharded (Shard(0)) at rest, all-gathered for its forward and again for its backward unless "
+               "reshard_after_forward=False, the root module's kept unsharded from its forward to its backward "
+               "(reshard_after_forward None), the next block prefetched; measured: tests/data/truth/sharded "
+               "(FSDPMemTracker, fake process group)",
+               "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
+
+
+def fsdp_applies(arch: Architecture, lay) -> bool:
+    """FSDP2's own moment-by-moment parameters (fsdp_weight_deltas) for a transformer sharded by FSDP over data
+    parallel ranks alone (not DeepSpeed's ZeRO, not with TP/PP, where the ZeRO paper's states stand)."""
+    return (arch.kind == "transformer" and lay.zero in (2, 3) and lay.dp >= 2 and not lay.deepspeed
+            and lay.tp == 1 and lay.pp == 1 and lay.offload == "none")
+
+
+@formula("parallel.fsdp2_unsharded_parameters",
+         "SHARD_GRAD_OP (2): W/d at rest and in the step, W/d + W from forward to backward (+ 1 block's all-gather "
+         "output at the loss);  FULL_SHARD (3): W/d + root + 1 block at the loss (forward and backward), + 2 blocks "
+         "in the rest of the backward, W/d in the step",
+         FSDP2, where="root = the parameters outside the decoder blocks (embedding, final norm, head); a block = one "
+         "decoder layer's parameters; both in the weight dtype",
+         note="Measured on Llama 3.2 1B over 2, 4 and 8 ranks: the parameters at the backward's peak are exactly "
+              "these (3,707,443,200 B with SHARD_GRAD_OP on 2 ranks: the shard and the whole unsharded model; with "
+              "FULL_SHARD the shard, the root and one block's all-gather output). The later backward moments' two "
+              "blocks (the one in use, the one prefetched) are not yet pinned by a measured peak.")
+def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
+    """What FSDP2's parameters add to the ZeRO weights of rank_states at (forward end, the backward's first moment,
+    its later moments, the optimizer step); zeros where fsdp_applies does not."""
+    if not fsdp_applies(arch, lay):
+        return 0, 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e = prec.weight_bytes
+    full = weights_bytes(arch, prec)
+    shard = _share(full, zero_params(sp, lay), param_summary(arch).total)
+    block = sp.layer_params * e  # one block's all-gather output: the last block's, for its backward, at the loss
+    if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
+        return shard + block, shard, shard, shard - full
+    root = (sp.held - arch.layers * sp.layer_params) * e
+    gathered = zero3_gathered_bytes(sp, prec)
+    return root + block - gathered, root + block - gathered, root + 2 * block - gathered, -gathered
 
 
 @formula("parallel.rank_states",

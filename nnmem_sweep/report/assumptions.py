@@ -97,7 +97,12 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer state, "
             "stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank; ZeRO-3 adds two gathered "
             "copies of the largest unit (a transformer block, the embedding or the head: the one in use and the "
-            "prefetched one), as FSDP wraps and prefetches; without parallel.deepspeed no reduce bucket is counted.",
+            "prefetched one); without parallel.deepspeed no reduce bucket is counted. A transformer sharded over "
+            "data-parallel ranks alone (no TP, PP or offload) is modelled as PyTorch's FSDP2 runs it, one "
+            "fully_shard per decoder block and at the root, as measured on one rank (tests/data/truth/sharded, every "
+            "phase within 16 KiB): ZeRO-2 as SHARD_GRAD_OP (the shard at rest, and every block unsharded from "
+            "forward to backward), ZeRO-3 as FULL_SHARD (the shard, the root unsharded from forward to backward, "
+            "one block's all-gather at the loss, two blocks in the rest of the backward).",
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]

@@ -27,7 +27,7 @@ import torch
 
 from .hf_configs import hf_dict, named_config
 from .inputs import input_kind, make_inputs, module_loss
-from . import preference, qlora
+from . import fsdp, preference, qlora
 from .steps import Workload, unpacked_sequences
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
@@ -274,8 +274,16 @@ def build_layer_model(layers: list[dict[str, Any]], input_shape: tuple[int, ...]
     return torch_module_from_layers(list(input_shape), layers)
 
 
-def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, name: str, impl: str) -> Any:
+    """The optimizer over the trainable parameters (a sharded model's: over its local shards, fsdp.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if fsdp.is_sharded(model):
+        shards = [fsdp.local(p).detach() for p in params]
+        return fsdp.LocalShardOptimizer(_optimizer(shards, name, impl), params, shards)
+    return _optimizer(params, name, impl)
+
+
+def _optimizer(params: list, name: str, impl: str) -> torch.optim.Optimizer:
     kw: dict[str, Any] = {}
     if impl == "foreach":
         kw["foreach"] = True  # the CUDA default; MEASURING.md pitfall 7
@@ -339,7 +347,16 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
                            case["mode"] == "train")
     if "finetune" in case:
         model = wrap_lora(model, case["finetune"], fake, compute_dtype(case.get("precision", "fp32")))
+    if case.get("fsdp"):  # one rank of an FSDP2-sharded step (inside fsdp.fake_process_group: sharding())
+        model = fsdp.shard(model, case["fsdp"])
     return model
+
+
+def sharding(case: dict[str, Any]):
+    """The fake process group a sharded case (case["fsdp"]) is built and run in; nothing for the others."""
+    if case.get("fsdp"):
+        return fsdp.fake_process_group(fsdp.check(case["fsdp"])[0])
+    return contextlib.nullcontext()
 
 
 def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Module,

@@ -95,13 +95,16 @@ def _linear4bit_class():
             self.weight = weight
             self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
             self.compute_dtype, self.compute_type_is_set = compute_dtype, True
-            self.quant_state, self.quant_storage = None, torch.uint8
+            # on the module too, as bitsandbytes keeps it for FSDP (fix_4bit_weight_quant_state_from_module): a
+            # sharded weight's unsharded copy is a new tensor without it
+            self.quant_state, self.quant_storage = state, torch.uint8
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             inp_dtype = x.dtype
             x = x.to(self.compute_dtype)
             bias = None if self.bias is None else self.bias.to(self.compute_dtype)
-            return _TrainingMatMul4bit.apply(x, self.weight, bias, self.weight.quant_state).to(inp_dtype)
+            state = getattr(self.weight, "quant_state", None) or self.quant_state
+            return _TrainingMatMul4bit.apply(x, self.weight, bias, state).to(inp_dtype)
 
     return TracedLinear4bit
 
@@ -165,8 +168,10 @@ def quantize(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Mod
 def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors each 4-bit weight's quant state holds (not parameters or buffers: a tracker is told of them)."""
     out: list[torch.Tensor] = []
-    for p in model.parameters():
-        state = getattr(p, "quant_state", None)
+    states = {id(s): s for s in [*(getattr(p, "quant_state", None) for p in model.parameters()),
+                                  *(getattr(m, "quant_state", None) for m in model.modules())]
+              if s is not None and hasattr(s, "absmax")}
+    for state in states.values():
         while state is not None:
             out += [t for t in (state.absmax, state.code, getattr(state, "offset", None))
                     if isinstance(t, torch.Tensor)]

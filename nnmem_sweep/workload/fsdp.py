@@ -1,0 +1,110 @@
+"""A training step sharded as FSDP2 runs it (torch.distributed.fsdp.fully_shard), on one rank of a fake process group
+(issue 22): every decoder block (the elements of the model's largest ModuleList) and then the root wrapped with
+fully_shard over a 1-D mesh of `world` ranks, as torchtitan, accelerate and peft's FSDP guide wrap a transformer.
+
+    zero_stage 3 (FULL_SHARD): blocks reshard after forward and all-gather again for backward
+    zero_stage 2 (SHARD_GRAD_OP): blocks keep their unsharded parameters from forward to backward
+    the root: fully_shard's default (no reshard after forward: its parameters are needed first in backward)
+
+Parameters, gradients and optimizer state are then the rank's shards (Shard(0) of each parameter, padded to a
+multiple of `world` rows); the collectives run on PyTorch's fake process group (no communication, every rank alike),
+so under FakeTensorMode one rank of a 70B model costs nothing. The optimizer steps the rank's local shards
+(LocalShardOptimizer): the same tensors and the same foreach kernels a DTensor step dispatches to, without DTensor's
+sharding propagation, whose fake ops a FakeTensorMode run would count as memory (tests/measure/test_fsdp.py). Frozen base weights (LoRA, QLoRA's 4-bit storage) are
+sharded like any parameter; QLoRA's quant state stays whole on every rank (it is module state, not a parameter), as
+with bitsandbytes under FSDP."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+STAGES = (2, 3)
+
+
+def check(spec: dict[str, Any]) -> tuple[int, int]:
+    world, stage = int(spec.get("world", 0)), int(spec.get("zero_stage", 3))
+    if world < 2:
+        raise ValueError(f"fsdp: world must be at least 2, got {world}")
+    if stage not in STAGES:
+        raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
+    return world, stage
+
+
+@contextlib.contextmanager
+def fake_process_group(world: int) -> Iterator[None]:
+    """PyTorch's fake process group of `world` ranks, this process rank 0, for the duration (one at a time)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    best = None
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 1 and (best is None or len(mod) > len(best)):
+            best = mod
+    if best is None:
+        raise ValueError("fsdp: the model has no repeated blocks (a ModuleList) to wrap")
+    return best
+
+
+def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
+    """The model wrapped with fully_shard (module docstring); call inside fake_process_group(world)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world, stage = check(spec)
+    with unset_fake_temporarily():  # the mesh reads the ranks as real tensors
+        mesh = init_device_mesh("cpu", (world,))
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=stage == 3)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A rank's own tensor of a parameter or gradient (a DTensor's local shard)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+class LocalShardOptimizer:
+    """A torch optimizer over the rank's local shards of FSDP2's DTensor parameters (module docstring): before each
+    step their gradients' local shards are handed to it, after the step let go again (the DTensor gradients keep
+    them until zero_grad, as in a DTensor step)."""
+
+    def __init__(self, inner: torch.optim.Optimizer, params: list, shards: list) -> None:
+        self.inner, self._pairs = inner, list(zip(params, shards))
+        self.state, self.param_groups = inner.state, inner.param_groups
+
+    def step(self) -> None:
+        for p, shard in self._pairs:
+            shard.grad = None if p.grad is None else local(p.grad).detach()
+        self.inner.step()
+        for _, shard in self._pairs:
+            shard.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, _ in self._pairs:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
