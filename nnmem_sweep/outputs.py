@@ -58,6 +58,7 @@ from typing import IO, Any, Iterator
 from . import __version__
 from .errors import NnmemError
 from .paths import umask
+from .testhook import PAUSE_ENV, RESUME_ENV, checkpoint  # noqa: F401  (the stages below; tests import them here)
 from .provenance import Provenance, collect, run_id, tool_commit
 
 RUN_JSON = "run.json"
@@ -69,7 +70,6 @@ LEGACY_FILES = frozenset({"results.csv", "max_batch.csv", "max_concurrency.csv",
 LITTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-PAUSE_ENV, RESUME_ENV = "NNMEM_TEST_PAUSE_AT", "NNMEM_TEST_RESUME"
 
 
 class OutputBusy(NnmemError):
@@ -82,17 +82,6 @@ class OutputRefused(NnmemError):
 
 def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def checkpoint(stage: str) -> None:
-    """Test hook, a no-op unless NNMEM_TEST_PAUSE_AT names `stage`: then say so on stderr and wait (60 s at most)
-    until the file NNMEM_TEST_RESUME names exists, so that a test can signal the run at a known moment."""
-    if os.environ.get(PAUSE_ENV) != stage:
-        return
-    print(f"nnmem-sweep: test hook: paused at {stage}", file=sys.stderr, flush=True)
-    resume, deadline = os.environ.get(RESUME_ENV), time.monotonic() + 60
-    while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
-        time.sleep(0.01)
 
 
 @contextmanager

@@ -36,11 +36,13 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .testhook import checkpoint
 from . import columns as C
 from .allocator import AllocatorOptions, prepare, replay
 from .allocator.rules import TORCH_ALLOCATOR
@@ -128,6 +130,7 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
         if not part:
             continue
         seqs = row_sequences(arch, mode, pd.DataFrame([jobs[i][0] for i in part]), lazy_state=lazy)
+        checkpoint("replay")
         start, done = time.perf_counter(), [0]
 
         def bisect(i_seq):
@@ -143,9 +146,18 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
             return doc or {"note": note}
 
         workers = min(4, os.cpu_count() or 1, len(part))
-        with ThreadPoolExecutor(workers) as pool:
-            for i, doc in zip(part, pool.map(bisect, zip(part, seqs))):
-                docs[i] = doc
+        pool = ThreadPoolExecutor(workers)
+        try:
+            futures = [pool.submit(bisect, job) for job in zip(part, seqs)]
+            for i, f in zip(part, futures):
+                while True:  # in slices: a signal's handler runs in this thread only when it next runs
+                    try:
+                        docs[i] = f.result(timeout=0.2)
+                        break
+                    except FuturesTimeout:
+                        continue
+        finally:  # stopped: the queued bisections are dropped, the running ones end on their own (seconds)
+            pool.shutdown(wait=False, cancel_futures=True)
         if progress and time.perf_counter() - start > 1.0:
             print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
     return [(d["note"], (d["need"] - d["peak"]) / max(d["peak"], 1) if "need" in d else None) for d in docs]

@@ -114,10 +114,9 @@ def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False)
     checkpointing, device[, zero_grad]) each) that no cache or shipped plan holds yet; get_plan then finds them stored. Tracing
     is single-threaded Python: two recipes on two cores take the time of one."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from . import cache
+    from . import budget, cache
 
     if _STORED_ONLY or _backward_ran():
         return
@@ -127,9 +126,16 @@ def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False)
     if workers < 2:
         return
     _need_torch()
-    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        for f in [pool.submit(_derive_one, source, w, progress, _ship_to()) for w in missing]:
-            f.result()
+    # a Pool, not a ProcessPoolExecutor: stopped (SIGINT, SIGTERM, an error), it is terminated at once instead of
+    # waiting minutes for the recipes being traced; its workers die quietly (budget.worker_signals)
+    pool = get_context("fork").Pool(workers, initializer=budget.worker_signals)
+    try:
+        for r in [pool.apply_async(_derive_one, (source, w, progress, _ship_to())) for w in missing]:
+            budget.result(r)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
 
 
 def _backward_ran() -> bool:

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from . import events as E
+from ..testhook import checkpoint
+from . import budget, events as E
 from . import moments as M
 from . import source as src
 from . import solve, step
@@ -154,7 +155,7 @@ class _Probe:
 
         _WORKER_PROBE[:] = [self]
         try:
-            return multiprocessing.get_context("fork").Pool(workers)
+            return multiprocessing.get_context("fork").Pool(workers, initializer=budget.worker_signals)
         finally:
             _WORKER_PROBE.clear()
 
@@ -165,7 +166,8 @@ class _Probe:
             self.pool = None
 
     def trace_here(self, b: int, s: int) -> step.StepTrace:
-        with src.quiet(), self.fake:
+        checkpoint("trace")
+        with src.quiet(), self.fake, budget.probe(b, s):
             return step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
 
     def prefetch(self, shapes) -> None:
@@ -179,14 +181,14 @@ class _Probe:
             for sh in todo:
                 self(*sh)
             return
-        for sh, t in zip(todo, self.pool.map(_trace_in_worker, todo)):
+        for sh, t in zip(todo, budget.result(self.pool.map_async(_trace_in_worker, todo))):
             self.traces[sh] = t
 
     def __call__(self, b: int, s: int) -> step.StepTrace:
         if (b, s) not in self.traces:
             _say(self.progress, f"deriving {self.label}: tracing batch {b}, sequence {s} ({len(self.traces) + 1})")
             if self.pool is not None:
-                self.traces[b, s] = self.pool.apply(_trace_in_worker, ((b, s),))
+                self.traces[b, s] = budget.result(self.pool.apply_async(_trace_in_worker, ((b, s),)))
             else:
                 self.traces[b, s] = self.trace_here(b, s)
         return self.traces[b, s]
@@ -305,11 +307,17 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
     """The plan of one trace recipe (see the module docstring): a training step's forward and backward, or an
     inference request's prefill and first decode step."""
     t0 = time.perf_counter()
-    probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
-    try:
-        return _derive(probe, source, mode, recipe, attention, checkpointing, device, progress, t0)
-    finally:
-        probe.close()
+    label = f"{mode} {recipe} {attention}" + (f" checkpointing={checkpointing}" if mode == "train" else "")
+    with budget.derivation(label):
+        probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
+        try:
+            return _derive(probe, source, mode, recipe, attention, checkpointing, device, progress, t0)
+        except BaseException:
+            if progress:  # the progress line goes, so that what stopped it is a line of its own
+                print("\r" + " " * 120 + "\r", end="", file=sys.stderr, flush=True)
+            raise
+        finally:
+            probe.close()
 
 
 def _derive(probe: _Probe, source, mode: str, recipe: str, attention: str, checkpointing: str, device: str,
@@ -331,6 +339,8 @@ def _derive(probe: _Probe, source, mode: str, recipe: str, attention: str, check
             regions = [_region(probe.traces[1, 1], coef1, 1, 1, 1, None, mode),
                        _region(base, coef, 2, None, 1, None, mode)]
     else:
+        _no_loop_per_token(probe)
+        checkpoint("solve")
         cfgs = [source.spec, source.spec.get("text_config") or {}]
         hints = sorted({int(v) + d for c in cfgs if isinstance(c, dict) for k in THRESHOLD_FIELDS
                         for v in [c.get(k)] if isinstance(v, int) and not isinstance(v, bool) for d in (-1, 0, 1)})
@@ -358,6 +368,24 @@ def _derive(probe: _Probe, source, mode: str, recipe: str, attention: str, check
     _say(progress, "")
     return DerivedPlan(mode, recipe, attention, checkpointing, device, tuple(regions), param, grad,
                        tuple(probe.traces), len(base.trace.events), time.perf_counter() - t0, tuple(notes))
+
+
+LOOP_GROWTH = 1.3  # events at S_PROBES[1] over those at S_PROBES[0] past which the step loops per token
+
+
+def _no_loop_per_token(probe: _Probe) -> None:
+    """Refuse, after two short probes and before any long one, a step whose program grows with the sequence: code
+    that loops over the tokens on this machine (Mamba's selective scan without mamba-ssm's CUDA kernels) has no
+    polynomial plan, its trace at thousands of tokens is millions of events, and a GPU runs a fused kernel instead,
+    whose memory this code does not show."""
+    short, longer = (2, S_PROBES[0]), (2, S_PROBES[1])
+    probe.prefetch([short, longer])
+    n0, n1 = len(probe(*short).trace.events), len(probe(*longer).trace.events)
+    if n1 > LOOP_GROWTH * n0:
+        raise src.DerivationError(
+            f"{probe.label}: its step runs a loop over the tokens on this machine ({n0:,} storage events at sequence "
+            f"{short[1]}, {n1:,} at {longer[1]}), not the fused kernel a GPU runs (a state-space model's selective "
+            "scan, say): its GPU memory cannot be derived from this code, so it is not planned")
 
 
 def _far(source: src.ModelSource, hints: list[int]) -> int:

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import budget
+
 
 @dataclass
 class Trace:
@@ -187,6 +189,7 @@ class Recorder(TorchDispatchMode):
         name = func.overloadpacket.__name__
         for t in _tensors(out):
             self._see(t, name)
+        budget.check_event(len(self._events))  # events, seconds, memory: bounded (budget.py)
         return out
 
     def trace(self) -> Trace:
