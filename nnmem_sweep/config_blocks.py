@@ -386,11 +386,12 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
     if model is None or model.kind != "derived":
         return
     what = f"{model.name} is planned from its own code"
-    if parallel and not accumulation_only(parallel):
+    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
         where = "parallel" if isinstance(data.get("parallel"), dict) else \
             f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
         ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
-                      f"families; {what}, on one GPU (gradient_accumulation alone is modelled)", key=True)
+                      f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
+                      "sharded as FSDP shards them (zero_stage 2 or 3, without accumulation)", key=True)
     if isinstance(data.get("cluster"), dict):
         ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
                key=True)
@@ -442,12 +443,13 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if mode != "train":
         ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
         return model
-    if parallel and not accumulation_only(parallel):
-        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU: {', '.join(sharding_axes(parallel))} "
-                           "would shard or split it, which is not modelled for adapters yet (gradient_accumulation "
-                           "alone is); use method: full for a sharded layout", key=True)
+    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
+        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, or "
+                           "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3): "
+                           f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
         return model
-    if FM.hand_modelled(model, ft):
+    sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
+    if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
         try:
             F.adapter_params(model, ft)  # targets the family lacks are one line
         except (UsageError, ValueError) as e:

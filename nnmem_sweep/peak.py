@@ -39,18 +39,29 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
     if not par_layout.has_parallel_columns(frame) or not (
             arch.kind == "derived" or (arch.finetune is not None and arch.finetune.adapters)):
         return frame
-    off = [c for c in C.PARALLEL_AXES if c != C.GRADIENT_ACCUMULATION and c in frame.columns
+    # a model planned from its own code may also be sharded as FSDP2 shards it over data-parallel ranks alone
+    # (zero_stage 2 or 3; 0 replicates it: one GPU's plan per rank): the estimator reads those two columns
+    # (components/derived.py, its traced sharded plans)
+    sharding = (C.DATA_PARALLEL, C.ZERO_STAGE) if arch.kind == "derived" else ()
+    off = [c for c in C.PARALLEL_AXES if c != C.GRADIENT_ACCUMULATION and c not in sharding and c in frame.columns
            and (frame[c].astype(str) != str(C.PARALLEL_DEFAULTS[c])).any()]
+    if sharding and C.ZERO_STAGE in frame.columns and (ints(frame, C.ZERO_STAGE) == 1).any():
+        off.append(f"{C.ZERO_STAGE} 1 (FSDP shards gradients with the optimizer state: use 2 or 3)")
+    if sharding and C.GRADIENT_ACCUMULATION in frame.columns and C.DATA_PARALLEL in frame.columns and (
+            (ints(frame, C.GRADIENT_ACCUMULATION) > 1) & (ints(frame, C.ZERO_STAGE) >= 2)).any():
+        off.append(f"{C.GRADIENT_ACCUMULATION} with a sharded layout")
     if off:
         what = f"finetune method {arch.finetune.method}" if arch.finetune is not None and arch.finetune.adapters \
             else f"{arch.name} (planned from its own code)"
-        raise UsageError(f"{what} is modelled on one GPU only, with gradient accumulation at most: {', '.join(off)} "
-                         "would take it off one GPU")
+        reach = ("FSDP over data_parallel (zero_stage 2 or 3) and gradient accumulation" if sharding
+                 else "one GPU, with gradient accumulation at most")
+        raise UsageError(f"{what} is modelled on {reach}: {', '.join(off)} is not modelled for it")
     accum = ints(frame, C.GRADIENT_ACCUMULATION) if C.GRADIENT_ACCUMULATION in frame.columns else \
         np.ones(len(frame), dtype=np.int64)
     kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
         np.full(len(frame), "set_to_none", dtype=object)
-    drop = [c for c in (*C.PARALLEL_AXES, C.GPUS_PER_NODE, C.HOST_MEMORY) if c in frame.columns]
+    drop = [c for c in (*C.PARALLEL_AXES, C.GPUS_PER_NODE, C.HOST_MEMORY) if c in frame.columns
+            and c not in sharding]
     return frame.drop(columns=drop).assign(**{C.ZERO_GRAD: np.where(accum > 1, "zeros", kept)})
 
 
@@ -86,8 +97,8 @@ def _host(plan: Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, n
 def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     """(host bytes per node, host fits) for frames with parallel columns (batch-independent), else None."""
     frame = one_gpu(arch, frame)
-    if mode != "train" or not par_layout.has_parallel_columns(frame):
-        return None
+    if mode != "train" or not par_layout.has_parallel_columns(frame) or arch.kind == "derived":
+        return None  # (a derived model's FSDP layouts offload nothing to the host)
     plan, k, _, _ = _prepare(arch, mode, frame, "cuda", read_batch=False)
     return _host(plan, k, frame) if plan.host is not None else None
 

@@ -50,6 +50,7 @@ from .citations import formula
 from . import derive
 from .components.reserve import row_sequences
 from .derive.arch import derived_twin
+from .parallel.layout import fsdp_only
 from .derive.cache import memo_read, memo_write, versions
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
@@ -209,7 +210,9 @@ def _replayable(sc: Scenario):
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return False, None
-    if sc.parallel:  # a traced sequence is one GPU's whole step, not a rank's share of a layout
+    if sc.parallel and not (sc.model.kind == "derived" and fsdp_only(sc.parallel)):
+        # a traced sequence is one GPU's whole step, not a rank's share of a layout (a derived model's FSDP layouts:
+        # their rank's step is traced)
         return False, ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's "
                        "rank; " + DEFAULT_NOTE)
     twin = derived_twin(sc.model)
@@ -253,6 +256,10 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
             else "PyTorch's default allocator settings")
+    if sc.parallel:
+        conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream: FSDP's all-gather and "
+                 "reduce-scatter streams, whose blocks wait for their events before they are reused, are not "
+                 "modelled, so the reserve may be higher on a GPU")
     if twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "

@@ -49,7 +49,8 @@ def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = Non
     from .accuracy import estimate_case, hand_modelled_case, load_cases
 
     with shipping(cache.SHIPPED) if ship else _nothing():
-        for case in load_cases(truth_dir):
+        for case in load_cases(truth_dir) + [c for c in load_cases(truth_dir, sharded=True)
+                                             if not hand_modelled_case(c)]:  # sharded: the traced ranks' plans
             i = case["inputs"]
             if (only and case["case_id"] not in only) or "layers" in i or \
                     (i.get("finetune") and hand_modelled_case(case)):  # a hand-modelled LoRA has no derived plan

@@ -77,7 +77,8 @@ def test_lora_changes_states_not_the_frozen_weights():
 
 @pytest.mark.parametrize("extra,where,message", [
     ("mode: infer\n", "finetune", "fine-tuning applies to train mode only"),
-    ("parallel: {data_parallel: 2}\n", "finetune", "modelled on one GPU: data_parallel would shard or split it"),
+    ("parallel: {tensor_parallel: 2}\n", "finetune", "(zero_stage 2 or 3): tensor_parallel is not modelled for "
+     "adapters yet"),
 ])
 def test_finetune_that_cannot_be_modelled_is_one_located_error(extra, where, message):
     text = ("model: {preset: llama-3.2-1b}\n" + (extra if extra.startswith("mode") else "mode: train\n")
@@ -98,7 +99,7 @@ def test_a_frame_estimated_directly_refuses_lora_with_parallel_columns():
                                                    if c.endswith("_bytes") and c != C.GPU_MEMORY])
     frame[C.DATA_PARALLEL] = 2
     from nnmem_sweep.errors import UsageError
-    with pytest.raises(UsageError, match="one GPU only"):
+    with pytest.raises(UsageError, match="one GPU, with gradient accumulation at most: data_parallel"):
         estimate_frame(sc.model, "train", frame, sc.overheads, sc.headroom)
 
 

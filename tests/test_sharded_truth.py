@@ -1,7 +1,8 @@
 """One rank of FSDP2-sharded steps (issue 22; tests/data/truth/sharded/, FSDPMemTracker on PyTorch's fake process
 group, the optimizer over the rank's local shards: workload/fsdp.py) against the estimate of the same layout
 (data_parallel = the ranks, zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP; parallel/states.py fsdp_weight_deltas).
-The sharded fine-tunes (LoRA, QLoRA) are measured and not yet estimated (they are refused in one line)."""
+The sharded fine-tunes (LoRA, QLoRA of a family planned from its own code) are planned from the rank's traced step
+(derive/, workload/fsdp.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +45,24 @@ def test_what_fsdp2_holds_at_the_backward_peak(case):
     assert params == shard + (LLAMA_1B_BF16 if stage == 2 else root)
 
 
-def test_sharded_fine_tunes_are_refused_in_one_line_until_planned():
-    for case in [c for c in CASES if c["inputs"].get("finetune")]:
-        with pytest.raises(Exception, match="one GPU"):
-            A.estimate_case(case)
+TRACED = [c for c in CASES if c["inputs"].get("finetune")]
+
+
+@pytest.mark.parametrize("case", TRACED, ids=[c["case_id"] for c in TRACED])
+def test_sharded_fine_tunes_are_their_ranks_traced_step(case):
+    """LoRA and QLoRA of Qwen3 under FULL_SHARD: planned from the rank's own traced step (the shipped sharded plans,
+    no tracing here). LoRA: every phase to the byte; QLoRA with checkpointing: within 0.5 % (MemTracker's
+    leftover of a checkpointed run, tests/test_finetune_derived.py)."""
+    from nnmem_sweep.derive import stored_only
+
+    with stored_only():
+        est = A.estimate_case(case)
+    ckpt = case["inputs"]["checkpointing"] != "none"
+    for phase, m in case["measured"]["phases"].items():
+        if ckpt and phase == "optimizer":
+            # the step's own small peak, which MemTracker's leftover of a checkpointed run (the embedding's output
+            # and its gradient, 33,554,432 B here) outweighs beside FSDPMemTracker's not counting QLoRA's quant
+            # state (track_external is a no-op there): not compared
+            continue
+        tol = 0.005 if ckpt else 0.0
+        assert abs(est["phases"][phase] - m["peak_bytes"]) <= tol * m["peak_bytes"], phase

@@ -30,6 +30,7 @@ import pandas as pd
 from .. import columns as C
 from .. import derive
 from ..derive import plans as derivation
+from ..derive.arch import sharded
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision, get_precision
 from ..citations import formula, source
@@ -378,15 +379,24 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         i_code, i_names = codes(frame, C.OPTIMIZER_IMPL)
         c_code, c_names = codes(frame, C.CHECKPOINTING)
         z_code, z_names = codes(frame, C.ZERO_GRAD) if C.ZERO_GRAD in frame.columns else (0, ())
-        recipes, states = cached(arch, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
-                                        z_names),
-                                 lambda: train_inputs(arch, precs, o_names, i_names, a_names, c_names, device,
-                                                      progress=derive.progress_shown(), z_names=z_names))
+        l_code, ranks = _rank_layouts(frame)
         nA, nC = len(a_names), len(c_names)
+        nK = len(p_names) * nA * nC * max(len(z_names), 1)  # recipe codes of one layout
         key = ((p_code.astype(np.int64) * nA + a_code) * nC + c_code) * max(len(z_names), 1) + z_code
         state = combine([p_code, o_code, i_code, a_code, c_code],
                         (len(p_names), len(o_names), len(i_names), nA, nC))
-        return recipes, states, key, state, b, s, None
+        nS = len(p_names) * len(o_names) * len(i_names) * nA * nC
+        recipes, parts = {}, []
+        for j, rank in enumerate(ranks):  # one GPU, or one rank of an FSDP2 layout: its own traced plans
+            a_j = arch if rank is None else sharded(arch, *rank)
+            rec_j, st_j = cached(a_j, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
+                                       z_names),
+                                 lambda a_j=a_j: train_inputs(a_j, precs, o_names, i_names, a_names, c_names, device,
+                                                              progress=derive.progress_shown(), z_names=z_names))
+            recipes.update({k + j * nK: v for k, v in rec_j.items()})
+            parts.append(st_j)
+        states = {x: np.concatenate([p[x] for p in parts]) for x in parts[0]}
+        return recipes, states, key + l_code * nK, state + l_code * nS, b, s, None
     if mode != "infer":
         raise UsageError(f"unknown mode {mode!r}; use train or infer")
     if C.CACHE_TOKENS in frame.columns and (ints(frame, C.CACHE_TOKENS) > 0).any():
@@ -397,6 +407,21 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
     key = p_code.astype(np.int64) * len(a_names) + a_code
     dec = ints(frame, C.DECODE_TOKENS) if C.DECODE_TOKENS in frame.columns else np.zeros(len(frame), np.int64)
     return recipes, W, key, key, b, s, dec
+
+
+def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
+    """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, one rank, or
+    zero_stage 0: every rank runs the whole step), else (world, zero_stage) of an FSDP2 layout (peak.one_gpu
+    passes only these two parallel columns through for a derived model)."""
+    n = len(frame)
+    if C.DATA_PARALLEL not in frame.columns:
+        return np.zeros(n, dtype=np.int64), [None]
+    d = ints(frame, C.DATA_PARALLEL)
+    z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
+    one = (d < 2) | (z < 2)
+    pair = np.where(one, 0, d * 4 + z)
+    uniq, inv = np.unique(pair, return_inverse=True)
+    return inv.astype(np.int64).reshape(-1), [None if u == 0 else (int(u // 4), int(u % 4)) for u in uniq]
 
 
 def frame_inputs(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):

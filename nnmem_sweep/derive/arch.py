@@ -115,3 +115,24 @@ def peft_spec(ft: Any) -> dict[str, Any]:
     return {"method": ft.method, "rank": ft.rank, "alpha": ft.alpha, "dropout": ft.dropout,
             "targets": list(ft.targets) or None, "adapter_dtype": ft.adapter_dtype,
             "modules_to_save": list(ft.modules_to_save) or None}
+
+
+def sharded(arch: Architecture, world: int, stage: int) -> Architecture:
+    """One rank of a derived model's step sharded by FSDP2 over `world` ranks (zero_stage 2: SHARD_GRAD_OP, 3:
+    FULL_SHARD; workload/fsdp.py): plans of its own (that step traced on the fake process group), and its card's
+    tensors the rank's shards (Shard(0): ceil(rows / world) rows), which the optimizer's catalogs read (the
+    optimizer steps the rank's shards)."""
+    import dataclasses
+
+    card = arch.derived.card
+    tensors = tuple(dataclasses.replace(t, shape=(-(-t.shape[0] // world), *t.shape[1:])) if t.shape else t
+                    for t in card.tensors)
+    params = 0
+    for t in tensors:
+        n = 1
+        for d in t.shape:
+            n *= d
+        params += t.count * n
+    rank = dataclasses.replace(card, tensors=tensors, params=params)
+    source = arch.derived.source.with_fsdp({"world": int(world), "zero_stage": int(stage)})
+    return dataclasses.replace(arch, derived=dataclasses.replace(arch.derived, source=source, card=rank))

@@ -128,3 +128,8 @@ def worker_signals() -> None:
     """A forked tracing worker: SIGINT is the parent's to handle, SIGTERM ends the worker at once and quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# in every child forked from Python (the tracing pools' workers, those a pool starts again while it is being
+# terminated included), before the child runs anything: not only in the pools' initializers, which run later
+os.register_at_fork(after_in_child=worker_signals)

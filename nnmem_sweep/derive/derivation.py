@@ -308,7 +308,10 @@ def derive(source: src.ModelSource, mode: str, recipe: str, attention: str, chec
     inference request's prefill and first decode step."""
     t0 = time.perf_counter()
     label = f"{mode} {recipe} {attention}" + (f" checkpointing={checkpointing}" if mode == "train" else "")
-    with budget.derivation(label):
+    from ..workload.build import sharding
+
+    # a sharded step (source.fsdp) is built and traced on PyTorch's fake process group, for the whole derivation
+    with budget.derivation(label), sharding(src.case(source, mode, recipe, attention, checkpointing, device)):
         probe = _Probe(source, mode, recipe, attention, checkpointing, device, progress)
         try:
             return _derive(probe, source, mode, recipe, attention, checkpointing, device, progress, t0)

@@ -47,14 +47,17 @@ class ModelSource:
     finetune_json: str = ""
     # preference tuning's step (workload/preference.py: loss, reference) as canonical JSON; "" for a plain step
     preference_json: str = ""
+    # one rank of the step sharded by FSDP2 (workload/fsdp.py: world, zero_stage) as canonical JSON; "" on one GPU
+    fsdp_json: str = ""
 
     @classmethod
     def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0,
-           finetune: dict[str, Any] | None = None, preference: dict[str, Any] | None = None) -> "ModelSource":
+           finetune: dict[str, Any] | None = None, preference: dict[str, Any] | None = None,
+           fsdp: dict[str, Any] | None = None) -> "ModelSource":
         ft = json.dumps(finetune, sort_keys=True, separators=(",", ":")) if finetune else ""
         pref = json.dumps(preference, sort_keys=True, separators=(",", ":")) if preference else ""
         return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len), ft,
-                   pref)
+                   pref, json.dumps(fsdp, sort_keys=True, separators=(",", ":")) if fsdp else "")
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -68,18 +71,30 @@ class ModelSource:
     def preference(self) -> dict[str, Any] | None:
         return json.loads(self.preference_json) if self.preference_json else None
 
+    @property
+    def fsdp(self) -> dict[str, Any] | None:
+        return json.loads(self.fsdp_json) if self.fsdp_json else None
+
     def with_finetune(self, finetune: dict[str, Any] | None) -> "ModelSource":
         """The same model with peft's adapters `finetune` (None: without)."""
-        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune, self.preference)
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune, self.preference,
+                              self.fsdp)
 
     def with_preference(self, preference: dict[str, Any] | None) -> "ModelSource":
         """The same model trained on preference pairs (workload/preference.py; None: a plain step)."""
-        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune, preference)
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune, preference,
+                              self.fsdp)
+
+    def with_fsdp(self, fsdp: dict[str, Any] | None) -> "ModelSource":
+        """One rank of the same step sharded by FSDP2 ({"world": d, "zero_stage": 2 | 3}; None: one GPU)."""
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune,
+                              self.preference, fsdp)
 
     def digest(self) -> str:
         extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
         extra += f"\nfinetune={self.finetune_json}" if self.finetune_json else ""
         extra += f"\npreference={self.preference_json}" if self.preference_json else ""
+        extra += f"\nfsdp={self.fsdp_json}" if self.fsdp_json else ""
         return hashlib.sha256(f"{self.kind}\n{self.spec_json}{extra}".encode()).hexdigest()
 
     @property
@@ -111,6 +126,8 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
         c["finetune"] = source.finetune
     if source.preference_json and mode == "train":
         c["preference"] = source.preference
+    if source.fsdp_json and mode == "train":
+        c["fsdp"] = source.fsdp
     spec = source.spec
     if source.kind == "hf":
         c["hf_config"] = spec

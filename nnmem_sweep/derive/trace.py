@@ -62,9 +62,21 @@ class Trace:
         return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())), tuple(self.spans))
 
 
+try:  # a sharded step's parameters and gradients (FSDP2) are DTensors; the functional collectives' wait
+    from torch.distributed.tensor import DTensor as _DTENSOR
+    _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+except (ImportError, AttributeError):  # pragma: no cover - a torch built without distributed
+    _DTENSOR, _WAIT_TENSOR = None, None
+
+
+def _local(t):
+    to_local = getattr(t, "to_local", None) if _DTENSOR is not None and isinstance(t, _DTENSOR) else None
+    return to_local() if to_local is not None else t
+
+
 def _tensors(obj):
     if isinstance(obj, torch.Tensor):
-        yield obj
+        yield _local(obj)
     elif isinstance(obj, (list, tuple)):
         for x in obj:
             yield from _tensors(x)
@@ -106,6 +118,9 @@ class Recorder(TorchDispatchMode):
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested ... : nothing to count
             return None
+        return self._see_storage(st, op)
+
+    def _see_storage(self, st, op: str) -> int | None:  # noqa: ANN001
         key = id(st)
         sid = self._ids.get(key)
         if sid is not None and self._refs[sid]() is st:
@@ -144,7 +159,7 @@ class Recorder(TorchDispatchMode):
 
     def storage_id(self, t: torch.Tensor) -> int | None:
         """Our id of a live tensor's storage (None if never seen)."""
-        sid = self._ids.get(id(t.untyped_storage()))
+        sid = self._ids.get(id(_local(t).untyped_storage()))
         return sid
 
     def mark(self, name: str) -> None:
@@ -180,11 +195,40 @@ class Recorder(TorchDispatchMode):
                 self.saw_cache(getattr(cache, part))
 
     def __exit__(self, *args):
+        torch.UntypedStorage.resize_ = self._restore_resize
         out = super().__exit__(*args)
         self._closed = True  # frees after the recording (the caller dropping its tensors) are not events
         return out
 
+    def __enter__(self):
+        # FSDP2 frees and re-allocates a parameter's unsharded storage in place (UntypedStorage.resize_), which no
+        # aten op output shows: the resize is recorded as the free of the old bytes and the allocation of the new
+        original, rec = torch.UntypedStorage.resize_, self
+
+        def resize_(st, size):  # noqa: ANN001, ANN202
+            out = original(st, size)
+            sid = rec._ids.get(id(st))
+            if sid is not None and rec._refs[sid]() is st:
+                rec._resized(sid, int(st.nbytes()))
+            else:  # a storage first met here (allocated empty, then grown): an allocation now
+                rec._see_storage(st, "resize_")
+            return out
+
+        self._restore_resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def _resized(self, sid: int, n: int) -> None:
+        if n != self._size[sid]:
+            self._record(sid, -self._size[sid], "")
+            self._size[sid] = n
+            self._record(sid, n, "resize_")
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
+            return NotImplemented  # DTensor runs its local ops, which come back here (a sharded step, FSDP2)
+        if func is _WAIT_TENSOR:  # the fake kernel returns a new tensor where the real one returns its input
+            return args[0]
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         for t in _tensors(out):

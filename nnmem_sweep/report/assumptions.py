@@ -89,6 +89,15 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
     items = ["Every figure is per GPU, on the most loaded rank (the first or the last pipeline stage, whichever holds "
              "more); batch is the micro-batch of one data-parallel rank. Only memory is modelled: a layout that fits "
              "may still be slow (communication, pipeline bubbles)."]
+    if sc.mode == "train" and sc.model.kind == "derived":  # planned from its own code: the rank's step traced
+        items.append("Each rank's step is the model's own code sharded by PyTorch's FSDP2 (fully_shard per decoder "
+                     "block and at the root; zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP; 0 = every rank runs the "
+                     "whole step), traced on one rank of PyTorch's fake process group with its optimizer over the "
+                     "rank's shards: parameters, gradients and optimizer state are the rank's shards, the "
+                     "all-gathered blocks and the root's unsharded parameters what FSDP2 allocates, moment by moment. "
+                     "Checked against FSDPMemTracker on the same step (tests/data/truth/sharded: LoRA exact, QLoRA "
+                     "within 0.2 %). QLoRA's quant state is whole on every rank, as with bitsandbytes under FSDP.")
+        return items
     if sc.mode == "train":
         items += [
             "Parameters per rank (Megatron-LM): attention and MLP matrices and the vocabulary-parallel embedding and "
