@@ -112,3 +112,18 @@ def test_a_remote_code_config_is_refused_in_one_line_and_never_run(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"{tmp_path / 's.yaml'}:1:")
     assert "no model class 'MyCustomForCausalLM'" in lines[0] and "no remote code is run" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_the_models_code_cannot_run_is_one_line(tmp_path):
+    """Issue 21: a T5 config.json without decoder_start_token_id builds, then fails in the model's own forward; the
+    run ends in one line naming the model, the config and what transformers said, exit 2, nothing written."""
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": 64, "d_ff": 128, '
+        '"d_kv": 16, "num_heads": 4, "num_layers": 2, "vocab_size": 256}')
+    (tmp_path / "s.yaml").write_text("model: {hf_config: config.json}\nmode: train\n"
+                                     "grid: {batch: 1, seq_len: 128, precision: bf16, optimizer: adamw}\n"
+                                     "gpus: [h100-sxm]\n")
+    line = one_line_refusal(cli(tmp_path, "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")),
+                            tmp_path / "out")
+    assert line.startswith("nnmem-sweep: T5ForConditionalGeneration (config.json): ")
+    assert "'T5Config' object has no attribute 'decoder_start_token_id'" in line

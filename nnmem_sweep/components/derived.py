@@ -254,7 +254,13 @@ def _plan(arch, mode: str, precision: str, attention: str, checkpointing: str, d
         return derive.get_plan(arch.derived.source, mode, precision, attention, checkpointing, device, progress,
                                zero_grad)
     except derive.DerivationError as e:
-        raise UsageError(f"{arch.name}: {e}") from None
+        raise UsageError(f"{_named(arch)}: {e}") from None
+
+
+def _named(arch) -> str:
+    """The model and where it was given (a user's config.json), for a one-line refusal."""
+    origin = getattr(arch, "origin", "") or ""
+    return f"{arch.name} ({origin})" if origin and origin not in arch.name else arch.name
 
 
 def _prefetch(arch, requests: list, progress: bool) -> None:
@@ -264,7 +270,7 @@ def _prefetch(arch, requests: list, progress: bool) -> None:
     try:
         derive.prefetch(arch.derived.source, requests, progress)
     except derive.DerivationError as e:
-        raise UsageError(f"{arch.name}: {e}") from None
+        raise UsageError(f"{_named(arch)}: {e}") from None
 
 
 def recipe_weights(arch, plan, prec: Precision) -> int:

@@ -167,8 +167,14 @@ class _Probe:
 
     def trace_here(self, b: int, s: int) -> step.StepTrace:
         checkpoint("trace")
-        with src.quiet(), self.fake, budget.probe(b, s):
-            return step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
+        try:
+            with src.quiet(), self.fake, budget.probe(b, s):
+                return step.run(self.model, dict(self.case, batch=b, seq_len=s), self.cfg, self.device)
+        except src.DerivationError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the model's own code failed on its config: one line, not a stack
+            raise src.DerivationError(f"{self.label}: the model's code failed at batch {b}, sequence {s}: "
+                                      f"{type(e).__name__}: {e}") from None
 
     def prefetch(self, shapes) -> None:
         """Trace the shapes not traced yet, in parallel where there are workers."""
