@@ -50,3 +50,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
 
 def atomic_write_text(path: Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def user_cache_dir() -> Path:
+    """nnmem_sweep's user cache: $NNMEM_SWEEP_CACHE, else $XDG_CACHE_HOME/nnmem_sweep, else ~/.cache/nnmem_sweep."""
+    if os.environ.get("NNMEM_SWEEP_CACHE"):
+        return Path(os.environ["NNMEM_SWEEP_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nnmem_sweep"

@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from ..paths import user_cache_dir
+
 FORMAT = 2  # bump when a derivation's rules change: plans of an older format are derived again
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "derived"
 
@@ -35,10 +37,7 @@ def versions() -> dict[str, str | None]:
 
 
 def cache_dir() -> Path:
-    if os.environ.get("NNMEM_SWEEP_CACHE"):
-        return Path(os.environ["NNMEM_SWEEP_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nnmem_sweep"
+    return user_cache_dir()
 
 
 def _name(what: tuple) -> str:

@@ -107,12 +107,23 @@ def _derive_flag(spec: dict[str, Any]) -> bool:
 def _resolve(form: str, spec: dict[str, Any], base_dir: Path) -> Architecture | DerivedModelSpec:
     if form == "preset":
         _only(spec, ("preset", "name", "derive", "decoder_seq_len"))
+        from . import hub
         from .presets import META_KEY, canonical_id, hand_modelled, hf_dict_for_transformers, load_preset, preset_meta
 
         if not isinstance(spec["preset"], str):
             raise ModelSpecError("model.preset", f"must be a preset id, got {spec['preset']!r}")
         try:
-            pid = canonical_id(spec["preset"])
+            try:
+                pid = canonical_id(spec["preset"])
+            except ValueError:
+                if not hub.looks_like_id(spec["preset"]):
+                    raise
+                # a Hugging Face id that is not a preset: its config.json from the local caches (models/hub.py)
+                path, origin = hub.config_path(spec["preset"])
+                arch = _from_hf_file(str(path), base_dir, _derive_flag(spec) or bool(_decoder_len(spec)),
+                                     key="model.preset", origin=origin)
+                return dataclasses.replace(arch, decoder_seq_len=_decoder_len(spec)) \
+                    if isinstance(arch, DerivedModelSpec) else arch
             if _derive_flag(spec) or not hand_modelled(pid):
                 cfg = hf_dict_for_transformers(pid)
                 cfg.pop(META_KEY, None)
@@ -173,10 +184,10 @@ def _module(spec: dict[str, Any]) -> DerivedModelSpec:
     return DerivedModelSpec("module", out, "", "", f"module {factory}", "model.module")
 
 
-def _from_hf_file(rel: Any, base_dir: Path, derive: bool = False) -> Architecture | DerivedModelSpec:
+def _from_hf_file(rel: Any, base_dir: Path, derive: bool = False, key: str = "model.hf_config",
+                  origin: str = "") -> Architecture | DerivedModelSpec:
     from .hf import architecture_from_hf, supported_model_types
 
-    key = "model.hf_config"
     if not isinstance(rel, str) or not rel:
         raise ModelSpecError(key, f"must be a path to a config.json (or a model folder holding one), got {rel!r}")
     path = Path(rel) if Path(rel).is_absolute() else base_dir / rel
@@ -198,8 +209,8 @@ def _from_hf_file(rel: Any, base_dir: Path, derive: bool = False) -> Architectur
         if not cfg.get("architectures"):
             raise ModelSpecError(key, f"{path}: 'architectures' names no model class (e.g. [\"Qwen3ForCausalLM\"]); "
                                       "the model is built from the class it names")
-        return DerivedModelSpec("hf", cfg, str(cfg.get("_name_or_path") or ""), "", str(rel), key)
+        return DerivedModelSpec("hf", cfg, str(cfg.get("_name_or_path") or ""), "", origin or str(rel), key)
     try:
-        return architecture_from_hf(cfg, origin=str(rel))
+        return architecture_from_hf(cfg, origin=origin or str(rel))
     except ValueError as e:
         raise ModelSpecError(key, f"{path}: {e}") from None
