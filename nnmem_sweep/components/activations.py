@@ -31,6 +31,9 @@ DAO_2022 = source("dao2022", "Dao et al. 2022, FlashAttention: Fast and Memory-E
 HF_MODELING = source("hf-transformers5-modeling", "Hugging Face transformers 5 modeling code (modeling_llama.py, modeling_gpt2.py, "
                      "modeling_bert.py, modeling_mixtral.py, integrations/sdpa_attention.py, loss/loss_utils.py)",
                      "https://github.com/huggingface/transformers/tree/main/src/transformers")
+HF_MASKING = source("hf-transformers5-masking", "Hugging Face transformers 5 masking_utils.py (sdpa_mask, "
+                    "_ignore_causal_mask_sdpa)",
+                    "https://github.com/huggingface/transformers/blob/main/src/transformers/masking_utils.py")
 TORCH_CKPT = source("torch-checkpoint", "PyTorch torch.utils.checkpoint (activation checkpointing keeps the "
                     "block inputs and recomputes the block during backward)",
                     "https://pytorch.org/docs/stable/checkpoint.html")
@@ -251,6 +254,24 @@ def inputs_term(arch: Architecture) -> Term:
     return Term(tok=2 * INDEX)
 
 
+@formula("sliding_window_mask_bytes", "s² (a bool s × s mask shared by the batch) where s ≥ sliding_window, SDPA only",
+         HF_MASKING,
+         where="masking_utils._ignore_causal_mask_sdpa: no mask (is_causal) unless kv_length >= local_attention_size; "
+         "from there sdpa_mask materialises a (1, 1, s, s) bool mask, handed to every layer (and kept by each "
+         "checkpointed layer's inputs) until the backward ends",
+         note="Measured: Mistral 7B LoRA, full checkpointing, b 1-2 x s 4096/8192 (MemTracker): the estimate was "
+              "short by exactly s² bytes (+ an int64 index of s, not modelled: 32 KiB at 4096); below the window "
+              "exact. On a GPU an explicit mask also moves SDPA from the flash kernel to the memory-efficient one.")
+def sliding_window_mask(arch: Architecture, attention: str) -> Term:
+    return Term(sq=1) if arch.sliding_window and attention == "flash" else ZERO
+
+
+def windowed(plan, arch: Architecture):  # noqa: ANN001 - components.plan.Plan (plan imports nothing from here)
+    """The plan with its s² terms counted from the model's sliding window on (sliding_window_mask)."""
+    plan.sq_from = arch.sliding_window or None
+    return plan
+
+
 # ---------------------------------------------------------------- assembled
 
 def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str,
@@ -267,7 +288,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     inputs = inputs_term(arch)
     copies = Term(const=autocast_copies_bytes(arch, p))
     saved = (inputs + copies + embedding_saved(arch, p, device) + rope_saved(arch, p) + layers
-             + head_saved(arch, p, device))
+             + head_saved(arch, p, device) + sliding_window_mask(arch, attention))
     bwd_start = [loss_backward_temp(arch, p), last_layer_backward_temp(arch, p)]
     if checkpointing == "full":  # the last layer is recomputed with everything it saves
         bwd_start.append(full_layer)

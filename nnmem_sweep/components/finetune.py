@@ -365,7 +365,8 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     inputs = act.inputs_term(arch)
     copies = Term(const=frozen_autocast_copies(arch, p, ft, checkpointing))
     # no embedding term: a frozen embedding's output needs no grad, so nothing on it is saved
-    saved = inputs + copies + act.rope_saved(arch, p) + layers + frozen_head_saved(arch, p)
+    saved = (inputs + copies + act.rope_saved(arch, p) + layers + frozen_head_saved(arch, p)
+             + act.sliding_window_mask(arch, attention))
     bwd_start = [act.loss_backward_temp(arch, p),
                  frozen_last_layer_backward_temp(arch, p)]
     if checkpointing == "full":  # the last layer recomputed with everything it saves

@@ -156,14 +156,26 @@ class Plan:
         self.dtype = pd.CategoricalDtype(uniq)
         self.host: np.ndarray | None = None  # parallel plans: host bytes per rank, per combination
         self.seq_divisor: np.ndarray | None = None  # parallel plans: s_l = s / divisor, per layout
+        # the s² coefficient (Term.sq, an s × s mask shared by the batch) counts only where s >= sq_from: a mask
+        # transformers materialises from a threshold on (the sliding window, activations.sliding_window_mask)
+        self.sq_from: int | None = None
+
+    def features(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> list:
+        x = features(b, s)
+        if self.sq_from:
+            whole = s  # the threshold is on the whole sequence; a parallel plan is evaluated on the rank's s / divisor
+            if self.seq_divisor is not None:  # the layout is the last axis of the combination code
+                whole = s * self.seq_divisor[k % len(self.seq_divisor)]
+            x[5] = np.where(whole >= self.sq_from, x[5], 0)
+        return x
 
     def phase_totals(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
         """(phases, rows) totals."""
-        return self.totals.eval(k, features(b, s))
+        return self.totals.eval(k, self.features(k, b, s))
 
     def pick(self, k: np.ndarray, b: np.ndarray, s: np.ndarray) -> dict[str, object]:
         """Components of the winning phase, peak_allocated_bytes and peak_phase."""
-        x = features(b, s)
+        x = self.features(k, b, s)
         totals = self.totals.eval(k, x)
         win = np.argmax(totals, axis=0)  # first phase on ties
         out: dict[str, object] = dict(zip(self.comp_names, self.comps.eval(win * self.nk + k, x)))

@@ -135,7 +135,7 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     ]
     axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
     if not z_names:
-        return Plan(axes, sizes, phases)
+        return act.windowed(Plan(axes, sizes, phases), arch)
     n_kept = max(len(t.backward_kept_temp) for t in terms)
     kept_only = table_moments([t.backward_kept_temp for t in terms], n_kept)
     kept = [dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp}),
@@ -149,7 +149,8 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
     # goes to the earlier phase, so nothing changes there)
     phases += [phases[1]] * n_kept
-    return Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)]))
+    return act.windowed(Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)])),
+                        arch)
 
 
 def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None, kept_gradients=None):

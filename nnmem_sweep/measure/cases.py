@@ -166,6 +166,10 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     _lora("qwen3-0.6b", 4, 2048, "bf16", 16, ALL_LINEAR, dropout=0.05, dropout_impl="native"),
     _lora("gemma-2-2b", 2, 1024, "bf16", 8, QV, ckpt="full", attention="eager"),
     _lora("qwen3-0.6b", 2, 1024, "bf16", 8, QV, modules_to_save=("lm_head", "norm")),
+    # issue 21's 7B decoder: dropout 0.1 on q/k/v/o, full checkpointing, at Mistral's sliding window (4096), where
+    # transformers materialises an s x s mask for SDPA (activations.sliding_window_mask)
+    _lora("mistral-7b", 1, 4096, "bf16", 16, ("q_proj", "k_proj", "v_proj", "o_proj"), alpha=32, dropout=0.1,
+          dropout_impl="native", ckpt="full"),
     # gradient accumulation (4 micro-batches per optimizer step): the adapters' gradients live through the later
     # micro-batches, a hand-modelled family and one planned from its own code
     {**_lora("llama-3.2-1b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},

@@ -20,7 +20,8 @@ MEASURED_PHASE = "measured_peak_phase"
 MEASURED_MODULE = "measured_peak_module"
 KERNEL = "attention_kernel"
 ESTIMATED_ATTENTION = "estimated_attention"
-REL_ERROR = "relative_error"  # (estimate - measured) / measured
+REL_ERROR = "relative_error"  # (estimate - (measured - tracker leftover)) / (measured - tracker leftover)
+LEFTOVER = "memtracker_leftover_bytes"  # what MemTracker itself keeps alive at the peak (tracker_leftover)
 STATUS = "status"  # measured | skipped: <why> | failed: <why>
 
 
@@ -63,6 +64,21 @@ def model_spec(sc) -> dict[str, Any]:  # noqa: ANN001
                      "a params or architecture model has no network to run")
 
 
+def step_spec(sc) -> dict[str, Any]:  # noqa: ANN001
+    """What the scenario does to the model beyond one plain step: peft's adapters (`finetune:`) and preference
+    pairs (`preference:`), as the case keys workload/build.py runs them with, so the step measured is the step
+    estimated."""
+    out: dict[str, Any] = {}
+    ft = sc.model.finetune
+    if ft is not None and ft.adapters:
+        from ..derive.arch import peft_spec
+
+        out["finetune"] = peft_spec(ft)
+    if sc.model.kind == "derived" and sc.model.derived.source.preference and sc.mode == "train":
+        out["preference"] = sc.model.derived.source.preference
+    return out
+
+
 def _skip_reason(row: dict[str, Any], mode: str) -> str:
     if row[C.PRECISION] not in PRECISIONS:
         return f"precision {row[C.PRECISION]} is not measured (measured: {', '.join(PRECISIONS)})"
@@ -70,22 +86,30 @@ def _skip_reason(row: dict[str, Any], mode: str) -> str:
         return f"optimizer {row[C.OPTIMIZER]} is not in torch.optim"
     if row[C.CHECKPOINTING] == "selective":
         return "selective checkpointing has no transformers switch"
+    for axis in (C.DATA_PARALLEL, C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL, C.CONTEXT_PARALLEL,
+                 C.GRADIENT_ACCUMULATION):
+        if int(row.get(axis, 1) or 1) > 1:
+            return (f"{axis} {int(row[axis])}: measure runs one GPU's step, unsharded and unaccumulated; sharded "
+                    "steps are measured by `nnmem-sweep truth` (FSDPMemTracker on a fake process group)")
+    if str(row.get(C.OFFLOAD, "none")) != "none":
+        return f"offload {row[C.OFFLOAD]}: host-memory offload is not run by measure"
     if mode == "infer" and int(row[C.CACHE_TOKENS]) > 0:
         return "a preallocated cache (cache_tokens > 0) is not measured; generate() grows a DynamicCache"
     return ""
 
 
 def point_axes(frame: pd.DataFrame) -> list[str]:
-    """The grid axes, and the optional ones (columns.OPTIONAL_AXES) the frame has."""
-    return list(C.GRID_AXES) + [a for a in C.OPTIONAL_AXES if a in frame.columns]
+    """The grid axes, and the optional and parallel ones (columns.OPTIONAL_AXES, PARALLEL_AXES) the frame has."""
+    return list(C.GRID_AXES) + [a for a in C.OPTIONAL_AXES + C.PARALLEL_AXES if a in frame.columns]
 
 
 def select_points(frame: pd.DataFrame, filters: dict[str, str], limit: int) -> pd.DataFrame:
-    points = frame[point_axes(frame)].astype(str).drop_duplicates()
+    points = frame[point_axes(frame)].drop_duplicates()
+    text = points.astype(str)  # --point values are text; the points keep their types
     for axis, value in filters.items():
         if axis not in points.columns:
             raise UsageError(f"--point {axis}={value}: the scenario's grid does not name {axis}")
-        points = points[points[axis] == value]
+        points, text = points[text[axis] == value], text[text[axis] == value]
     if points.empty:
         raise UsageError("no grid point matches " + ", ".join(f"{a}={v}" for a, v in filters.items()))
     return points.head(max(int(limit), 0)).reset_index(drop=True)
@@ -104,7 +128,7 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
     from ..grid import expand_grid
 
     sc = load_scenario(config_path)
-    spec = model_spec(sc)
+    spec = {**model_spec(sc), **step_spec(sc)}
     selected = select_points(expand_grid(sc), parse_points(points), limit)
     real = "cuda" if device == "cuda" else "cpu"
     where = None if device == "cpu" else _where(sc, real)
@@ -126,7 +150,7 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
         t0 = time.perf_counter()
         try:
             if device == "cpu":
-                row.update(_fake(case))
+                row.update(_fake(case, sc.model.hidden))
             else:
                 row.update(device_figures(sc, case, row, real, where, out_dir, n, bisect,
                                           say=lambda line: print(f"{tag} {line}", file=sys.stderr, flush=True)))
@@ -145,13 +169,26 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
     return 0
 
 
-def _fake(case: dict[str, Any]) -> dict[str, Any]:
-    """MemTracker's figures of one point under FakeTensorMode."""
+def tracker_leftover(case: dict[str, Any], hidden: int) -> int:
+    """Bytes MemTracker itself keeps alive at a training peak (tests/data/truth/FINDINGS.md): with adapters and full
+    checkpointing the embedding output is made a leaf that requires grad (peft's enable_input_require_grads), and
+    the tracker's module hooks keep it and its gradient after each step, r·h bytes per token each; a run without
+    the tracker frees both (weakrefs; the real-tensor meter, measure/meters.py HostMeter). The peak (step 2) holds
+    step 1's pair."""
+    if case["mode"] != "train" or case["checkpointing"] != "full" or "finetune" not in case:
+        return 0
+    from ..catalog.precisions import get_precision
+
+    return 2 * get_precision(case["precision"]).residual_bytes * hidden * case["batch"] * case["seq_len"]
+
+
+def _fake(case: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """MemTracker's figures of one point under FakeTensorMode, and what the tracker itself keeps at the peak."""
     from .build import measure_case
 
     m = measure_case(case, fake=True)
     out = {MEASURED_PEAK: m["peak_bytes"], MEASURED_PHASE: m["peak_phase"], MEASURED_MODULE: m["peak_module"],
-           KERNEL: m["attention_kernel"], STATUS: "measured"}
+           KERNEL: m["attention_kernel"], STATUS: "measured", LEFTOVER: tracker_leftover(case, hidden)}
     out.update({category_column(cat): m["categories_at_peak"][cat] for cat in CATEGORIES})
     return out
 
@@ -209,7 +246,8 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
     df[ESTIMATED_ATTENTION] = pd.Series(pts[C.ATTENTION], index=pts.index)
     df[C.PEAK_ALLOCATED] = pd.Series(est[C.PEAK_ALLOCATED].astype("int64"), index=pts.index).astype("Int64")
     df["estimated_peak_phase"] = pd.Series(est[C.PEAK_PHASE], index=pts.index)
-    df[REL_ERROR] = (df[C.PEAK_ALLOCATED] - df[MEASURED_PEAK]) / df[MEASURED_PEAK]
-    for c in [MEASURED_PEAK] + [category_column(c) for c in CATEGORIES]:
+    real = df[MEASURED_PEAK] - df[LEFTOVER].fillna(0)
+    df[REL_ERROR] = (df[C.PEAK_ALLOCATED] - real) / real
+    for c in [MEASURED_PEAK, LEFTOVER] + [category_column(c) for c in CATEGORIES]:
         df[c] = df[c].astype("Int64")
     return df

@@ -168,7 +168,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)
     plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
-    return plan
+    return act.windowed(plan, arch)
 
 
 def prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: str, axis_codes: list,

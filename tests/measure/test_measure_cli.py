@@ -72,3 +72,67 @@ def test_cpu_real_allocates_what_memtracker_measures(tmp_path):
     err = (real["estimated_allocated"] - real["measured_max_allocated_bytes"]) / real["measured_max_allocated_bytes"]
     assert (err - real["max_allocated_error"]).abs().max() < 1e-12
     assert err.abs().max() < 1e-5  # the CPU estimate of a hand-modelled Llama: exact but the host `step` tensors
+
+
+def test_measure_runs_the_scenarios_adapters_and_takes_memtrackers_leftover_out(tmp_path):
+    """A LoRA scenario is measured as LoRA (the finetune: block reaches the measured step; it used to be dropped,
+    so a full fine-tune was measured against a LoRA estimate), and with full checkpointing the bytes MemTracker
+    itself keeps (the embedding output and its gradient, FINDINGS.md) are shown and taken out of the error."""
+    import pandas as pd
+
+    from nnmem_sweep.cli import main
+
+    cfg = tmp_path / "lora.yaml"
+    cfg.write_text(f"""name: tiny LoRA
+model:
+  name: Tiny Llama
+  hf_config: {__import__('pathlib').Path('configs/models/tiny-llama-hf.json').resolve()}
+mode: train
+grid:
+  batch: [2]
+  seq_len: [128]
+  precision: [bf16]
+  optimizer: [adamw]
+  checkpointing: [none, full]
+finetune:
+  method: lora
+  rank: 8
+  targets: [q_proj, v_proj]
+gpus: [t4]
+""")
+    rc = main(["measure", str(cfg), "--out", str(tmp_path / "m")])
+    assert rc == 0
+    df = pd.read_csv(tmp_path / "m" / "measured.csv").set_index("checkpointing")
+    assert (df["status"] == "measured").all()
+    # the adapters' AdamW state, not the whole model's: 2 fp32 moments of r·(in + out) per target and layer
+    adapters = 4 * 8 * ((256 + 256) + (256 + 64))  # 4 layers, q (256 -> 256) and v (256 -> 2 x 32)
+    assert 2 * 4 * adapters <= df.loc["none", "measured_opt_bytes"] < 2 * 4 * adapters + 4096  # + step scalars
+    assert df.loc["none", "memtracker_leftover_bytes"] == 0
+    assert df.loc["full", "memtracker_leftover_bytes"] == 2 * 2 * 256 * 2 * 128  # r·h per token, twice
+    assert df["relative_error"].abs().max() < 1e-3
+
+
+def test_sharded_rows_are_skipped_with_their_reason(tmp_path):
+    import pandas as pd
+
+    from nnmem_sweep.cli import main
+
+    cfg = tmp_path / "dp.yaml"
+    cfg.write_text(f"""name: tiny dp
+model:
+  hf_config: {__import__('pathlib').Path('configs/models/tiny-llama-hf.json').resolve()}
+mode: train
+grid:
+  batch: [1]
+  seq_len: [128]
+  precision: [bf16]
+  optimizer: [adamw]
+parallel:
+  data_parallel: [1, 2]
+  zero_stage: 3
+gpus: [t4]
+""")
+    assert main(["measure", str(cfg), "--out", str(tmp_path / "m")]) == 0
+    df = pd.read_csv(tmp_path / "m" / "measured.csv").set_index("data_parallel")
+    assert df.loc[1, "status"] == "measured"
+    assert df.loc[2, "status"].startswith("skipped: data_parallel 2: measure runs one GPU's step")
