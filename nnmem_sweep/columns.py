@@ -34,6 +34,9 @@ OPTIONAL_DEFAULTS = {ZERO_GRAD: "set_to_none"}
 
 MODE = "mode"  # train | infer
 MODEL = "model"
+# the releases the plan was made for (issue 21): a derived model's plans name the torch / transformers / peft they
+# were traced with; a hand-modelled one the releases its measured cases were taken with (runner.HAND_STACK)
+PLAN_STACK = "plan_stack"
 
 # Components live at the peak (int64 bytes).
 WEIGHTS = "weights_bytes"

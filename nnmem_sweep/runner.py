@@ -74,6 +74,7 @@ def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False,
                                     prefill_logits=logits))
         _progress(progress, start, min(lo + CHUNK_ROWS, n), n)
     results = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+    results.insert(0, C.PLAN_STACK, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[plan_stack(sc)]))
     results.insert(0, C.MODE, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.mode]))
     results.insert(0, C.MODEL, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.model.name]))
 
@@ -82,6 +83,22 @@ def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False,
     if progress and elapsed > 1.0:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
     return RunResult(sc, results, mb, elapsed, *(tables.get(name) for name in PLAN_FILES))
+
+
+# what a hand-modelled family's formulas were checked against: the releases of the committed measured cases
+HAND_STACK = "hand model, checked against torch 2.13-2.14, transformers 5.23-5.24, peft 0.21 (tests/data/truth)"
+
+
+def plan_stack(sc: Scenario) -> str:
+    """The releases the scenario's plan holds for, in words (results.csv's plan_stack, the report's first page):
+    for a model planned from its own code, the torch / transformers / peft its plans and card were traced with
+    (those this run read); for a hand model, HAND_STACK."""
+    if sc.model.kind != "derived":
+        return HAND_STACK
+    from .derive import cache
+
+    used = cache.stacks_used([sc.model.derived.source.digest()])
+    return "traced with " + (" | ".join(used) if used else "the installed releases")
 
 
 # The per-scenario tables computed beside the grid, in RunResult's field order: serving, serving_context, cluster

@@ -40,7 +40,7 @@ from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .outputs import RUN_JSON, OutputSet
 from .replays import with_replayed_reserve
-from .runner import estimate_frame, plan_tables
+from .runner import estimate_frame, plan_stack, plan_tables
 from .scenario import Scenario
 from .tablefile import TableWriter, csv_bytes, extension
 
@@ -111,6 +111,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
                 part = estimate_frame(sc.model, sc.mode, add_gpu_columns(slice_product(axes, lo, hi), sc),
                                       sc.overheads, sc.headroom, prefill_logits=logits)
                 codes = np.zeros(hi - lo, dtype=np.int8)
+                part.insert(0, C.PLAN_STACK, pd.Categorical.from_codes(codes, categories=[plan_stack(sc)]))
                 part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
                 part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
                 fits += int(part[C.FITS].sum())

@@ -26,9 +26,13 @@ FORMAT = 2  # bump when a derivation's rules change: plans of an older format ar
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "derived"
 
 
+STACK_PACKAGES = ("torch", "transformers", "peft", "torchvision")
+_USED: dict[str, set[str]] = {}  # source digest -> the stacks of the documents lookup() handed out in this process
+
+
 def versions() -> dict[str, str | None]:
     out = {}
-    for pkg in ("torch", "transformers", "torchvision"):
+    for pkg in STACK_PACKAGES:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -67,9 +71,22 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
         doc = make()
         doc["derived_with"] = {"format": FORMAT, **vers}
         _write(path, doc)
+    _USED.setdefault(source_digest, set()).add(stack_text(doc["derived_with"]))
     if ship_to is not None:
         ship(source_digest, what, doc, ship_to)
     return doc
+
+
+def stack_text(derived_with: dict[str, Any]) -> str:
+    """The releases a document was derived with, in words: "torch 2.14.1, transformers 5.24.0, peft 0.21.2" (a
+    package it does not name is left out: plans shipped before peft was recorded do not name it)."""
+    return ", ".join(f"{pkg} {derived_with[pkg].split('+')[0]}" for pkg in STACK_PACKAGES
+                     if derived_with.get(pkg))
+
+
+def stacks_used(source_digests) -> list[str]:  # noqa: ANN001
+    """The stacks of the plans and cards of these sources that lookup() handed out in this process, sorted."""
+    return sorted(set().union(*(_USED.get(d, set()) for d in source_digests)))
 
 
 def stored(source_digest: str, what: tuple) -> bool:

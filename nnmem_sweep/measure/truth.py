@@ -58,8 +58,9 @@ def method_text(kind: str, zero_grad: str = "set_to_none", accum: int = 1) -> st
         (ACCUM_METHOD.format(n=accum) if accum > 1 else "")
 
 
-def versions(kind: str = "") -> dict[str, str]:
-    """torch, python and transformers versions (and torchvision's for a `module:` case, which it builds)."""
+def versions(kind: str = "", peft: bool = False) -> dict[str, str]:
+    """torch, python and transformers versions (torchvision's for a `module:` case, which it builds; peft's for a
+    case with adapters, which it wraps)."""
     import torch
 
     out = {"torch": torch.__version__, "python": platform.python_version()}
@@ -73,6 +74,10 @@ def versions(kind: str = "") -> dict[str, str]:
         out["transformers"] = transformers.__version__
     except ImportError:  # pragma: no cover
         out["transformers"] = ""
+    if peft:
+        from importlib import metadata
+
+        out["peft"] = metadata.version("peft")
     return out
 
 
@@ -98,7 +103,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
         "attention_kernel": measured["attention_kernel"],
         "attention_ops": measured["attention_ops"],
     }
-    rec["versions"] = versions(measured.get("input_kind", ""))
+    rec["versions"] = versions(measured.get("input_kind", ""), peft="finetune" in case)
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)))

@@ -15,6 +15,7 @@ import pandas as pd
 
 from .. import columns as C
 from ..components import finetune as F
+from ..runner import plan_stack
 from ..scenario import Scenario
 from . import charts
 from .appendix import formulas, validation
@@ -82,6 +83,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "model": {"name": sc.model.name, "params": f"{sc.model.params:,}", "finetune": _finetune_text(sc)},
         "mode": "inference" if sc.mode == "infer" else "training",
         "grid_size": f"{n_points:,}",
+        "stack": plan_stack(sc),
         "gpu_count": str(len(sc.gpus)),
         "decision": page,
         "tables": tables,
