@@ -55,6 +55,6 @@ def test_report_first_page_names_the_stack(tmp_path):
     assert main(["report", "configs/gpt2.yaml", "--out", str(out), "-q"]) == 0
     html = (out / "report.html").read_text()
     first = html[html.index('<section id="decision">'):html.index("</section>")]
-    assert f"Plan made for: {HAND_STACK}." in first
+    assert first.count(f"Plan made for: {HAND_STACK}.") == 1
     df = pd.read_csv(out / "results.csv")
     assert set(df[C.PLAN_STACK]) == {HAND_STACK}
