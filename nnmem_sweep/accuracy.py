@@ -252,7 +252,7 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
                                "attention_kernel": m.get("attention_kernel", ""),
                                "estimated_attention": attention_for_estimate(case),
                                "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
-                               MEASURED: int(m["peak_bytes"])}
+                               MEASURED: int(m["peak_bytes"]), "stack": case_stack(case)}
         # the recipe the case exercises, so a report can say which of its own recipes a measurement covers
         row.update({axis: str(i.get(axis, default)) for axis, default in COVERAGE_AXES.items()})
         try:
@@ -295,6 +295,13 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
     return df
 
 
+def case_stack(case: dict[str, Any]) -> str:
+    """The releases a case was measured with (its `versions`), in words: a figure holds for its stack."""
+    v = case.get("versions", {})
+    return ", ".join(f"{pkg} {str(v[pkg]).split('+')[0]}" for pkg in ("torch", "transformers", "peft", "torchvision")
+                     if v.get(pkg))
+
+
 def summary(df: pd.DataFrame) -> dict[str, float]:
     """Median and max |error| of peak_allocated_bytes over the cases the estimator could take."""
     e = df[ERROR].abs().dropna()
@@ -331,6 +338,9 @@ def accuracy_cli(truth_dir: str | Path) -> int:
             print(f"\n{label}: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
                   f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within "
                   "tolerance")
+    print("\nmeasured with (a figure holds for its stack; the hand model is checked against these releases):")
+    for stack, n in df["stack"].value_counts().sort_index().items():
+        print(f"  {stack}: {n} cases")
     s = summary(df)
     print(f"\nall: {s['cases']} cases, {s['estimated']} estimated; peak_allocated_bytes |error|: median "
           f"{s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}; {s['within_tolerance']} within tolerance "
