@@ -161,6 +161,23 @@ def cmd_derive(args: argparse.Namespace) -> int:
     return derive_scenarios(args.configs, args.ship, progress=not args.quiet)
 
 
+def cmd_stack(args: argparse.Namespace) -> int:
+    from .derive import DerivationError
+    from .derive.side import prepare, stack_of
+
+    try:
+        stack = stack_of({k: v for k, v in (("transformers", args.transformers), ("peft", args.peft)) if v})
+    except ValueError as e:
+        raise UsageError(str(e).replace("runtime.", "--")) from None
+    if not stack:
+        raise UsageError("stack needs --transformers VERSION and/or --peft VERSION")
+    try:
+        prepare(stack, tuple(args.pip_arg or ()), say=lambda line: print(f"nnmem-sweep: {line}", file=sys.stderr))
+    except DerivationError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def cmd_accuracy(args: argparse.Namespace) -> int:
     from .accuracy import accuracy_cli
     from .gpu_compare import summary_lines
@@ -329,6 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ship", action="store_true", help="also write the plans into nnmem_sweep/models/derived/")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(fn=cmd_derive)
+
+    s = sub.add_parser("stack", help="prepare the code of another transformers / peft release to plan with "
+                                     "(runtime.transformers, runtime.peft)",
+                       description="pip install --target --no-deps the stated releases into a side environment "
+                                   "beside the user cache (<cache>/stacks/), once: a scenario whose runtime: block "
+                                   "names them is then planned from their code, traced by a child Python with that "
+                                   "folder first on its path. Everything else, torch included, is the installed "
+                                   "environment's. Needs the network or a local package index; runs offline after.")
+    s.add_argument("--transformers", metavar="VERSION", help="e.g. 5.17.0")
+    s.add_argument("--peft", metavar="VERSION", help="e.g. 0.21.0")
+    s.add_argument("--pip-arg", action="append", metavar="ARG",
+                   help="one more argument for pip (repeatable), e.g. --pip-arg=--index-url=URL")
+    s.set_defaults(fn=cmd_stack)
 
     s = sub.add_parser("accuracy", help="compare the estimator with the committed measured cases",
                        description="Print case, measured, estimated and error for every committed case.")

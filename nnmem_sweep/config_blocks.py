@@ -40,6 +40,7 @@ from .config_yaml import join
 from .errors import ScenarioError, UsageError
 from .derive import DerivationError
 from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
+from .derive.side import stated
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import deepspeed as DS
 from .parallel import layout as L
@@ -210,11 +211,15 @@ def check_model(data: dict, ck: Checker):
     spec = data.get("model")
     if not isinstance(spec, dict) or not ck.clean("model"):
         return None
+    stack = stated(data.get("runtime")) if ck.clean("runtime") else {}  # derive/side.py
+    if stack and any(k in spec for k in ("preset", "hf_config")) and "derive" not in spec:
+        # a hand model is checked against the installed releases: another release's code is traced instead
+        spec = {**spec, "derive": True}
     try:
         model = resolve_model(spec, ck.base_dir)
         if isinstance(model, DerivedModelSpec):  # planned from its own code: the model is built (or its card read)
             try:
-                return architecture_of(model)
+                return architecture_of(model, stack)
             except DerivationError as e:
                 where = f"{model.origin}: " if model.key_path == "model.hf_config" else ""
                 ck.add(model.key_path, f"{where}{e}")

@@ -97,7 +97,8 @@ def plan_stack(sc: Scenario) -> str:
         return HAND_STACK
     from .derive import cache
 
-    used = cache.stacks_used([sc.model.derived.source.digest()])
+    source = sc.model.derived.source
+    used = cache.stacks_used([source.digest()], skip=("torchvision",) if source.kind == "hf" else ())
     return "traced with " + (" | ".join(used) if used else "the installed releases")
 
 

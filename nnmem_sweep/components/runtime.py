@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..derive.side import stack_of
 from ..scenario import GPUSpec
 from ..units import KiB, format_bytes
 
@@ -57,9 +58,7 @@ class Runtime:
 
 
 RUNTIME_KEYS = {"cuda", "torch", "lazy_loading", "cublas_workspace_config", "cublaslt_unified_workspace",
-                "blas_handle_streams"}
-
-
+                "blas_handle_streams", "transformers", "peft"}
 def parse_runtime(desc: dict[str, Any] | None, gpu: GPUSpec | None = None) -> Runtime:
     """{cuda: "12.4", torch: "2.6", lazy_loading: true, ...} (and the GPU's generation) -> Runtime; a bad key or
     value raises ValueError naming it."""
@@ -76,6 +75,7 @@ def parse_runtime(desc: dict[str, Any] | None, gpu: GPUSpec | None = None) -> Ru
     config = desc.get("cublas_workspace_config")
     if config is not None:
         cublas_config_bytes(config)  # validates
+    stack_of(desc)  # validates runtime.transformers / runtime.peft
     return Runtime(cuda=_version(desc.get("cuda"), "cuda"), torch=_version(desc.get("torch"), "torch"),
                    lazy_loading=desc.get("lazy_loading"),
                    architecture=gpu.architecture if gpu else None,

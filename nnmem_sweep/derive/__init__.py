@@ -94,7 +94,25 @@ def get_card(source: ModelSource) -> ModelCard:
         _need_torch()
         return model_card(source).to_json()
 
-    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), make, _ship_to()))
+    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), _made(source, ("card",), make), _ship_to()))
+
+
+def _made(source: ModelSource, what: tuple, make, progress: bool = False):  # noqa: ANN001
+    """make, or, where the source names releases that are not the installed ones (runtime.transformers / peft),
+    the same document traced with them in their side environment (side.py)."""
+    if not source.stack_json:
+        return make
+    from . import side
+
+    if not side.differing(source.stack):
+        return make
+
+    def traced() -> dict:
+        if _STORED_ONLY:
+            raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive`, or `make derive`)")
+        return side.traced(source, what, progress and progress_shown())
+
+    return traced
 
 
 def _what(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str, device: str,
@@ -157,7 +175,8 @@ def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> No
     IN_WORKER.append(True)  # one recipe per core already: its probes are traced here one after another
     mode, recipe, attention, checkpointing, device = what
     cache.lookup(source.digest(), what,
-                 lambda: to_json(derive(source, mode, recipe, attention, checkpointing, device, progress)), ship_to)
+                 _made(source, what, lambda: to_json(derive(source, mode, recipe, attention, checkpointing, device,
+                                                            progress)), progress), ship_to)
 
 
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
@@ -174,7 +193,7 @@ def get_plan(source: ModelSource, mode: str, precision: str, attention: str, che
 
         return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
-    return from_json(cache.lookup(source.digest(), what, make, _ship_to()))
+    return from_json(cache.lookup(source.digest(), what, _made(source, what, make, progress), _ship_to()))
 
 
 def get_kv_layout(source: ModelSource, precision: str, progress: bool = False) -> dict:
@@ -190,4 +209,4 @@ def get_kv_layout(source: ModelSource, precision: str, progress: bool = False) -
         _need_torch()
         return measure(source, recipe, progress)
 
-    return cache.lookup(source.digest(), ("kv", recipe), make, _ship_to())
+    return cache.lookup(source.digest(), ("kv", recipe), _made(source, ("kv", recipe), make, progress), _ship_to())

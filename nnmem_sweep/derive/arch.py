@@ -55,9 +55,10 @@ def module_source(spec: dict[str, Any], origin: str) -> Any:
     return ModelSource.of("module", spec, origin)
 
 
-def architecture_of(req) -> Architecture:
-    """The Architecture of a models.resolve.DerivedModelSpec (raises DerivationError, one line)."""
-    source = ModelSource.of(req.kind, req.spec, req.origin, req.decoder_seq_len)
+def architecture_of(req, stack: dict[str, str] | None = None) -> Architecture:
+    """The Architecture of a models.resolve.DerivedModelSpec (raises DerivationError, one line); `stack`: releases
+    of transformers / peft other than the installed ones its code is traced with (side.py)."""
+    source = ModelSource.of(req.kind, req.spec, req.origin, req.decoder_seq_len, stack=stack)
     if req.decoder_seq_len and not req.spec.get("is_encoder_decoder"):
         from .source import DerivationError
 

@@ -27,7 +27,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "models" / "derived"
 
 
 STACK_PACKAGES = ("torch", "transformers", "peft", "torchvision")
-_USED: dict[str, set[str]] = {}  # source digest -> the stacks of the documents lookup() handed out in this process
+_USED: dict[str, set[tuple]] = {}  # source digest -> the derived_with of the documents lookup() handed out here
 
 
 def versions() -> dict[str, str | None]:
@@ -69,24 +69,28 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
                 break
     if doc is None:
         doc = make()
-        doc["derived_with"] = {"format": FORMAT, **vers}
+        # a document traced in a side environment (side.py) carries the releases it was traced with
+        doc["derived_with"] = {"format": FORMAT, **vers, **doc.pop("_traced_with", {})}
         _write(path, doc)
-    _USED.setdefault(source_digest, set()).add(stack_text(doc["derived_with"]))
+    _USED.setdefault(source_digest, set()).add(tuple(sorted((k, str(v)) for k, v in doc["derived_with"].items()
+                                                            if k in STACK_PACKAGES and v)))
     if ship_to is not None:
         ship(source_digest, what, doc, ship_to)
     return doc
 
 
-def stack_text(derived_with: dict[str, Any]) -> str:
+def stack_text(derived_with: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
     """The releases a document was derived with, in words: "torch 2.14.1, transformers 5.24.0, peft 0.21.2" (a
     package it does not name is left out: plans shipped before peft was recorded do not name it)."""
     return ", ".join(f"{pkg} {derived_with[pkg].split('+')[0]}" for pkg in STACK_PACKAGES
-                     if derived_with.get(pkg))
+                     if derived_with.get(pkg) and pkg not in skip)
 
 
-def stacks_used(source_digests) -> list[str]:  # noqa: ANN001
-    """The stacks of the plans and cards of these sources that lookup() handed out in this process, sorted."""
-    return sorted(set().union(*(_USED.get(d, set()) for d in source_digests)))
+def stacks_used(source_digests, skip: tuple[str, ...] = ()) -> list[str]:  # noqa: ANN001
+    """The stacks of the plans and cards of these sources that lookup() handed out in this process, sorted
+    (`skip`: packages the model does not use, e.g. torchvision for a transformers model)."""
+    found = set().union(*(_USED.get(d, set()) for d in source_digests))
+    return sorted({stack_text(dict(v), skip) for v in found})
 
 
 def stored(source_digest: str, what: tuple) -> bool:

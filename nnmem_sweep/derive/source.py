@@ -49,15 +49,19 @@ class ModelSource:
     preference_json: str = ""
     # one rank of the step sharded by FSDP2 (workload/fsdp.py: world, zero_stage) as canonical JSON; "" on one GPU
     fsdp_json: str = ""
+    # the releases the model's code is traced with where they are not the installed ones (runtime.transformers,
+    # runtime.peft; derive/side.py) as canonical JSON; "" for the installed releases
+    stack_json: str = ""
 
     @classmethod
     def of(cls, kind: str, spec: dict[str, Any], origin: str = "", decoder_seq_len: int = 0,
            finetune: dict[str, Any] | None = None, preference: dict[str, Any] | None = None,
-           fsdp: dict[str, Any] | None = None) -> "ModelSource":
+           fsdp: dict[str, Any] | None = None, stack: dict[str, str] | None = None) -> "ModelSource":
         ft = json.dumps(finetune, sort_keys=True, separators=(",", ":")) if finetune else ""
         pref = json.dumps(preference, sort_keys=True, separators=(",", ":")) if preference else ""
         return cls(kind, json.dumps(spec, sort_keys=True, separators=(",", ":")), origin, int(decoder_seq_len), ft,
-                   pref, json.dumps(fsdp, sort_keys=True, separators=(",", ":")) if fsdp else "")
+                   pref, json.dumps(fsdp, sort_keys=True, separators=(",", ":")) if fsdp else "",
+                   json.dumps(stack, sort_keys=True, separators=(",", ":")) if stack else "")
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -75,26 +79,36 @@ class ModelSource:
     def fsdp(self) -> dict[str, Any] | None:
         return json.loads(self.fsdp_json) if self.fsdp_json else None
 
+    @property
+    def stack(self) -> dict[str, str]:
+        return json.loads(self.stack_json) if self.stack_json else {}
+
     def with_finetune(self, finetune: dict[str, Any] | None) -> "ModelSource":
         """The same model with peft's adapters `finetune` (None: without)."""
         return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, finetune, self.preference,
-                              self.fsdp)
+                              self.fsdp, self.stack)
 
     def with_preference(self, preference: dict[str, Any] | None) -> "ModelSource":
         """The same model trained on preference pairs (workload/preference.py; None: a plain step)."""
         return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune, preference,
-                              self.fsdp)
+                              self.fsdp, self.stack)
 
     def with_fsdp(self, fsdp: dict[str, Any] | None) -> "ModelSource":
         """One rank of the same step sharded by FSDP2 ({"world": d, "zero_stage": 2 | 3}; None: one GPU)."""
         return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune,
-                              self.preference, fsdp)
+                              self.preference, fsdp, self.stack)
+
+    def with_stack(self, stack: dict[str, str] | None) -> "ModelSource":
+        """The same model traced with these releases (derive/side.py; None or {}: the installed ones)."""
+        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune,
+                              self.preference, self.fsdp, stack)
 
     def digest(self) -> str:
         extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
         extra += f"\nfinetune={self.finetune_json}" if self.finetune_json else ""
         extra += f"\npreference={self.preference_json}" if self.preference_json else ""
         extra += f"\nfsdp={self.fsdp_json}" if self.fsdp_json else ""
+        extra += f"\nstack={self.stack_json}" if self.stack_json else ""
         return hashlib.sha256(f"{self.kind}\n{self.spec_json}{extra}".encode()).hexdigest()
 
     @property
