@@ -88,7 +88,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from .replays import point_reserve
     from .scenario import Overheads
 
-    arch = resolve_model_name(args.model)  # a UsageError for an unknown model, as estimate_point would say it
+    from .derive.side import differing, stack_of
+    from .errors import UsageError
+
+    try:
+        stack = differing(stack_of({"transformers": args.transformers, "peft": args.peft}))
+    except ValueError as e:
+        raise UsageError(str(e).replace("runtime.", "--")) from None
+    arch = resolve_model_name(args.model, stack)  # a UsageError for an unknown model, as estimate_point would say it
 
     def point(overheads: Overheads | None = None):
         return estimate_point(
@@ -102,6 +109,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if fraction is not None:  # the allocator reserve this point's own replay needs, as `run` takes it per recipe
         row = point(Overheads(gpus=(resolve_gpu_name(args.gpu),), replayed_reserve_fraction=fraction))
     print(format_breakdown(row))
+    from .runner import model_stack
+
+    print(f"plan made for: {model_stack(arch)}")
     print(f"allocator reserve: {fraction:.1%} of the peak, the least capacity in which this point's own allocation "
           f"sequence completes in the caching-allocator model ({note})" if fraction is not None else
           f"allocator reserve: 5% of the peak assumed ({note})")
@@ -164,6 +174,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
 def cmd_stack(args: argparse.Namespace) -> int:
     from .derive import DerivationError
     from .derive.side import prepare, stack_of
+    from .errors import UsageError
 
     try:
         stack = stack_of({k: v for k, v in (("transformers", args.transformers), ("peft", args.peft)) if v})
@@ -302,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-tokens", type=int, default=None, help="inference: prompt tokens in the KV cache")
     s.add_argument("--decode-tokens", type=int, default=None, help="inference: tokens generated")
     s.add_argument("--gpu", default="h100-sxm", help="GPU id from `nnmem-sweep gpus`")
+    s.add_argument("--transformers", metavar="VERSION", default=None,
+                   help="plan from this transformers release's code (prepared once by `nnmem-sweep stack`)")
+    s.add_argument("--peft", metavar="VERSION", default=None, help="the same for peft")
     s.add_argument("--zero-grad", default=None, choices=["set_to_none", "zeros"],
                    help="training: what zero_grad leaves between steps (zeros keeps the gradients; default "
                         "set_to_none)")

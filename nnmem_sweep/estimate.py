@@ -85,16 +85,20 @@ _OWN_KEYS = frozenset((*C.COMPONENTS, C.PEAK_ALLOCATED, C.PEAK_PHASE, C.HOST_FIT
 
 # ---------------------------------------------------------------- one point, for `nnmem-sweep estimate`
 
-def resolve_model_name(model: str | Architecture) -> Architecture:
-    """--model: a preset id or Hugging Face id, a config.json, or a model folder holding one."""
+def resolve_model_name(model: str | Architecture, stack: dict[str, str] | None = None) -> Architecture:
+    """--model: a preset id or Hugging Face id, a config.json, or a model folder holding one. `stack`: releases of
+    transformers / peft other than the installed ones (--transformers, --peft): the model is then planned from
+    that release's code (derive/side.py), a hand-modelled family included."""
     if isinstance(model, Architecture):
         return model
     path = Path(model)
     spec = {"hf_config": str(path.resolve())} if (path.suffix == ".json" and path.is_file()) or \
         (path.is_dir() and (path / "config.json").is_file()) else {"preset": model}
+    if stack:
+        spec["derive"] = True
     try:
         arch = resolve_model(spec, Path("."))
-        return architecture_of(arch) if isinstance(arch, DerivedModelSpec) else arch
+        return architecture_of(arch, stack or None) if isinstance(arch, DerivedModelSpec) else arch
     except ModelSpecError as e:
         if "preset" in spec and "unknown model preset" in e.message:
             raise UsageError(f"unknown model {model!r}: give a preset id or Hugging Face id "

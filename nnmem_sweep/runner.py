@@ -93,11 +93,16 @@ def plan_stack(sc: Scenario) -> str:
     """The releases the scenario's plan holds for, in words (results.csv's plan_stack, the report's first page):
     for a model planned from its own code, the torch / transformers / peft its plans and card were traced with
     (those this run read); for a hand model, HAND_STACK."""
-    if sc.model.kind != "derived":
+    return model_stack(sc.model)
+
+
+def model_stack(arch) -> str:  # noqa: ANN001 - an Architecture
+    """plan_stack of one model (`estimate` prints it too)."""
+    if arch.kind != "derived":
         return HAND_STACK
     from .derive import cache
 
-    source = sc.model.derived.source
+    source = arch.derived.source
     used = cache.stacks_used([source.digest()], skip=("torchvision",) if source.kind == "hf" else ())
     return "traced with " + (" | ".join(used) if used else "the installed releases")
 

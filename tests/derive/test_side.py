@@ -133,3 +133,21 @@ gpus: [t4]
     sc = load_scenario(str(cfg))
     assert sc.model.kind == "derived"
     assert sc.model.derived.source.stack == {"transformers": OTHER}
+
+
+def test_estimate_takes_the_release_and_says_it(prepared, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(prepared))
+    (tmp_path / "neox.json").write_text(json.dumps(NEOX))
+    args = ["estimate", "--model", str(tmp_path / "neox.json"), "--batch", "2", "--seq-len", "256",
+            "--precision", "bf16-mixed", "--gpu", "t4"]
+    assert main([*args, "--transformers", OTHER]) == 0
+    assert f"transformers {OTHER}" in capsys.readouterr().out.split("plan made for: ")[1]
+    assert main([*args, "--transformers", "5.17"]) == 2
+    assert "--transformers: expected a release such as '5.17.0'" in capsys.readouterr().err
+
+
+def test_estimate_of_an_unprepared_release_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path / "cache"))
+    assert main(["estimate", "--model", "llama-3.2-1b", "--transformers", OTHER]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"prepare it once with: nnmem-sweep stack --transformers {OTHER}" in err
