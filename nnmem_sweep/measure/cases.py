@@ -170,6 +170,9 @@ FINETUNE_CASES: list[dict[str, Any]] = [
     # transformers materialises an s x s mask for SDPA (activations.sliding_window_mask)
     _lora("mistral-7b", 1, 4096, "bf16", 16, ("q_proj", "k_proj", "v_proj", "o_proj"), alpha=32, dropout=0.1,
           dropout_impl="native", ckpt="full"),
+    # autocast with full checkpointing: the LM head's 16-bit copy is kept into the backward, the adapters' casts
+    # are not (finetune.frozen_autocast_copies, forward_autocast_cache)
+    _lora("llama-3.2-1b", 2, 1024, "bf16-mixed", 16, ("q_proj", "k_proj", "v_proj", "o_proj"), ckpt="full"),
     # gradient accumulation (4 micro-batches per optimizer step): the adapters' gradients live through the later
     # micro-batches, a hand-modelled family and one planned from its own code
     {**_lora("llama-3.2-1b", 4, 1024, "bf16", 16, ALL_LINEAR), "gradient_accumulation": 4},
