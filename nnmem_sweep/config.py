@@ -2,8 +2,9 @@
 
 Every problem is collected before anything is raised, each located as `file:line:column: key.path: message`. The
 steps, one module each: the YAML read into plain values with the location of every key path (config_yaml.py), the
-JSON Schema's errors made readable (config_schema.py), then each block's semantic checks (config_blocks.py, which
-report to config_check.Checker); this module refuses what is not a small YAML text and assembles the Scenario.
+JSON Schema's errors made readable (config_schema.py), then each block's semantic checks (config_model.py for the
+blocks that change the model, config_blocks.py for the rest, both reporting to config_check.Checker); this module
+refuses what is not a small YAML text and assembles the Scenario.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 import yaml
 
 from . import columns as C
-from .config_blocks import (check_cluster, check_derived, check_finetune, check_gpus, check_grid, check_model, check_node,
-                            check_overheads, check_parallel, check_report, check_serving, check_throughput,
-                            check_zero_grad, check_preference, needs_no_sequence)
+from .config_blocks import (check_cluster, check_gpus, check_grid, check_node, check_overheads, check_parallel,
+                            check_report, check_serving, check_throughput, check_zero_grad)
+from .config_model import check_derived, check_finetune, check_model, check_preference, needs_no_sequence
 from .config_check import Checker
 from .config_schema import schema_problems, schema_text  # noqa: F401  (schema_text: an entry point of this module)
 from .config_yaml import MAX_NODES, Builder, TooBig, compose, mark

@@ -1,7 +1,7 @@
 """The semantic checks of every block of a scenario file: what the JSON Schema cannot say (a value against the
 model, the mode, the catalog or another block). Each `check_<block>` reads its block from the validated data,
 reports every problem to the Checker (config_check.py) at its key path, and returns the block's values for the
-Scenario (config.py assembles them):
+Scenario (config.py assembles them; the blocks that change the model itself are config_model.py's):
 
     check_grid       grid:       the axes, defaults per mode (AXIS_DEFAULTS), values that fit the mode, a static
                                  cache that holds the prompt and the generated tokens; the optional axes
@@ -9,13 +9,11 @@ Scenario (config.py assembles them):
     check_zero_grad  grid:       zero_grad 'zeros' on one GPU only (no parallel layouts, no cluster search)
     check_gpus       gpus:       catalog ids or inline GPUs, each once
     check_overheads  overheads:  the runtime overheads (defaults in scenario.py)
-    check_model      model:      a preset, a config.json, explicit fields or a layer list (models/resolve.py)
     check_report     report:     reference points that are grid values, table rows, the template folder
     check_serving    serving:    the serving plan (serving.py): infer mode, a causal LM, TP dividing the heads
     check_parallel   parallel:   the parallel axes, in the block or among the grid axes, each combination checked
                                  against parallel/layout.py's rules
     check_node       node:       GPUs per node and host memory (the parallel and cluster plans)
-    check_finetune   finetune:   LoRA / QLoRA adapters (components/finetune.py), folded into the model
     check_cluster    cluster:    the cluster search (cluster.py); rank_by cost_per_token needs every GPU's hourly
                                  price and peak FLOP/s
     check_throughput throughput: the utilisations the throughput estimate takes (throughput/options.py)
@@ -31,17 +29,8 @@ from .catalog import names
 from .catalog.gpus import get_gpu, unknown_gpu_message
 from .allocator import AllocatorOptions
 from .cluster import parse_cluster
-from .components import finetune as F
-from .components import finetune_method as FM
-from .components.finetune_method import parse_finetune
 from .components.runtime import parse_runtime
 from .config_check import Checker, as_list, dedupe
-from .config_yaml import join
-from .errors import ScenarioError, UsageError
-from .derive import DerivationError
-from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
-from .derive.side import stated
-from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import deepspeed as DS
 from .parallel import layout as L
 from .paths import safe_stem
@@ -49,7 +38,6 @@ from .serving import has_kv_cache
 from .scenario import GPUSpec, Overheads
 from .throughput.defaults import compute_dtype
 from .throughput.options import parse_throughput
-from .workload import preference
 from .units import parse_size
 
 # Axis defaults per mode. None: the axis must be given.
@@ -207,41 +195,6 @@ def check_allocator(data: dict, ck: Checker) -> str:
     return text
 
 
-def check_model(data: dict, ck: Checker):
-    spec = data.get("model")
-    if not isinstance(spec, dict) or not ck.clean("model"):
-        return None
-    stack = stated(data.get("runtime")) if ck.clean("runtime") else {}  # derive/side.py
-    if stack and any(k in spec for k in ("preset", "hf_config")) and "derive" not in spec:
-        # a hand model is checked against the installed releases: another release's code is traced instead
-        spec = {**spec, "derive": True}
-    try:
-        model = resolve_model(spec, ck.base_dir)
-        if isinstance(model, DerivedModelSpec):  # planned from its own code: the model is built (or its card read)
-            try:
-                return architecture_of(model, stack)
-            except DerivationError as e:
-                where = f"{model.origin}: " if model.key_path == "model.hf_config" else ""
-                ck.add(model.key_path, f"{where}{e}")
-                return None
-        return model
-    except ModelSpecError as e:
-        key = e.key_path or "model"
-        ck.add(key if key == "model" or key.startswith(("model.", "model[")) else join("model", key),
-               getattr(e, "message", str(e)))
-    except ValueError as e:
-        ck.add("model", str(e))
-    return None
-
-
-def needs_no_sequence(model) -> bool:
-    """Layer-list nets, per-sample params models and derived models without a sequence axis (image classifiers,
-    `module:` factories) have no sequence axis: seq_len defaults to 1."""
-    if model.kind == "derived":
-        return not model.derived.source.sequence
-    return model.kind == "layers" or (model.kind == "params" and not model.activation_elements_per_token)
-
-
 def check_report(data: dict, grid: dict[str, tuple[Any, ...]], ck: Checker) -> dict[str, Any]:
     report = dict(data.get("report") or {}) if isinstance(data.get("report"), dict) else {}
     # The report draws these points from the results: every axis but batch must be a value the grid has.
@@ -386,31 +339,6 @@ def sharding_axes(parallel: dict) -> list[str]:
             and any(v != C.PARALLEL_DEFAULTS[a] for v in vs)]
 
 
-def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
-    """What a model planned from its own code (derive/) is not planned for, each refused where it is written."""
-    if model is None or model.kind != "derived":
-        return
-    what = f"{model.name} is planned from its own code"
-    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
-        where = "parallel" if isinstance(data.get("parallel"), dict) else \
-            f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
-        ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
-                      f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
-                      "sharded as FSDP shards them (zero_stage 2 or 3, without accumulation)", key=True)
-    if isinstance(data.get("cluster"), dict):
-        ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
-               key=True)
-    if any(int(v) > 0 for v in grid.get(C.CACHE_TOKENS, ())):
-        ck.add("grid.cache_tokens", f"a preallocated cache is modelled for hand-modelled families; {what}, which "
-                                    "runs generate()'s dynamic cache (leave cache_tokens at 0)")
-    if "selective" in grid.get(C.CHECKPOINTING, ()):
-        ck.add("grid.checkpointing", "'selective' is Megatron's recipe (recompute attention only); a model planned "
-                                     "from its transformers code checkpoints whole layers: use none or full")
-    if mode == "infer" and model.derived.source.spec.get("is_encoder_decoder"):
-        ck.add("mode", f"an encoder-decoder's generation is measured (`nnmem-sweep measure`) but not derived: its "
-                       f"decoder cache grows with the generated tokens; training is derived ({model.name})")
-
-
 def check_zero_grad(data: dict, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
     """Gradients kept between steps (zero_grad 'zeros') are planned on one GPU: not with parallel layouts or the
     cluster search (which plans them)."""
@@ -431,78 +359,6 @@ def check_node(data: dict, ck: Checker) -> dict[str, int]:
         except ValueError as e:
             ck.add("node.host_memory", str(e))
     return node
-
-
-def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
-    """The `finetune:` block (components/finetune.py) folded into the model, so every estimator path sees it."""
-    if "finetune" not in data or not ck.clean("finetune"):
-        return model
-    try:
-        ft = parse_finetune(data["finetune"], lambda p: (ck.b.file, *(ck.b.locate(p) or (None, None))))
-    except ScenarioError as e:
-        for p in e.problems:
-            ck.add(p.key_path, p.message)
-        return model
-    if not ft.adapters or model is None:
-        return model
-    if mode != "train":
-        ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
-        return model
-    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
-        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, or "
-                           "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3): "
-                           f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
-        return model
-    sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
-    if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
-        try:
-            F.adapter_params(model, ft)  # targets the family lacks are one line
-        except (UsageError, ValueError) as e:
-            ck.add("finetune.targets" if "target" in str(e) and ck.b.locate("finetune.targets") else "finetune",
-                   str(e), key=True)
-            return model
-        return dataclasses.replace(model, finetune=ft)
-    # every other model (and modules_to_save): planned from its own code with peft's adapters on it
-    base = derived_twin(model, allow_deriving=True) if model.kind != "derived" else model
-    if base is None:
-        ck.add("finetune", f"finetune {ft.method} of {model.name}: it has no hand model of its adapters and cannot be "
-                           "planned from its own code (give it as a preset, hf_config or module)", key=True)
-        return model
-    try:
-        return with_adapters(base, ft, peft_spec(ft))
-    except DerivationError as e:
-        ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
-        return model
-
-
-def check_preference(data: dict, mode: str, model, ck: Checker):
-    """The `preference:` block (workload/preference.py): the model, planned from its own code (its derived twin for
-    a hand-modelled preset, with the adapters of `finetune:` on it), trained on preference pairs."""
-    given = data.get("preference")
-    if not isinstance(given, dict) or not ck.clean("preference") or model is None:
-        return model
-    if mode != "train":
-        ck.add("preference", "preference tuning applies to train mode only (this scenario has mode: infer)", key=True)
-        return model
-    lora = model.finetune is not None and model.finetune.adapters
-    spec = {"loss": given["loss"]}
-    if given["loss"] == "dpo":
-        spec["reference"] = given.get("reference") or ("adapters" if lora else "model")
-    try:
-        preference.check({**given, **spec} if given["loss"] == "dpo" else given, lora)
-    except ValueError as e:
-        ck.add("preference.reference" if "reference" in given else "preference", str(e), key=True)
-        return model
-    base = model if model.kind == "derived" else derived_twin(model, allow_deriving=True)
-    if base is None:
-        ck.add("preference", f"preference tuning of {model.name} is planned from its own code, which it does not have "
-                             "(give it as a preset, hf_config or module)", key=True)
-        return model
-    try:
-        return with_preference(base, spec)
-    except DerivationError as e:
-        ck.add("preference", f"preference tuning of {model.name}: {e}", key=True)
-        return model
 
 
 def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], node: dict[str, int], parallel: dict,

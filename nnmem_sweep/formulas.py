@@ -10,8 +10,8 @@ import importlib
 
 from . import citations, replays, serving  # noqa: F401  (replays, serving: register)
 from .catalog import optimizers, precisions  # noqa: F401  (register)
-from .components import (activations, cpu_kernels, derived, finetune, kv, optimizer, overhead, reserve,  # noqa: F401
-                         weights)
+from .components import (activations, cpu_kernels, derived, derived_inputs, finetune, kv, optimizer, overhead,  # noqa: F401
+                         reserve, weights)
 from .derive import events as derive_events  # noqa: F401  (registers)
 from .models import count, layers  # noqa: F401  (register)
 from .parallel import activations as parallel_activations, states as parallel_states  # noqa: F401
@@ -21,9 +21,9 @@ from .throughput import defaults, flops, inference, training  # noqa: F401  (reg
 # allocator/__init__ exports a function named `replay`, so its module is imported by name
 replay = importlib.import_module(".allocator.replay", __package__)
 
-REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derive_events, finetune, kv,
-                       optimizer, overhead, reserve, weights, count, layers, parallel_activations, parallel_states,
-                       replay, rules, defaults, flops, inference, training)
+REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derived_inputs,
+                       derive_events, finetune, kv, optimizer, overhead, reserve, weights, count, layers,
+                       parallel_activations, parallel_states, replay, rules, defaults, flops, inference, training)
 
 
 def all_formulas() -> list[citations.Formula]:

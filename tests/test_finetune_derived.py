@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nnmem_sweep import accuracy as A
-from nnmem_sweep.components import derived as D
+from nnmem_sweep.components import derived_inputs as D
 from nnmem_sweep.derive import stored_only
 
 TRUTH = Path(__file__).parent / "data" / "truth" / "finetune"

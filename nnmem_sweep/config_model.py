@@ -1,0 +1,161 @@
+"""The semantic checks of the blocks that change the model a scenario plans (config.py assembles them, after
+config_blocks.py's): which model, and what is planned from its own code.
+
+    check_model       model:       a preset, a config.json, explicit fields or a layer list (models/resolve.py); a
+                                   `runtime:` naming other transformers / peft releases plans it from their code
+                                   (derive/side.py)
+    check_derived     (model)      what a model planned from its own code is not planned for, refused where written
+    check_finetune    finetune:    LoRA / QLoRA adapters (components/finetune.py), folded into the model
+    check_preference  preference:  DPO / SimPO / ORPO steps (workload/preference.py), folded into the model
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import columns as C
+from .components import finetune as F
+from .components import finetune_method as FM
+from .components.finetune_method import parse_finetune
+from .config_blocks import accumulation_only, sharding_axes
+from .config_check import Checker
+from .config_yaml import join
+from .derive import DerivationError
+from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
+from .derive.side import stated
+from .errors import ScenarioError, UsageError
+from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
+from .parallel import layout as L
+from .workload import preference
+
+
+def check_model(data: dict, ck: Checker):
+    spec = data.get("model")
+    if not isinstance(spec, dict) or not ck.clean("model"):
+        return None
+    stack = stated(data.get("runtime")) if ck.clean("runtime") else {}  # derive/side.py
+    if stack and any(k in spec for k in ("preset", "hf_config")) and "derive" not in spec:
+        # a hand model is checked against the installed releases: another release's code is traced instead
+        spec = {**spec, "derive": True}
+    try:
+        model = resolve_model(spec, ck.base_dir)
+        if isinstance(model, DerivedModelSpec):  # planned from its own code: the model is built (or its card read)
+            try:
+                return architecture_of(model, stack)
+            except DerivationError as e:
+                where = f"{model.origin}: " if model.key_path == "model.hf_config" else ""
+                ck.add(model.key_path, f"{where}{e}")
+                return None
+        return model
+    except ModelSpecError as e:
+        key = e.key_path or "model"
+        ck.add(key if key == "model" or key.startswith(("model.", "model[")) else join("model", key),
+               getattr(e, "message", str(e)))
+    except ValueError as e:
+        ck.add("model", str(e))
+    return None
+
+
+def needs_no_sequence(model) -> bool:
+    """Layer-list nets, per-sample params models and derived models without a sequence axis (image classifiers,
+    `module:` factories) have no sequence axis: seq_len defaults to 1."""
+    if model.kind == "derived":
+        return not model.derived.source.sequence
+    return model.kind == "layers" or (model.kind == "params" and not model.activation_elements_per_token)
+
+
+def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], parallel: dict, ck: Checker) -> None:
+    """What a model planned from its own code (derive/) is not planned for, each refused where it is written."""
+    if model is None or model.kind != "derived":
+        return
+    what = f"{model.name} is planned from its own code"
+    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
+        where = "parallel" if isinstance(data.get("parallel"), dict) else \
+            f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
+        ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
+                      f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
+                      "sharded as FSDP shards them (zero_stage 2 or 3, without accumulation)", key=True)
+    if isinstance(data.get("cluster"), dict):
+        ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
+               key=True)
+    if any(int(v) > 0 for v in grid.get(C.CACHE_TOKENS, ())):
+        ck.add("grid.cache_tokens", f"a preallocated cache is modelled for hand-modelled families; {what}, which "
+                                    "runs generate()'s dynamic cache (leave cache_tokens at 0)")
+    if "selective" in grid.get(C.CHECKPOINTING, ()):
+        ck.add("grid.checkpointing", "'selective' is Megatron's recipe (recompute attention only); a model planned "
+                                     "from its transformers code checkpoints whole layers: use none or full")
+    if mode == "infer" and model.derived.source.spec.get("is_encoder_decoder"):
+        ck.add("mode", f"an encoder-decoder's generation is measured (`nnmem-sweep measure`) but not derived: its "
+                       f"decoder cache grows with the generated tokens; training is derived ({model.name})")
+
+
+def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
+    """The `finetune:` block (components/finetune.py) folded into the model, so every estimator path sees it."""
+    if "finetune" not in data or not ck.clean("finetune"):
+        return model
+    try:
+        ft = parse_finetune(data["finetune"], lambda p: (ck.b.file, *(ck.b.locate(p) or (None, None))))
+    except ScenarioError as e:
+        for p in e.problems:
+            ck.add(p.key_path, p.message)
+        return model
+    if not ft.adapters or model is None:
+        return model
+    if mode != "train":
+        ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
+        return model
+    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
+        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, or "
+                           "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3): "
+                           f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
+        return model
+    sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
+    if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
+        try:
+            F.adapter_params(model, ft)  # targets the family lacks are one line
+        except (UsageError, ValueError) as e:
+            ck.add("finetune.targets" if "target" in str(e) and ck.b.locate("finetune.targets") else "finetune",
+                   str(e), key=True)
+            return model
+        return dataclasses.replace(model, finetune=ft)
+    # every other model (and modules_to_save): planned from its own code with peft's adapters on it
+    base = derived_twin(model, allow_deriving=True) if model.kind != "derived" else model
+    if base is None:
+        ck.add("finetune", f"finetune {ft.method} of {model.name}: it has no hand model of its adapters and cannot be "
+                           "planned from its own code (give it as a preset, hf_config or module)", key=True)
+        return model
+    try:
+        return with_adapters(base, ft, peft_spec(ft))
+    except DerivationError as e:
+        ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
+        return model
+
+
+def check_preference(data: dict, mode: str, model, ck: Checker):
+    """The `preference:` block (workload/preference.py): the model, planned from its own code (its derived twin for
+    a hand-modelled preset, with the adapters of `finetune:` on it), trained on preference pairs."""
+    given = data.get("preference")
+    if not isinstance(given, dict) or not ck.clean("preference") or model is None:
+        return model
+    if mode != "train":
+        ck.add("preference", "preference tuning applies to train mode only (this scenario has mode: infer)", key=True)
+        return model
+    lora = model.finetune is not None and model.finetune.adapters
+    spec = {"loss": given["loss"]}
+    if given["loss"] == "dpo":
+        spec["reference"] = given.get("reference") or ("adapters" if lora else "model")
+    try:
+        preference.check({**given, **spec} if given["loss"] == "dpo" else given, lora)
+    except ValueError as e:
+        ck.add("preference.reference" if "reference" in given else "preference", str(e), key=True)
+        return model
+    base = model if model.kind == "derived" else derived_twin(model, allow_deriving=True)
+    if base is None:
+        ck.add("preference", f"preference tuning of {model.name} is planned from its own code, which it does not have "
+                             "(give it as a preset, hf_config or module)", key=True)
+        return model
+    try:
+        return with_preference(base, spec)
+    except DerivationError as e:
+        ck.add("preference", f"preference tuning of {model.name}: {e}", key=True)
+        return model
