@@ -44,8 +44,55 @@ def require_device(device: str) -> None:
 
 def measure_scenario_cli(config_path: str, out_dir: Path, points: list[str], limit: int, device: str = "cpu",
                          bisect: bool = True) -> int:
-    """Measure a scenario's grid points (filtered by AXIS=VALUE) and write out_dir/measured.csv."""
+    """Measure a scenario's grid points (filtered by AXIS=VALUE) and write out_dir/measured.csv. A scenario whose
+    `runtime:` names transformers / peft releases other than the installed ones is measured with those: the same
+    command runs again in a child Python with their side environment first on its path (derive/side.py)."""
     require_device(device)
+    stack = _stated_stack(config_path)
+    if stack:
+        return _in_side_environment(stack, config_path, out_dir, points, limit, device, bisect)
     from .scenario_points import measure_scenario
 
     return measure_scenario(config_path, Path(out_dir), list(points or []), int(limit), device, bisect)
+
+
+def _stated_stack(config_path: str) -> dict[str, str]:
+    """The releases the scenario's runtime: block names that are not the installed ones (a file that cannot be
+    read is left to load_scenario's own one-line error)."""
+    import yaml
+
+    from ..derive.side import stated
+
+    try:
+        doc = yaml.safe_load(Path(config_path).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    return stated(doc.get("runtime")) if isinstance(doc, dict) else {}
+
+
+def _in_side_environment(stack: dict[str, str], config_path: str, out_dir: Path, points: list[str], limit: int,
+                         device: str, bisect: bool) -> int:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ..derive import DerivationError
+    from ..derive.side import ready
+
+    try:
+        where = ready(stack)
+    except DerivationError as e:
+        raise UsageError(f"{config_path}: runtime: {e}") from None
+    names = ", ".join(f"{k} {v}" for k, v in stack.items())
+    print(f"nnmem-sweep: measuring with {names} ({where})", file=sys.stderr, flush=True)
+    # the same function the installed path calls, writing measured.csv into the same (staging) folder
+    args = json.dumps([str(config_path), str(out_dir), list(points or []), int(limit), device, bool(bisect)])
+    cmd = [sys.executable, "-c", "import json, sys\nfrom pathlib import Path\n"
+           "from nnmem_sweep.errors import UsageError\n"
+           "from nnmem_sweep.measure.scenario_points import measure_scenario\n"
+           "c, o, p, n, d, b = json.loads(sys.argv[1])\n"
+           "try:\n    sys.exit(measure_scenario(c, Path(o), p, n, d, b))\n"
+           "except UsageError as e:\n    print(f'nnmem-sweep: {e}', file=sys.stderr)\n    sys.exit(2)\n", args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run(cmd, env=env).returncode

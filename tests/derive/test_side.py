@@ -151,3 +151,18 @@ def test_estimate_of_an_unprepared_release_is_one_line(tmp_path, monkeypatch, ca
     assert main(["estimate", "--model", "llama-3.2-1b", "--transformers", OTHER]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"prepare it once with: nnmem-sweep stack --transformers {OTHER}" in err
+
+
+def test_measure_runs_the_stated_release(prepared, tmp_path, monkeypatch):
+    """`measure` of a scenario naming another release measures that release's code (the same command in a child
+    Python with its side environment first), so the figure and the estimate beside it are of one stack."""
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(prepared))
+    got = {}
+    for label, stack in (("other", {"transformers": OTHER}), ("installed", None)):
+        cfg = _scenario(tmp_path, stack, label)
+        assert main(["measure", str(cfg), "--out", str(tmp_path / f"m-{label}")]) == 0
+        got[label] = pd.read_csv(tmp_path / f"m-{label}" / "measured.csv").iloc[0]
+    diff = got["other"]["measured_peak_bytes"] - got["installed"]["measured_peak_bytes"]
+    assert diff == 2 * 2 * 256 * 256 * 4  # MemTracker sees the release's extra fp32 q/k per layer
+    for r in got.values():
+        assert abs(r["relative_error"]) < 1e-5
