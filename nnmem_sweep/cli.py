@@ -176,12 +176,20 @@ def cmd_stack(args: argparse.Namespace) -> int:
     from .derive.side import prepare, stack_of
     from .errors import UsageError
 
+    if args.list:
+        from .derive.side import prepared
+        from .units import format_bytes
+
+        for stack, where, size in prepared():
+            names = ", ".join(f"{k} {v}" for k, v in stack.items())
+            print(f"{names}  {format_bytes(size, 'MiB', 1)}  {where}")
+        return 0
     try:
         stack = stack_of({k: v for k, v in (("transformers", args.transformers), ("peft", args.peft)) if v})
     except ValueError as e:
         raise UsageError(str(e).replace("runtime.", "--")) from None
     if not stack:
-        raise UsageError("stack needs --transformers VERSION and/or --peft VERSION")
+        raise UsageError("stack needs --transformers VERSION and/or --peft VERSION (or --list)")
     try:
         prepare(stack, tuple(args.pip_arg or ()), say=lambda line: print(f"nnmem-sweep: {line}", file=sys.stderr))
     except DerivationError as e:
@@ -370,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "environment's. Needs the network or a local package index; runs offline after.")
     s.add_argument("--transformers", metavar="VERSION", help="e.g. 5.17.0")
     s.add_argument("--peft", metavar="VERSION", help="e.g. 0.21.0")
+    s.add_argument("--list", action="store_true", help="list the prepared releases, their size and folder")
     s.add_argument("--pip-arg", action="append", metavar="ARG",
                    help="one more argument for pip (repeatable), e.g. --pip-arg=--index-url=URL")
     s.set_defaults(fn=cmd_stack)

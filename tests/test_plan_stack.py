@@ -58,3 +58,21 @@ def test_report_first_page_names_the_stack(tmp_path):
     assert first.count(f"Plan made for: {HAND_STACK}.") == 1
     df = pd.read_csv(out / "results.csv")
     assert set(df[C.PLAN_STACK]) == {HAND_STACK}
+
+
+def test_hand_stack_names_the_releases_of_the_committed_measured_cases():
+    """HAND_STACK is what the hand model was checked against: the torch and transformers releases the committed
+    truth was measured with (tests/data/truth), major.minor, lowest to highest; it must move when they do."""
+    import json
+    import re
+
+    found = {"torch": set(), "transformers": set()}
+    for path in Path("tests/data/truth").rglob("*.json"):
+        versions = json.loads(path.read_text()).get("versions", {})
+        for pkg in found:
+            if versions.get(pkg):
+                found[pkg].add(tuple(int(x) for x in re.findall(r"\d+", versions[pkg])[:2]))
+    for pkg, seen in found.items():
+        lo, hi = min(seen), max(seen)
+        span = f"{lo[0]}.{lo[1]}" if lo == hi else f"{lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}"
+        assert f"{pkg} {span}" in HAND_STACK, (pkg, span)

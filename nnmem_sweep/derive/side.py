@@ -90,6 +90,19 @@ def ready(stack: dict[str, str]) -> Path:
     return where
 
 
+def prepared() -> list[tuple[dict[str, str], Path, int]]:
+    """(stack, folder, bytes on disk) of every prepared side environment, by folder name."""
+    root = user_cache_dir() / "stacks"
+    out = []
+    for where in sorted(root.glob("*")) if root.is_dir() else []:
+        try:
+            stack = json.loads((where / READY).read_text())
+        except (OSError, ValueError):
+            continue  # an interrupted install: not ready, prepare() replaces it
+        out.append((stack, where, sum(f.stat().st_size for f in where.rglob("*") if f.is_file())))
+    return out
+
+
 def prepare(stack: dict[str, str], pip_args: tuple[str, ...] = (), say=print) -> Path:  # noqa: ANN001
     """pip install --target --no-deps the stated releases into a fresh folder, then move it into place (an
     interrupted install leaves nothing half-made); returns the folder. pip's own error ends in a DerivationError."""

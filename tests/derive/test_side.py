@@ -91,6 +91,13 @@ def prepared(tmp_path_factory):
     return cache
 
 
+def test_stack_list_names_what_is_prepared(prepared, monkeypatch, capsys):
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(prepared))
+    assert main(["stack", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"transformers {OTHER}  ") and out[0].endswith(f"transformers-{OTHER}")
+
+
 def test_prepared_folder_shadows_only_what_that_release_needs(prepared):
     where = prepared / "stacks" / f"transformers-{OTHER}"
     assert (where / side.READY).is_file()
