@@ -22,7 +22,7 @@ from .config_check import Checker
 from .config_yaml import join
 from .derive import DerivationError
 from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
-from .derive.side import stated
+from .derive.side import NotPrepared, stated
 from .errors import ScenarioError, UsageError
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
@@ -42,6 +42,9 @@ def check_model(data: dict, ck: Checker):
         if isinstance(model, DerivedModelSpec):  # planned from its own code: the model is built (or its card read)
             try:
                 return architecture_of(model, stack)
+            except NotPrepared as e:  # the releases runtime: names, not the model, are what is missing
+                ck.add(f"runtime.{next(iter(stack))}", str(e))
+                return None
             except DerivationError as e:
                 where = f"{model.origin}: " if model.key_path == "model.hf_config" else ""
                 ck.add(model.key_path, f"{where}{e}")

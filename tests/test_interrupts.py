@@ -89,8 +89,9 @@ def test_a_signal_while_deriving_or_replaying_leaves_nothing(tmp_path, stage, mo
     proc = cli(tmp_path, "report", str(scenario(tmp_path, model)), "--out", str(out), pause=stage)
     _wait_paused(proc, stage)
     proc.send_signal(sig)
-    assert proc.wait(60) == code
-    err = proc.stderr.read()
+    # communicate, not wait: the stderr pipe is drained while it shuts down (a full pipe would block its last lines)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
     assert "Traceback" not in err, err
     what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted (SIGINT)"
     assert err.strip().splitlines()[-1] == f"nnmem-sweep: {what}; nothing was written to {out}"

@@ -58,6 +58,10 @@ def stated(runtime: Any) -> dict[str, str]:
         return {}
 
 
+class NotPrepared(DerivationError):
+    """The stated releases have no side environment yet (one line naming the command that prepares it)."""
+
+
 def installed(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
@@ -85,7 +89,7 @@ def ready(stack: dict[str, str]) -> Path:
     where = folder(stack)
     if not (where / READY).is_file():
         names = ", ".join(f"{k} {v}" for k, v in stack.items())
-        raise DerivationError(f"the model's code of {names} is not prepared beside the user cache ({where}); "
+        raise NotPrepared(f"the model's code of {names} is not prepared beside the user cache ({where}); "
                               f"prepare it once with: {command(stack)}")
     return where
 

@@ -60,7 +60,7 @@ def test_unprepared_release_is_one_line_naming_the_command(tmp_path, monkeypatch
     assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"nnmem-sweep stack --transformers {OTHER}" in err
-    assert "model.hf_config" in err and "neox.yaml:" in err
+    assert "runtime.transformers" in err and "neox.yaml:7:" in err  # located at the key that names the release
     assert not (tmp_path / "out").exists()
 
 
