@@ -137,7 +137,7 @@ def prepare(stack: dict[str, str], pip_args: tuple[str, ...] = (), say=print) ->
 
 
 def _pip(target: Path, pip_args: tuple[str, ...], reqs: list[str], say) -> None:  # noqa: ANN001
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), *pip_args, *reqs]
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(target), *pip_args, *reqs]
     say("running: " + " ".join(cmd[2:]))
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
