@@ -28,6 +28,7 @@ from .components.optimizer import optimizer_state_bytes
 from .components.weights import gradients_bytes, master_weights_bytes, param_summary, weights_bytes
 from .derive import stored_only
 from .derive.arch import architecture_from_source, peft_spec, with_adapters, with_preference
+from .derive.cache import stack_text
 from .derive.source import ModelSource
 from .errors import UsageError
 from .models.hf import architecture_from_hf
@@ -252,7 +253,8 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
                                "attention_kernel": m.get("attention_kernel", ""),
                                "estimated_attention": attention_for_estimate(case),
                                "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
-                               MEASURED: int(m["peak_bytes"]), "stack": case_stack(case)}
+                               MEASURED: int(m["peak_bytes"]),
+                               "stack": stack_text(case.get("versions", {}))}  # a figure holds for its stack
         # the recipe the case exercises, so a report can say which of its own recipes a measurement covers
         row.update({axis: str(i.get(axis, default)) for axis, default in COVERAGE_AXES.items()})
         try:
@@ -293,13 +295,6 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
     state_err = df[[f"{k}_error" for k in STATE_KINDS]].abs().max(axis=1, skipna=True).fillna(0.0)
     df["within_tolerance"] = (df[ERROR].abs() <= df["peak_tolerance"]) & (state_err <= df["state_tolerance"])
     return df
-
-
-def case_stack(case: dict[str, Any]) -> str:
-    """The releases a case was measured with (its `versions`), in words: a figure holds for its stack."""
-    v = case.get("versions", {})
-    return ", ".join(f"{pkg} {str(v[pkg]).split('+')[0]}" for pkg in ("torch", "transformers", "peft", "torchvision")
-                     if v.get(pkg))
 
 
 def summary(df: pd.DataFrame) -> dict[str, float]:

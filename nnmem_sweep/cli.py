@@ -177,12 +177,11 @@ def cmd_stack(args: argparse.Namespace) -> int:
     from .errors import UsageError
 
     if args.list:
-        from .derive.side import prepared
+        from .derive.side import describe, prepared
         from .units import format_bytes
 
         for stack, where, size in prepared():
-            names = ", ".join(f"{k} {v}" for k, v in stack.items())
-            print(f"{names}  {format_bytes(size, 'MiB', 1)}  {where}")
+            print(f"{describe(stack)}  {format_bytes(size, 'MiB', 1)}  {where}")
         return 0
     try:
         stack = stack_of({k: v for k, v in (("transformers", args.transformers), ("peft", args.peft)) if v})

@@ -289,7 +289,7 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
     home = "parallel" if block else f"grid.{next(iter(in_grid))}"
     out = {a: dedupe(as_list(given[a])) if a in given else (C.PARALLEL_DEFAULTS[a],) for a in C.PARALLEL_AXES}
     for a in C.PARALLEL_AXES:  # YAML booleans stay booleans (_dedupe would keep True as True; 1 is not a bool)
-        if a in (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION, C.OVERLAP_COMM):
+        if a in C.PARALLEL_BOOL_AXES:
             out[a] = tuple(bool(v) for v in out[a])
     if model is None:
         return out

@@ -45,7 +45,6 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import tempfile
 import threading
 import time

@@ -74,15 +74,22 @@ def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False,
                                     prefill_logits=logits))
         _progress(progress, start, min(lo + CHUNK_ROWS, n), n)
     results = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
-    results.insert(0, C.PLAN_STACK, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[plan_stack(sc)]))
-    results.insert(0, C.MODE, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.mode]))
-    results.insert(0, C.MODEL, pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[sc.model.name]))
+    labelled(results, sc)
 
     tables = dict(plan_tables(sc))
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
         print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
     return RunResult(sc, results, mb, elapsed, *(tables.get(name) for name in PLAN_FILES))
+
+
+def labelled(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
+    """The frame with results.csv's first columns put in front, each one value for every row: model, mode and
+    plan_stack (run and run --stream)."""
+    codes = np.zeros(len(frame), dtype=np.int8)
+    for col, value in ((C.PLAN_STACK, plan_stack(sc)), (C.MODE, sc.mode), (C.MODEL, sc.model.name)):
+        frame.insert(0, col, pd.Categorical.from_codes(codes, categories=[value]))
+    return frame
 
 
 # what a hand-modelled family's formulas were checked against: the releases of the committed measured cases

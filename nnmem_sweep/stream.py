@@ -40,7 +40,7 @@ from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .outputs import RUN_JSON, OutputSet
 from .replays import with_replayed_reserve
-from .runner import estimate_frame, plan_stack, plan_tables
+from .runner import estimate_frame, labelled, plan_tables
 from .scenario import Scenario
 from .tablefile import TableWriter, csv_bytes, extension
 
@@ -100,8 +100,6 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     axes = axes_of(sc) | {C.GPU: gpus}
     points_axes = point_axes(sc) | {C.GPU: gpus}
     cells = prod(len(v) for v in points_axes.values())
-    model = pd.CategoricalDtype([sc.model.name])
-    mode = pd.CategoricalDtype([sc.mode])
     fits = 0
     logits = serving.sweep_prefill_logits(sc)
     with OutputSet(out_dir, sc, command="run --stream") as out:
@@ -110,10 +108,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
             for lo, hi in _ranges(n, chunk_rows):
                 part = estimate_frame(sc.model, sc.mode, add_gpu_columns(slice_product(axes, lo, hi), sc),
                                       sc.overheads, sc.headroom, prefill_logits=logits)
-                codes = np.zeros(hi - lo, dtype=np.int8)
-                part.insert(0, C.PLAN_STACK, pd.Categorical.from_codes(codes, categories=[plan_stack(sc)]))
-                part.insert(0, C.MODE, pd.Categorical.from_codes(codes, dtype=mode))
-                part.insert(0, C.MODEL, pd.Categorical.from_codes(codes, dtype=model))
+                labelled(part, sc)
                 fits += int(part[C.FITS].sum())
                 res.write(part)
                 del part

@@ -88,24 +88,37 @@ def _need_torch() -> None:
 
 def get_card(source: ModelSource) -> ModelCard:
     from . import cache
-    from .card import model_card
 
-    def make() -> dict:
-        _need_torch()
+    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), _maker(source, ("card",)), _ship_to()))
+
+
+def document(source: ModelSource, what: tuple, progress: bool = False) -> dict:
+    """The document of `what` for `source`, traced in this process with the installed releases: the card
+    ("card",), a KV layout ("kv", recipe) or a plan (mode, recipe, attention, checkpointing, device)."""
+    _need_torch()
+    if what[0] == "card":
+        from .card import model_card
+
         return model_card(source).to_json()
+    if what[0] == "kv":
+        from .kvcache import measure
 
-    return ModelCard.from_json(cache.lookup(source.digest(), ("card",), _made(source, ("card",), make), _ship_to()))
+        return measure(source, what[1], progress)
+    from .derivation import derive  # torch: only when a plan must be traced
+    from .plans import to_json
+
+    mode, recipe, attention, checkpointing, device = what
+    return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
 
 
-def _made(source: ModelSource, what: tuple, make, progress: bool = False):  # noqa: ANN001
-    """make, or, where the source names releases that are not the installed ones (runtime.transformers / peft),
-    the same document traced with them in their side environment (side.py)."""
-    if not source.stack_json:
-        return make
+def _maker(source: ModelSource, what: tuple, progress: bool = False):
+    """How cache.lookup makes a document it does not hold: document() here, or, where the source names releases
+    that are not the installed ones (runtime.transformers / peft), the same traced with them in their side
+    environment (side.py)."""
     from . import side
 
-    if not side.differing(source.stack):
-        return make
+    if not (source.stack_json and side.differing(source.stack)):
+        return lambda: document(source, what, progress)
 
     def traced() -> dict:
         if _STORED_ONLY:
@@ -169,31 +182,19 @@ def _backward_ran() -> bool:
 
 def _derive_one(source: ModelSource, what: tuple, progress: bool, ship_to) -> None:
     from . import cache
-    from .derivation import IN_WORKER, derive
-    from .plans import to_json
+    from .derivation import IN_WORKER
 
     IN_WORKER.append(True)  # one recipe per core already: its probes are traced here one after another
-    mode, recipe, attention, checkpointing, device = what
-    cache.lookup(source.digest(), what,
-                 _made(source, what, lambda: to_json(derive(source, mode, recipe, attention, checkpointing, device,
-                                                            progress)), progress), ship_to)
+    cache.lookup(source.digest(), what, _maker(source, what, progress), ship_to)
 
 
 def get_plan(source: ModelSource, mode: str, precision: str, attention: str, checkpointing: str = "none",
              device: str = "cuda", progress: bool = False, zero_grad: str = "set_to_none") -> DerivedPlan:
     from . import cache
-    from .plans import from_json, to_json
+    from .plans import from_json
 
     what = _what(source, mode, precision, attention, checkpointing, device, zero_grad)
-    _, recipe, attention, checkpointing, _ = what
-
-    def make() -> dict:
-        _need_torch()
-        from .derivation import derive  # torch: only when a plan must be traced
-
-        return to_json(derive(source, mode, recipe, attention, checkpointing, device, progress))
-
-    return from_json(cache.lookup(source.digest(), what, _made(source, what, make, progress), _ship_to()))
+    return from_json(cache.lookup(source.digest(), what, _maker(source, what, progress), _ship_to()))
 
 
 def get_kv_layout(source: ModelSource, precision: str, progress: bool = False) -> dict:
@@ -201,12 +202,6 @@ def get_kv_layout(source: ModelSource, precision: str, progress: bool = False) -
     layer, and the probes it was checked at), from the caches and the shipped plans, or read from the model's
     cache now (seconds: a few requests at batch 1 under FakeTensorMode)."""
     from . import cache
-    from .kvcache import measure
 
-    recipe = TRACE_RECIPE[precision]
-
-    def make() -> dict:
-        _need_torch()
-        return measure(source, recipe, progress)
-
-    return cache.lookup(source.digest(), ("kv", recipe), _made(source, ("kv", recipe), make, progress), _ship_to())
+    what = ("kv", TRACE_RECIPE[precision])
+    return cache.lookup(source.digest(), what, _maker(source, what, progress), _ship_to())

@@ -3,7 +3,7 @@
 Lookup, in order:
   1. the user's cache ($NNMEM_SWEEP_CACHE, else $XDG_CACHE_HOME/nnmem_sweep, else ~/.cache/nnmem_sweep), keyed by
      the sha256 of the model source, what is derived (card, or mode + recipe + attention + checkpointing + device),
-     the installed torch / transformers / torchvision versions and this module's FORMAT;
+     the installed torch / transformers / peft / torchvision versions and this module's FORMAT;
   2. plans shipped with nnmem_sweep (models/derived/), derived for the shipped presets by `make derive`: used
      whatever is installed (torch is not needed to read them); each names the versions it was derived with;
   3. derive it now (needs torch and transformers: the `measure` extra) and store it in the user's cache.
@@ -30,18 +30,16 @@ STACK_PACKAGES = ("torch", "transformers", "peft", "torchvision")
 _USED: dict[str, set[tuple]] = {}  # source digest -> the derived_with of the documents lookup() handed out here
 
 
+def installed(pkg: str) -> str | None:
+    """The release of `pkg` this process imports (the first on its path), or None."""
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def versions() -> dict[str, str | None]:
-    out = {}
-    for pkg in STACK_PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def cache_dir() -> Path:
-    return user_cache_dir()
+    return {pkg: installed(pkg) for pkg in STACK_PACKAGES}
 
 
 def _name(what: tuple) -> str:
@@ -59,7 +57,7 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
     """The stored document for (source, what), or make() it and store it. Documents are JSON dicts; each gets a
     "derived_with" entry (the versions, the format). ship_to: also write it there as a shipped plan."""
     vers = versions()
-    path = cache_dir() / f"{key(source_digest, what, vers)}.json"
+    path = user_cache_dir() / f"{key(source_digest, what, vers)}.json"
     doc = None
     if os.environ.get("NNMEM_SWEEP_REDERIVE") != "1":
         for candidate in (path, shipped_path(source_digest, what)):
@@ -97,7 +95,7 @@ def stored(source_digest: str, what: tuple) -> bool:
     """Whether lookup() would find the document without deriving it."""
     if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1":
         return False
-    path = cache_dir() / f"{key(source_digest, what, versions())}.json"
+    path = user_cache_dir() / f"{key(source_digest, what, versions())}.json"
     return any(d is not None and d.get("derived_with", {}).get("format") == FORMAT
                for d in (_read(path), _read(shipped_path(source_digest, what))))
 
@@ -128,7 +126,7 @@ def memo(kind: str, key_text: str, make: Callable[[], dict[str, Any]]) -> dict[s
 
 
 def _memo_path(kind: str, key_text: str) -> Path:
-    return cache_dir() / kind / f"{hashlib.sha256(key_text.encode()).hexdigest()}.json"
+    return user_cache_dir() / kind / f"{hashlib.sha256(key_text.encode()).hexdigest()}.json"
 
 
 def memo_read(kind: str, key_text: str) -> dict[str, Any] | None:

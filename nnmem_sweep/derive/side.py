@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import user_cache_dir
+from .cache import installed, versions
 from .source import DerivationError, ModelSource
 
 PACKAGES = ("transformers", "peft")  # the runtime: keys naming the releases of the model's own code
@@ -62,13 +63,6 @@ class NotPrepared(DerivationError):
     """The stated releases have no side environment yet (one line naming the command that prepares it)."""
 
 
-def installed(pkg: str) -> str | None:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def differing(stack: dict[str, str]) -> dict[str, str]:
     """The stated releases that are not the installed ones ({} where the installed environment is that stack)."""
     return {k: v for k, v in sorted(stack.items()) if k in PACKAGES and installed(k) != v}
@@ -77,6 +71,16 @@ def differing(stack: dict[str, str]) -> dict[str, str]:
 def folder(stack: dict[str, str]) -> Path:
     name = "-".join(f"{k}-{stack[k]}" for k in PACKAGES if k in stack)
     return user_cache_dir() / "stacks" / name
+
+
+def describe(stack: dict[str, str]) -> str:
+    """"transformers 5.17.0, peft 0.21.0"."""
+    return ", ".join(f"{k} {v}" for k, v in stack.items())
+
+
+def child_env(where: Path) -> dict[str, str]:
+    """This process's environment with the side folder `where` first on the import path (a child Python)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 def command(stack: dict[str, str]) -> str:
@@ -88,9 +92,8 @@ def ready(stack: dict[str, str]) -> Path:
     """The prepared folder of `stack`, or a one-line DerivationError naming the command that prepares it."""
     where = folder(stack)
     if not (where / READY).is_file():
-        names = ", ".join(f"{k} {v}" for k, v in stack.items())
-        raise NotPrepared(f"the model's code of {names} is not prepared beside the user cache ({where}); "
-                              f"prepare it once with: {command(stack)}")
+        raise NotPrepared(f"the model's code of {describe(stack)} is not prepared beside the user cache ({where}); "
+                          f"prepare it once with: {command(stack)}")
     return where
 
 
@@ -108,8 +111,9 @@ def prepared() -> list[tuple[dict[str, str], Path, int]]:
 
 
 def prepare(stack: dict[str, str], pip_args: tuple[str, ...] = (), say=print) -> Path:  # noqa: ANN001
-    """pip install --target --no-deps the stated releases into a fresh folder, then move it into place (an
-    interrupted install leaves nothing half-made); returns the folder. pip's own error ends in a DerivationError."""
+    """pip install --target the stated releases into a fresh folder (transformers with the dependencies the
+    installed environment does not satisfy, peft alone), then move it into place (an interrupted install leaves
+    nothing half-made); returns the folder. pip's own error ends in a DerivationError."""
     where = folder(stack)
     if (where / READY).is_file():
         say(f"{where}: ready")
@@ -186,9 +190,9 @@ def traced(source: ModelSource, what: tuple, progress: bool = False) -> dict[str
                           "decoder_seq_len": source.decoder_seq_len, "finetune": source.finetune,
                           "preference": source.preference, "fsdp": source.fsdp},
                "what": list(what), "progress": progress, "stack": stack}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]))
     child = subprocess.Popen([sys.executable, "-m", "nnmem_sweep.derive.side"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
+                             env=child_env(where))
     try:
         out, err = child.communicate(json.dumps(request))
     except BaseException:  # a signal or an error here: the child goes too
@@ -213,26 +217,14 @@ def _child() -> int:
     s = req["source"]
     source = ModelSource.of(s["kind"], s["spec"], s["origin"], s["decoder_seq_len"], s["finetune"], s["preference"],
                             s["fsdp"])
-    what = tuple(req["what"])
+    from . import document
+
     try:
-        if what[0] == "card":
-            from .card import model_card
-
-            doc = model_card(source).to_json()
-        elif what[0] == "kv":
-            from .kvcache import measure
-
-            doc = measure(source, what[1], req["progress"])
-        else:
-            from .derivation import derive
-            from .plans import to_json
-
-            mode, recipe, attention, checkpointing, device = what
-            doc = to_json(derive(source, mode, recipe, attention, checkpointing, device, req["progress"]))
+        doc = document(source, tuple(req["what"]), req["progress"])
     except DerivationError as e:
         print(f"nnmem-sweep: {e}", file=sys.stderr)
         return 2
-    doc["_traced_with"] = {pkg: installed(pkg) for pkg in ("torch", "transformers", "peft", "torchvision")}
+    doc["_traced_with"] = versions()
     sys.stdout.write(json.dumps(doc))
     return 0
 

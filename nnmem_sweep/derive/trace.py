@@ -207,22 +207,16 @@ class Recorder(TorchDispatchMode):
 
         def resize_(st, size):  # noqa: ANN001, ANN202
             out = original(st, size)
-            sid = rec._ids.get(id(st))
-            if sid is not None and rec._refs[sid]() is st:
-                rec._resized(sid, int(st.nbytes()))
-            else:  # a storage first met here (allocated empty, then grown): an allocation now
-                rec._see_storage(st, "resize_")
+            rec._see_storage(st, "resize_")  # a known storage resized, or one first met here (allocated empty)
             return out
 
         self._restore_resize = original
         torch.UntypedStorage.resize_ = resize_
-        return super().__enter__()
-
-    def _resized(self, sid: int, n: int) -> None:
-        if n != self._size[sid]:
-            self._record(sid, -self._size[sid], "")
-            self._size[sid] = n
-            self._record(sid, n, "resize_")
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch.UntypedStorage.resize_ = original
+            raise
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):

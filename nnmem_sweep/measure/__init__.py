@@ -73,26 +73,18 @@ def _stated_stack(config_path: str) -> dict[str, str]:
 def _in_side_environment(stack: dict[str, str], config_path: str, out_dir: Path, points: list[str], limit: int,
                          device: str, bisect: bool) -> int:
     import json
-    import os
     import subprocess
     import sys
 
     from ..derive import DerivationError
-    from ..derive.side import ready
+    from ..derive.side import child_env, describe, ready
 
     try:
         where = ready(stack)
     except DerivationError as e:
         raise UsageError(f"{config_path}: runtime: {e}") from None
-    names = ", ".join(f"{k} {v}" for k, v in stack.items())
-    print(f"nnmem-sweep: measuring with {names} ({where})", file=sys.stderr, flush=True)
-    # the same function the installed path calls, writing measured.csv into the same (staging) folder
+    print(f"nnmem-sweep: measuring with {describe(stack)} ({where})", file=sys.stderr, flush=True)
+    # the same measure_scenario, writing measured.csv into the same (staging) folder (scenario_points.child)
     args = json.dumps([str(config_path), str(out_dir), list(points or []), int(limit), device, bool(bisect)])
-    cmd = [sys.executable, "-c", "import json, sys\nfrom pathlib import Path\n"
-           "from nnmem_sweep.errors import UsageError\n"
-           "from nnmem_sweep.measure.scenario_points import measure_scenario\n"
-           "c, o, p, n, d, b = json.loads(sys.argv[1])\n"
-           "try:\n    sys.exit(measure_scenario(c, Path(o), p, n, d, b))\n"
-           "except UsageError as e:\n    print(f'nnmem-sweep: {e}', file=sys.stderr)\n    sys.exit(2)\n", args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return subprocess.run(cmd, env=env).returncode
+    return subprocess.run([sys.executable, "-m", "nnmem_sweep.measure.scenario_points", args],
+                          env=child_env(where)).returncode

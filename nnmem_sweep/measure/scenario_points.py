@@ -251,3 +251,21 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
     for c in [MEASURED_PEAK, LEFTOVER] + [category_column(c) for c in CATEGORIES]:
         df[c] = df[c].astype("Int64")
     return df
+
+
+def child(argv: list[str]) -> int:
+    """`python -m nnmem_sweep.measure.scenario_points JSON`: measure_scenario's arguments as a JSON list, run by
+    the child Python of a scenario measured with other releases (measure/__init__.py); one line and exit 2 on a
+    UsageError, as the CLI."""
+    import json
+
+    config_path, out_dir, points, limit, device, bisect = json.loads(argv[0])
+    try:
+        return measure_scenario(config_path, Path(out_dir), points, limit, device, bisect)
+    except UsageError as e:
+        print(f"nnmem-sweep: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]))

@@ -41,7 +41,7 @@ CATEGORY_NAMES = {
     "Reduce Scatter": "temp",
     "Inputs": "other",
 }
-CATEGORIES = tuple(CATEGORY_NAMES.values())
+CATEGORIES = tuple(dict.fromkeys(CATEGORY_NAMES.values()))  # each once, in report order
 
 # aten ops that tell which attention kernel ran on the CPU (MEASURING.md: the flash-style kernel refuses dropout > 0).
 ATTENTION_OPS = (
@@ -218,11 +218,9 @@ class FSDPPhaseTracker(_Phases, FSDPMemTracker):
 def run_workload(w: Workload) -> dict[str, Any]:
     """Run the workload under a PhaseTracker (FSDPPhaseTracker for a sharded model); return peaks, splits and totals
     (plain ints and strings)."""
-    from torch.distributed.fsdp import FSDPModule
-
     inputs = [v for v in w.inputs.values() if isinstance(v, torch.Tensor)]
     quant = qlora.quant_state_tensors(w.model)  # QLoRA's 4-bit quant states: weights, not parameters or buffers
-    if isinstance(w.model, FSDPModule):  # one rank's shards; FSDPMemTracker finds the model's and optimizer's own
+    if fsdp.is_sharded(w.model):  # one rank's shards; FSDPMemTracker finds the model's and optimizer's own
         tracker: Any = FSDPPhaseTracker(w.model, getattr(w.optimizer, "inner", w.optimizer))
         tracker.track_inputs(tuple(inputs))
         tracker.track_external(*quant)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
-from ..paths import user_cache_dir
+from ..paths import atomic_write_bytes, user_cache_dir
 
 NETWORK_ENV = "NNMEM_SWEEP_ALLOW_NETWORK"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -83,8 +82,5 @@ def _fetch(repo_id: str, dest: Path) -> Path:
         except Exception as e:  # noqa: BLE001 - offline, gated, no such repository: one line
             raise ValueError(f"could not fetch {repo_id}'s config.json: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_suffix(".part")
-        shutil.copyfile(got, part)
-        part.replace(dest)
+        atomic_write_bytes(dest, Path(got).read_bytes())
     return dest

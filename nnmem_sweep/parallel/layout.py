@@ -74,7 +74,6 @@ _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp",
            C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
            C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
            C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket"}
-_BOOL = (C.SEQUENCE_PARALLEL, C.FP32_GRAD_ACCUMULATION, C.OVERLAP_COMM)
 _STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD)
 
 
@@ -87,7 +86,7 @@ def has_parallel_columns(frame: pd.DataFrame) -> bool:
 
 
 def _value(col: str, v):
-    if col in _BOOL:
+    if col in C.PARALLEL_BOOL_AXES:
         if isinstance(v, str):
             if v.lower() not in ("true", "false"):
                 raise UsageError(f"{col} must be true or false, got {v!r}")

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 
-from ..catalog.precisions import BNB_CUDA_DEQUANT_ROWS as CUDA_DEQUANT_ROWS
 
 BLOCKSIZE = 64  # BitsAndBytesConfig's bnb_4bit_blocksize default (QLoRA §3: 64 values per absmax)
 QUANT_TYPE = "nf4"
@@ -177,9 +176,3 @@ def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
                     if isinstance(t, torch.Tensor)]
             state = getattr(state, "state2", None)
     return out
-
-
-def describe() -> dict[str, Any]:
-    """The recipe in words, for the measured cases' records."""
-    return {"quant_type": QUANT_TYPE, "blocksize": BLOCKSIZE, "double_quant": True,
-            "matmul": f"dequantize + F.linear (bitsandbytes' CUDA path past {CUDA_DEQUANT_ROWS} rows)"}
