@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..gpu_points import DEFAULT_POINTS, KitError, case_of, load_points
+from ..gpu_points import DEFAULT_POINTS, OTHERS_ENV, KitError, case_of, load_points
 
 # the dry run's widths: set always, and where the config has the key
 TINY_HF = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -145,15 +145,30 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
     except Exception as e:  # noqa: BLE001 - one point the device cannot run must not lose the others
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     rec["seconds"] = round(time.monotonic() - t0, 1)
+    if os.environ.get(OTHERS_ENV):  # taken off outside_bytes (meters.CudaMeter.outside_bytes)
+        rec["others_bytes"] = int(os.environ[OTHERS_ENV])
     if snap is not None and snap.exists():
         _add_to_zip(out / "snapshots.zip", snap.name, snap)
         snap.unlink()
     return rec
 
 
+def _held_on_gpu() -> int:
+    """What the GPU holds now, this process's context included, its cache emptied first: the child's measure of
+    the memory outside PyTorch takes it off (mem_get_info counts every process on the device). 0 on the CPU."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free)
+
+
 def _child(point: dict[str, Any], args: argparse.Namespace, out: Path, left: float) -> None:
     """Run one point in a child process with its allocator setting (read once, when CUDA starts)."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=str(point["allocator"]))
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=str(point["allocator"]), **{OTHERS_ENV: str(_held_on_gpu())})
     cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(args.points), "--out", str(out), "--only",
            point["id"], "--budget", str(max(int(left), 1)), "--child"] + (["--dry-run"] if args.dry_run else [])
     subprocess.run(cmd, env=env, check=False)

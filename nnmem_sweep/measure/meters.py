@@ -11,12 +11,14 @@ raising torch.OutOfMemoryError at the allocation that crosses the cap, so the le
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any
 
 import torch
 
 from ..derive.trace import Recorder
+from ..gpu_points import OTHERS_ENV
 
 # torch.cuda.memory_stats() keys kept per phase: peaks of what the allocator holds, and counters
 PEAK_STATS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
@@ -70,10 +72,11 @@ class CudaMeter(_Phases):
 
     def outside_bytes(self) -> int:
         """What the process holds on the GPU outside PyTorch's allocator (the CUDA context, library modules):
-        mem_get_info's used memory minus what the allocator has reserved. Other processes on the GPU count too."""
+        mem_get_info's used memory minus what the allocator has reserved, minus OTHERS_ENV: what other processes held
+        when this one was started (the GPU kit's parent, its own context, for a point run in a child process)."""
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
-        return int(total - free - torch.cuda.memory_reserved())
+        return int(total - free - torch.cuda.memory_reserved() - int(os.environ.get(OTHERS_ENV) or 0))
 
     def limit(self, nbytes: int | None) -> None:
         """Cap what the allocator may reserve (None: the whole device)."""
