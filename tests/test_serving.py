@@ -133,16 +133,16 @@ def test_max_concurrency_hand_computed_llama_8b_bf16_h100():
     # weights = 8,030,261,248 params · 2 B                                   = 16,060,522,496
     # profiled activations: prefill of 8,192 tokens, SwiGLU MLP moment, 119,312 B per token
     #   (3 · 2 · 14336 + 4 · 2 · 4096 + 512 RoPE cos/sin + 2 · 8 ids)        =    977,403,904
-    # outside the allocator: CUDA context with lazy loading, upper end of the public measurements 612 MiB
-    # (catalog/runtime.json); inside it: one cuBLAS workspace of 32 MiB (compute capability 9.0, one stream to infer)
-    #                                                                        = 641,728,512 + 33,554,432
-    # budget = 76,426,781,996 − 16,060,522,496 − 977,403,904 − 675,282,944 = 58,713,572,652
-    assert row[C.KV_BUDGET] == 58_713_572_652
+    # outside the allocator: CUDA context with lazy loading, upper end of the Hopper measurements 814,546,944 B
+    # (catalog/runtime.json: this project's H100 kit run); inside it: one cuBLAS workspace of 32 MiB (compute
+    # capability 9.0, one stream to infer)                                   = 814,546,944 + 33,554,432
+    # budget = 76,426,781,996 − 16,060,522,496 − 977,403,904 − 848,101,376 = 58,540,754,220
+    assert row[C.KV_BUDGET] == 58_540_754_220
     # context 4000 + 100 = 4100 tokens -> 257 blocks = 4112 tokens · 131,072 B = 538,968,064 B
     assert (row[C.CONTEXT], row[C.KV_BYTES_PER_SEQUENCE]) == (4100, 538_968_064)
-    assert row[C.MAX_CONCURRENT] == 58_713_572_652 // 538_968_064 == 108
-    # whole blocks of 16 · 131,072 B: ⌊58,713,572,652 / 2,097,152⌋ = 27,996 blocks = 447,936 tokens
-    assert row[C.KV_TOKENS_FIT] == 447_936
+    assert row[C.MAX_CONCURRENT] == 58_540_754_220 // 538_968_064 == 108
+    # whole blocks of 16 · 131,072 B: ⌊58,540,754,220 / 2,097,152⌋ = 27,914 blocks = 446,624 tokens
+    assert row[C.KV_TOKENS_FIT] == 446_624
 
 
 def test_tensor_parallel_and_fp8_kv_raise_concurrency():
@@ -150,11 +150,11 @@ def test_tensor_parallel_and_fp8_kv_raise_concurrency():
     plan = serving.max_concurrency(sc).set_index([C.TENSOR_PARALLEL, C.KV_DTYPE])
     base = plan.loc[(1, "auto")]
     assert plan.loc[(1, "fp8"), C.KV_BYTES_PER_SEQUENCE] * 2 == base[C.KV_BYTES_PER_SEQUENCE]
-    assert plan.loc[(1, "fp8"), C.MAX_CONCURRENT] == 58_713_572_652 // (538_968_064 // 2) == 217
+    assert plan.loc[(1, "fp8"), C.MAX_CONCURRENT] == 58_540_754_220 // (538_968_064 // 2) == 217
     # t = 2: half the weights (but the norms) leave 8,029,995,008 B more budget, the tensor-parallel group's NCCL
     # communicator 1,932,735,283 B less (vLLM #10511: non_torch 1.79 GiB at tp 1, 3.58 GiB at tp 2, upper end),
     # and each sequence is half as big
-    budget2 = 58_713_572_652 + 8_029_995_008 - 1_932_735_283
+    budget2 = 58_540_754_220 + 8_029_995_008 - 1_932_735_283
     assert plan.loc[(2, "auto"), C.KV_BUDGET] == budget2
     assert plan.loc[(2, "auto"), C.MAX_CONCURRENT] == budget2 // (538_968_064 // 2)
 
@@ -163,10 +163,10 @@ def test_max_context_inverts_max_concurrency():
     sc = _scenario("serving: {kv_block_size: 16}")
     ctx = serving.max_context(sc)
     assert list(ctx.columns) == list(C.MAX_CONTEXT_COLUMNS)
-    # one sequence: ⌊58,713,572,652 / 2,097,152⌋ blocks · 16 = 447,936 tokens, capped at max_position 131,072
-    # 64 sequences: ⌊917,399,572 / 2,097,152⌋ = 437 blocks = 6,992 tokens
-    assert ctx[C.MAX_CONTEXT].tolist() == [131_072, 55_984, 6_992]
-    assert ctx[C.MAX_CONTEXT].tolist()[1] == 58_713_572_652 // 8 // 2_097_152 * 16
+    # one sequence: ⌊58,540,754,220 / 2,097,152⌋ blocks · 16 = 446,624 tokens, capped at max_position 131,072
+    # 64 sequences: ⌊914,699,284 / 2,097,152⌋ = 436 blocks = 6,976 tokens
+    assert ctx[C.MAX_CONTEXT].tolist() == [131_072, 55_824, 6_976]
+    assert ctx[C.MAX_CONTEXT].tolist()[1] == 58_540_754_220 // 8 // 2_097_152 * 16
 
 
 def test_a_model_that_does_not_fit_gets_no_budget():
@@ -237,7 +237,7 @@ def test_report_has_a_serving_section_for_infer_runs_only(tmp_path, monkeypatch)
     section = section[:section.index("</section>")]
     assert "Concurrent sequences of 4,100 tokens" in section
     # the hand-computed H100 cell (test_max_concurrency_hand_computed_llama_8b_bf16_h100) and its KV tokens
-    assert ">108</td>" in section and ">447,936</td>" in section
+    assert ">108</td>" in section and ">446,624</td>" in section
     svg = section[section.index("<svg"):section.index("</svg>") + 6]
     assert ET.fromstring(svg).get("aria-label") == "Concurrent sequences against context"
     train = run_scenario(_scenario(mode="train", precision="[bf16]\n  optimizer: adamw", decode="0"))

@@ -14,6 +14,7 @@ from nnmem_sweep import columns as C
 from nnmem_sweep.catalog.gpus import get_gpu
 from nnmem_sweep.config import load_scenario, parse_scenario_text
 from nnmem_sweep.report import decision, render_report
+from nnmem_sweep.report.format import percent
 from nnmem_sweep.report.uncertainty import FRAGMENTATION, flips, uncertainty_bytes
 from nnmem_sweep.runner import run_scenario
 from nnmem_sweep.scenario import GPUSpec, Overheads
@@ -45,12 +46,13 @@ def test_uncertainty_by_hand():
 
 def test_uncertainty_counts_nccl_for_every_parallel_group_and_hoppers_cublas():
     """TP 2 x DP 4 on an H100: two NCCL communicators of up to 1,932,735,283 B each (vllm#10511: non-torch memory
-    from TP 1 to TP 2), which the toy's override (512 MiB for all memory outside the allocator) leaves out."""
+    from TP 1 to TP 2), which the toy's override (512 MiB for all memory outside the allocator) leaves out; Hopper's
+    context up to 814,546,944 B (this project's H100 kit run, catalog/runtime.json)."""
     sc = make_scenario(gpus=(get_gpu("h100-sxm"),))
     row = {C.GPU: "h100-sxm", C.PEAK_ALLOCATED: PEAK, C.TENSOR_PARALLEL: 2, C.DATA_PARALLEL: 4,
            C.PIPELINE_PARALLEL: 1}
     _, above = uncertainty_bytes(row, sc)
-    assert above == (641_728_512 + 2 * 1_932_735_283 - 536_870_912) + 7_329_920_000
+    assert above == (814_546_944 + 2 * 1_932_735_283 - 536_870_912) + 7_329_920_000
     # modelled instead of overridden, the communicators are counted: only the context's range is left above
     modelled = make_scenario(gpus=(get_gpu("h100-sxm"),), overheads=Overheads(allocator_reserve_fraction=0.0,
                                                                              gpus=(get_gpu("h100-sxm"),)))
@@ -75,7 +77,7 @@ def test_a_margin_within_the_uncertainty_is_flagged_with_the_command_and_the_saf
     assert page["answer"] == "Tight 24GB with bf16-mixed adamw."
     assert page["uncertainty"].endswith("The margin is within it: verify by measuring. The best choice whose margin "
                                         "covers it: H100 SXM5 80GB (H100 80GB HBM3) with bf16-mixed adamw (margin "
-                                        "53.6 GiB against +6.9 GiB).")
+                                        "53.6 GiB against +7.1 GiB).")  # Hopper's context: up to 777 MiB
     (v,) = page["verify"]
     assert v["gpu"] == "Tight 24GB" and v["why"].startswith("margin 1.0 GiB, within")
     assert v["command"] == ("nnmem-sweep measure configs/toy.yaml --device cuda --point batch=8 --point seq_len=4096 "
@@ -128,7 +130,7 @@ def test_llama_page_answers_its_target(shipped):
            & (r[C.OPTIMIZER] == optimizer) & (r[C.CHECKPOINTING] == ck)].iloc[0]
     margin = at[C.USABLE] - at[C.TOTAL]
     assert at[C.FITS] and f"Needs {_gib(at[C.TOTAL])} of {_gib(at[C.USABLE])} GiB usable: margin {_gib(margin)} GiB" \
-                          f" ({margin / at[C.USABLE]:.1%} of usable)" in text
+                          f" ({percent(margin / at[C.USABLE])} of usable)" in text
     # the rule, against results.csv: the recipe asked fits no GPU; no GPU with less memory fits with one change
     target = r[(r[C.BATCH] == 8) & (r[C.SEQ_LEN] == 8192)]
     asked = (target[C.PRECISION] == "bf16-mixed") & (target[C.OPTIMIZER] == "adamw") & (target[C.CHECKPOINTING] == "none")
