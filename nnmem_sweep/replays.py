@@ -82,26 +82,38 @@ def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:
          "allocation sequence completes in the caching-allocator model (bisection to P / 200)", TORCH_ALLOCATOR,
          where="DeviceCachingAllocator::malloc: on a failed cudaMalloc, release_cached_blocks and retry",
          note="P: the sequence's peak of live bytes (the estimate's peak_allocated_bytes); per recipe at its largest "
-         "batch that fits, as a fresh run (optimizer state made in the first step)")
+         "batch that fits, as a fresh run (optimizer state made in the first step); the larger C_min of the two "
+         "orders of segment addresses (ties between equal free blocks fall to the lowest address, and the driver "
+         "chooses where a segment goes: an H100's eager-attention run needed the falling order's, 3 % more)")
 def least_capacity(seq: np.ndarray, options: AllocatorOptions, engine: str = "auto") -> tuple[int, int]:
-    """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak). The
-    first probe is FIRST_PROBE steps above the peak (most recipes need less); else the bracket reaches up to the
-    peak reserved with nothing refused, which always completes. engine: allocator.replay's (the compiled one where
-    it applies; "model" the reference)."""
+    """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak, in
+    both orders of the segments' addresses: the larger). The first probe is FIRST_PROBE steps above the peak (most
+    recipes need less); else the bracket reaches up to the peak reserved with nothing refused, which always
+    completes. The falling order costs one replay at the rising order's need, and a bisection only where it does
+    not complete there. engine: allocator.replay's (the compiled one where it applies; "model" the reference)."""
     peak = int(np.cumsum(seq[:, 1]).max())
     step = max(peak // RESOLUTION, 1)
-    low = peak - 1  # cannot complete: less than what is live at once
-    high = peak + FIRST_PROBE * step
     seq = prepare(seq)  # checked once, replayed several times
-    if replay(seq, options, capacity_bytes=high, engine=engine).oom:
-        low, high = high, replay(seq, options, engine=engine).peak_reserved_bytes
+    high = _bisect(seq, options, engine, False, peak - 1, peak + FIRST_PROBE * step, step)
+    if replay(seq, options, capacity_bytes=high, engine=engine, descending=True).oom:
+        high = _bisect(seq, options, engine, True, high, None, step)
+    return peak, high
+
+
+def _bisect(seq, options: AllocatorOptions, engine: str, descending: bool, low: int, high: int | None,
+            step: int) -> int:
+    """The least capacity in (low, high] within which `seq` completes (`low` does not; high None, or one that does
+    not complete either: the peak reserved with nothing refused), to `step`."""
+    if high is None or replay(seq, options, capacity_bytes=high, engine=engine, descending=descending).oom:
+        low, high = (low if high is None else high), replay(seq, options, engine=engine,
+                                                           descending=descending).peak_reserved_bytes
     while high - low > step:
         mid = (low + high) // 2
-        if replay(seq, options, capacity_bytes=mid, engine=engine).oom:
+        if replay(seq, options, capacity_bytes=mid, engine=engine, descending=descending).oom:
             low = mid
         else:
             high = mid
-    return peak, high
+    return high
 
 
 @functools.cache

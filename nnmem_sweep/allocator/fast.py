@@ -28,6 +28,7 @@ from .rules import ROUNDUP_INTERVALS, kLargeBuffer, kMinBlockSize, kMinLargeAllo
     kSmallSize
 
 ADDRESS_ALIGN = 1 << 30  # as model.py: synthetic segment bases spaced apart
+DESCENDING_TOP = 1 << 52  # as model.py: where descending synthetic bases start (each new segment below the last)
 UNLIMITED = 1 << 62  # "no cap" and "max_split_size unlimited" (the source's SIZE_MAX): above any request
 _ROUNDUP_START_LOG2 = 20
 
@@ -248,8 +249,10 @@ def _new_row(spare, k, max_blocks):
 
 
 @_kernel
-def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_rounding, large_segment, max_blocks):
-    """Replay the events (dense ids, ±bytes) through the native backend; the result vector (see the slots)."""
+def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_rounding, large_segment, max_blocks,
+                  descending):
+    """Replay the events (dense ids, ±bytes) through the native backend; the result vector (see the slots).
+    descending: each new segment's synthetic base below the last one's (else above)."""
     out = np.full(N_OUT, -1, dtype=np.int64)
     n_ids = 0
     for k in range(ids.shape[0]):
@@ -269,7 +272,7 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
     # segments: 1 small, 0 large
     s_small = np.zeros(max_blocks, dtype=np.bool_)
     n_segs = 0
-    next_base = np.int64(ADDRESS_ALIGN)
+    next_base = np.int64(DESCENDING_TOP) if descending else np.int64(ADDRESS_ALIGN)
     # pools: 0 large, 1 small; their free blocks by size class
     heads = np.full((2, N_CLASSES), -1, dtype=np.int64)
     groups = np.zeros((2, N_GROUPS), dtype=np.int64)
@@ -348,8 +351,12 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
                     seg = n_segs
                     n_segs += 1
                     s_small[seg] = small
-                    base = next_base
-                    next_base += (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
+                    if descending:
+                        next_base -= (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
+                        base = next_base
+                    else:
+                        base = next_base
+                        next_base += (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
                     reserved += alloc_size
                     if reserved > peak_res:
                         peak_res = reserved
@@ -449,7 +456,7 @@ def warm() -> None:
         ids = np.array([0, 0], dtype=np.int64)
         nbytes = np.array([512, -512], dtype=np.int64)
         replay_native(ids, nbytes, UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64), UNLIMITED, kLargeBuffer,
-                      kLargeBuffer, 16)
+                      kLargeBuffer, 16, False)
 
 
 def dense(events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -470,18 +477,19 @@ def peak_live(nbytes: np.ndarray) -> int:
 
 
 def run(ids: np.ndarray, nbytes: np.ndarray, options, capacity: int | None,  # noqa: ANN001
-        live_peak: int | None = None) -> np.ndarray:
-    """The compiled replay of dense events under `options` (not expandable) within `capacity` (None: none).
-    Block rows: live blocks, the free blocks between them and the cached segments; 3x the live peak is room for
-    every traced step met so far, and a replay that runs out is run again with room for every event."""
+        live_peak: int | None = None, descending: bool = False) -> np.ndarray:
+    """The compiled replay of dense events under `options` (not expandable) within `capacity` (None: none), new
+    segments' addresses ascending or `descending`. Block rows: live blocks, the free blocks between them and the
+    cached segments; 3x the live peak is room for every traced step met so far, and a replay that runs out is run
+    again with room for every event."""
     compiled()
     divisions = np.asarray(options.divisions_table(), dtype=np.int64)
     max_split = min(options.max_split_bytes, UNLIMITED)
     cap = UNLIMITED if capacity is None else int(capacity)
     rows = 3 * (peak_live(nbytes) if live_peak is None else live_peak) + 4096
     out = replay_native(ids, nbytes, cap, divisions, max_split, options.non_split_rounding_bytes,
-                        options.large_segment_bytes, rows)
+                        options.large_segment_bytes, rows, bool(descending))
     if out[REPLAYED] == -2:
         out = replay_native(ids, nbytes, cap, divisions, max_split, options.non_split_rounding_bytes,
-                            options.large_segment_bytes, 2 * int(len(ids)) + 8)
+                            options.large_segment_bytes, 2 * int(len(ids)) + 8, bool(descending))
     return out

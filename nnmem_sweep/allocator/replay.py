@@ -48,14 +48,15 @@ def _as_pairs(events) -> list[list[int]]:
          note="one device, one stream; zero-byte allocations never reach the allocator (allocate(0) returns an "
          "empty pointer)")
 def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
-           device_total_bytes: int | None = None, engine: str = "auto") -> ReplayResult:
+           device_total_bytes: int | None = None, engine: str = "auto", descending: bool = False) -> ReplayResult:
     """Replay `events`, an int array of shape (n, 2): column 0 a block id, column 1 +nbytes for its allocation and
     -nbytes for its free (or `prepare(events)`, to replay one sequence many times). `capacity_bytes` is what the
     allocator may reserve (mem_get_info's total less the memory outside the allocator; None: unlimited);
     `device_total_bytes` is mem_get_info's total, for the OOM message (default: capacity_bytes). Stops at the first
     allocation that runs out of memory, as PyTorch raises there. engine: "model" (model.py, the reference), "fast"
     (fast.py, compiled; not expandable segments) or "auto" (fast where it applies and numba is installed): both
-    give the same result.
+    give the same result. descending: the new segments' synthetic addresses fall instead of rising (model.py): where
+    the driver puts a segment decides ties between equal free blocks, and a plan cannot know it.
 
     Raises ValueError naming the event for a free of an unknown id, an id allocated twice, or a free whose size
     differs from its allocation.
@@ -66,7 +67,7 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
         if options.expandable_segments:
             raise ValueError("the compiled replay does not model expandable segments; use engine='model'")
         prepared = prepared or prepare(events)
-        r = fast.run(prepared.ids, prepared.nbytes, options, capacity_bytes, prepared.live_peak)
+        r = fast.run(prepared.ids, prepared.nbytes, options, capacity_bytes, prepared.live_peak, descending)
         oom = int(r[fast.OOM_EVENT])
         message = "" if oom < 0 else _oom_text(
             capacity_bytes, int(r[fast.END_RESERVED]), int(r[fast.END_ALLOCATED]),
@@ -75,7 +76,7 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
                                                   fast.END_RESERVED, fast.NUM_ALLOC, fast.NUM_FREE,
                                                   fast.PEAK_ALLOCATED_EVENT, fast.PEAK_RESERVED_EVENT,
                                                   fast.REPLAYED)), oom, message)
-    model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes)
+    model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes, descending)
     live: dict[int, tuple[object, int]] = {}
     oom_event, message, replayed = -1, "", 0
     for i, (block_id, nbytes) in enumerate(_as_pairs(prepared.events if prepared else events)):

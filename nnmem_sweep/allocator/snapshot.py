@@ -6,8 +6,11 @@ asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(do
 
   1. the state when the recording started: the segments it did not make, with the blocks in them that are
      allocated at the end and that it never allocated, the rest of those segments free (a recording that frees a
-     block allocated before it started, or releases a segment, cannot be rebuilt so and is refused: Unreplayable);
-  2. every alloc through CachingAllocatorModel.malloc and every free_completed through free; each segment the model
+     block allocated before it started, or releases a segment it did not make, cannot be rebuilt so and is refused:
+     Unreplayable);
+  2. every alloc through CachingAllocatorModel.malloc and every free_completed through free; a run of
+     segment_free (torch.cuda.empty_cache()) through release_cached_blocks, which must release exactly those
+     segments; each segment the model
      makes takes the address of the GPU's segment_alloc (so ties between equal free blocks fall as on the GPU), and
      at each alloc the model must make a segment exactly where the GPU made one, of its size, and put the block at
      the GPU's address;
@@ -69,7 +72,7 @@ class Check:
     events: int  # replayed (up to the first difference)
     segments_made: int  # during the recording, by the model where the GPU made them
     segments: int  # at the end
-    peak_reserved_bytes: int  # the GPU's: the segments before the recording plus those it made (none released)
+    peak_reserved_bytes: int  # the GPU's: the segments before the recording plus those it made, less those released
     model_peak_reserved_bytes: int
     difference: str
 
@@ -83,8 +86,13 @@ def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
     segs, trace = doc["segments"], doc["trace"]
     if any(s["expandable"] for s in segs) or len({s["stream"] for s in segs}) > 1:
         raise Unreplayable("expandable segments or several streams: not modelled")
-    if any(act == SEGMENT_FREE for act, _, _ in trace):
-        raise Unreplayable("segments released during the recording: the state before it is not known")
+    made: set[int] = set()
+    for act, a, _ in trace:
+        if act == SEGMENT:
+            made.add(a)
+        elif act == SEGMENT_FREE and a not in made:
+            raise Unreplayable("a segment made before the recording is released during it: the state before it is "
+                               "not known")
     made = {a for act, a, _ in trace if act == SEGMENT}
     allocated: set[int] = set()
     early = 0
@@ -99,12 +107,13 @@ def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
     return [s for s in segs if s["address"] not in made], allocated
 
 
-def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), addresses: bool = True) -> Check:
+def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), addresses: bool = True,
+          descending: bool = False) -> Check:
     """Replay `doc` (see the module docstring). addresses=False: the model takes its own addresses for the segments
-    the recording makes (oldest first, as a plan's replays do) and only the peak reserved is compared."""
+    the recording makes (rising, or `descending`, as a plan's replays do) and only the peak reserved is compared."""
     segs, trace = doc["segments"], doc["trace"]
     before, allocated = _initial(doc)
-    model = CachingAllocatorModel(options)
+    model = CachingAllocatorModel(options, descending=descending)
     live: dict[int, object] = {}  # the GPU's block address -> the model's block
     gpu = sum(s["total_size"] for s in before)
     peak = gpu
@@ -114,11 +123,27 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
         for (off, _), b in zip(kept, model.adopt_segment(s["total_size"], s["small"], kept)):
             live[s["address"] + off] = b
     made, pending = 0, None  # pending: the size of the GPU's segment_alloc the next alloc must cause
+    released: set[int] | None = None  # what the model's empty_cache freed, while the GPU's run of releases lasts
+    gpu_released = 0
 
     def differs(i: int, text: str) -> Check:
         return Check(i, made, len(segs), peak, model.peak_reserved, f"event {i}: {text}")
 
     for i, (act, addr, size) in enumerate(trace):  # 2.
+        if act == SEGMENT_FREE:  # a run of these: torch.cuda.empty_cache() (the trace holds no other releases)
+            gpu -= size
+            if released is None:
+                held = {info.base for info in model.snapshot()}
+                model.release_cached_blocks()
+                released, gpu_released = held - {info.base for info in model.snapshot()}, 0
+            if addresses and addr not in released:
+                return differs(i, f"the GPU releases the segment at {addr:#x}, which the model's empty_cache keeps")
+            gpu_released += 1
+            continue
+        if released is not None and len(released) != gpu_released:
+            return differs(i, f"the model's empty_cache releases {len(released)} segment(s), the GPU's "
+                              f"{gpu_released}")
+        released = None
         if act == SEGMENT:
             gpu += size
             peak = max(peak, gpu)

@@ -51,10 +51,11 @@ def sequences(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(seq=sequences(), options=OPTIONS, cap=st.one_of(st.none(), st.integers(2 * MiB, 2048 * MiB)))
-def test_compiled_replay_equals_the_reference_model(seq, options, cap):
-    model = replay(seq, options, capacity_bytes=cap, engine="model")
-    compiled = replay(prepare(seq), options, capacity_bytes=cap, engine="fast")
+@given(seq=sequences(), options=OPTIONS, cap=st.one_of(st.none(), st.integers(2 * MiB, 2048 * MiB)),
+       descending=st.booleans())
+def test_compiled_replay_equals_the_reference_model(seq, options, cap, descending):
+    model = replay(seq, options, capacity_bytes=cap, engine="model", descending=descending)
+    compiled = replay(prepare(seq), options, capacity_bytes=cap, engine="fast", descending=descending)
     assert compiled == model
 
 

@@ -1,24 +1,38 @@
-"""Real GPUs' allocator snapshots (torch.cuda.memory._dump_snapshot pickles committed publicly on GitHub, slimmed:
-tests/data/snapshots/, each with its repository, path, commit and blob) replayed through the allocator model block for
-block: every segment the GPU made where and as large as the GPU made it, every block at the GPU's address, the
-layout at the end and the peak reserved (allocator/snapshot.py)."""
+"""Real GPUs' allocator snapshots replayed through the allocator model block for block: every segment the GPU made
+where and as large as the GPU made it, every block at the GPU's address, the layout at the end and the peak reserved
+(allocator/snapshot.py). tests/data/snapshots/ holds them slimmed: torch.cuda.memory._dump_snapshot pickles committed
+publicly on GitHub (each with its repository, path, commit and blob), and kit-h100-*: the GPU kit's own recordings on
+an H100 (validation/gpu/nvidia-h100-80gb-hbm3/2026-11-26/snapshots.zip; torch 2.11.0+cu130, driver 580.159.04)."""
 from __future__ import annotations
 
 import copy
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from nnmem_sweep.allocator import snapshot as S
 
-SNAPSHOTS = sorted((Path(__file__).resolve().parent.parent / "data" / "snapshots").glob("*.json.gz"))
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOTS = sorted((REPO / "tests" / "data" / "snapshots").glob("*.json.gz"))
+KIT = [p for p in SNAPSHOTS if p.name.startswith("kit-")]
 
 
 def test_at_least_three_public_snapshots_are_committed_with_their_source():
-    assert len(SNAPSHOTS) >= 3
-    for path in SNAPSHOTS:
+    public = [p for p in SNAPSHOTS if p not in KIT]
+    assert len(public) >= 3
+    for path in public:
         src = S.load(path)["source"]
         assert src["repository"].startswith("https://github.com/") and len(src["commit"]) == 40 and src["path"]
+
+
+def test_the_kits_recordings_name_the_committed_run_they_come_from():
+    assert len(KIT) >= 10
+    for path in KIT:
+        src = S.load(path)["source"]
+        with zipfile.ZipFile(REPO / src["path"]) as z:
+            assert src["member"] in z.namelist()
+        assert src["gpu"] == "NVIDIA H100 80GB HBM3" and src["torch"].startswith("2.11") and len(src["commit"]) == 40
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".json.gz"))
@@ -32,17 +46,60 @@ def test_the_model_replays_a_real_gpu_snapshot_block_for_block(path):
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".json.gz"))
-def test_with_its_own_addresses_the_model_reserves_the_gpus_peak(path):
-    """A plan's replays do not know where the driver puts a segment (the model takes the oldest first): on these
-    recordings the peak reserved is the GPU's all the same."""
-    result = S.check(S.load(path), addresses=False)
-    assert result.ok and result.model_peak_reserved_bytes == result.peak_reserved_bytes
+def test_with_its_own_addresses_the_model_reserves_the_gpus_peak_in_one_of_the_two_orders(path):
+    """A plan's replays do not know where the driver puts a segment: they replay both orders of their own addresses
+    (each new segment above the last, or below it) and take the larger need. On every recording one of the two
+    reserves the GPU's peak exactly, and the other never more."""
+    doc = S.load(path)
+    rising, falling = S.check(doc, addresses=False), S.check(doc, addresses=False, descending=True)
+    assert rising.ok or falling.ok
+    assert max(rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes) == rising.peak_reserved_bytes
+
+
+def test_eager_attention_on_the_h100_needs_the_falling_order():
+    """Two 512 MiB softmax blocks per layer tie with equal free blocks: in the order of rising addresses the model
+    reserves 48,131,735,552 B, 5 % under the GPU's 50,769,952,768 B; falling, the GPU's figure to the byte."""
+    doc = S.load(REPO / "tests/data/snapshots/kit-h100-llama-3.2-1b-bf16-adamw-eager-b2-s2048.json.gz")
+    rising, falling = S.check(doc, addresses=False), S.check(doc, addresses=False, descending=True)
+    assert (rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes, falling.peak_reserved_bytes) == (
+        48_131_735_552, 50_769_952_768, 50_769_952_768)
+
+
+def _seg(addr: int, size: int) -> list[int]:
+    return [S.SEGMENT, addr, size]
+
+
+def test_empty_cache_in_a_recording_is_replayed_and_must_release_the_same_segments():
+    """The kit empties the cache once the model is built (measure/real.py): a run of segment_free events. The model's
+    release_cached_blocks must free exactly those segments (here the one whose block was freed, not the one still
+    holding a live block), and the replay goes on from there."""
+    a, b = 1 << 40, 1 << 41
+    # 8 MiB in a 20 MiB segment (requests of 1-10 MiB: rules.py kLargeBuffer); 14 MiB, more than its 12 MiB left,
+    # in a 14 MiB segment of its own (above 10 MiB: rounded to 2 MiB)
+    trace = [_seg(a, 20 << 20), [S.ALLOC, a, 8 << 20], _seg(b, 14 << 20), [S.ALLOC, b, 14 << 20],
+             [S.FREE, a, 8 << 20], [S.SEGMENT_FREE, a, 20 << 20], _seg(a, 20 << 20), [S.ALLOC, a, 6 << 20]]
+    end = [{"address": a, "total_size": 20 << 20, "small": False, "expandable": False, "stream": 0,
+            "blocks": [[a, 6 << 20, True], [a + (6 << 20), 14 << 20, False]]},
+           {"address": b, "total_size": 14 << 20, "small": False, "expandable": False, "stream": 0,
+            "blocks": [[b, 14 << 20, True]]}]
+    result = S.check({"segments": end, "trace": trace})
+    assert result.ok, result.difference
+    assert result.peak_reserved_bytes == 34 << 20 == result.model_peak_reserved_bytes
+    # the GPU releasing the segment that holds a live block is a difference the replay names
+    bad = trace[:4] + [[S.SEGMENT_FREE, b, 14 << 20]]
+    assert S.check({"segments": end[:1], "trace": bad}).difference.startswith("event 4: the GPU releases the segment")
+
+
+def test_a_segment_made_before_the_recording_and_released_in_it_is_refused():
+    doc = {"segments": [], "trace": [[S.SEGMENT_FREE, 1 << 30, 2 << 20]]}
+    with pytest.raises(S.Unreplayable, match="made before the recording"):
+        S.check(doc)
 
 
 def test_a_changed_request_is_caught_and_named():
     """The check is not blind: a request 1 MiB larger than the GPU's, in the trace of the snapshot with the most
-    segments made, moves a block or a segment, and the replay names the event."""
-    doc = copy.deepcopy(S.load(max(SNAPSHOTS, key=lambda p: p.stat().st_size)))
+    segments made among the public ones, moves a block or a segment, and the replay names the event."""
+    doc = copy.deepcopy(S.load(max((p for p in SNAPSHOTS if p not in KIT), key=lambda p: p.stat().st_size)))
     i = next(k for k, (act, _, n) in enumerate(doc["trace"]) if act == S.ALLOC and n > 4 << 20)
     doc["trace"][i][2] += 1 << 20
     result = S.check(doc)
