@@ -142,6 +142,10 @@ def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.D
             rows.append({**row, "status": rec["error"]})
             continue
         row.update({k: rec.get(k) for k in ("max_allocated", "max_reserved", "least_capacity", "outside_bytes")})
+        if (rec.get("point") or {}).get("allocator") and "others_bytes" not in rec:
+            # run in a child process by a kit that did not yet take the parent's memory on the GPU off
+            # (measure/meters.py, OTHERS_ENV): the figure holds the parent's CUDA context too
+            row["outside_bytes"] = None
         row["tokens_per_s"] = rec.get("tokens_per_s") or {}
         try:
             with contextlib.nullcontext() if trace else stored_only():

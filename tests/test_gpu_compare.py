@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from nnmem_sweep import columns as C
@@ -96,3 +97,20 @@ def test_every_kit_point_is_a_known_gpu_catalog_fit():
                              checkpointing=c["checkpointing"], attention=c["attention"],
                              decode_tokens=c["decode_tokens"] or None, gpu=h100)
         assert est[C.TOTAL] < 0.85 * h100.memory_bytes, p["id"]
+
+
+def test_a_child_processs_outside_figure_counts_only_once_the_kit_took_its_parent_off(tmp_path):
+    """The first H100 run measured the expandable-segments point in a child process while the parent's CUDA context
+    was on the device (1,626 MiB 'outside PyTorch'); the kit now passes what the parent holds (others_bytes) and the
+    child takes it off. A child's record without others_bytes is not compared; one with it is."""
+    point = "llama-3.2-1b-bf16-adafactor-full-b16-s2048-expandable"
+    figures = {"max_allocated": 30 * 2**30, "max_reserved": 33 * 2**30, "least_capacity": 31 * 2**30,
+               "outside_bytes": 1_705_377_792}
+    folder = _run(tmp_path, [_record(point, **figures), _record(POINT, **figures)])
+    _, df = G.compare_run(folder)
+    child, parent = df.to_dict("records")
+    assert pd.isna(child["outside_bytes"]) and pd.isna(child["outside_bytes_error"])
+    assert parent["outside_bytes"] == 1_705_377_792 and parent["outside_bytes_error"] < 0
+    (folder / "results.jsonl").write_text(json.dumps(_record(point, others_bytes=904_724_480, **figures)) + "\n")
+    (row,) = G.compare_run(folder)[1].to_dict("records")
+    assert row["outside_bytes"] == 1_705_377_792
