@@ -2,7 +2,9 @@
 stream: blocks, segments, the two pools, best fit, splitting, merging, releasing cached segments when cudaMalloc
 fails, and expandable segments. Each method names the C++ function it models. Addresses are synthetic: every new
 segment gets a fresh base above the previous ones (cudaMalloc's real addresses are unknown), so "lowest address"
-among segments means "oldest segment", which is also the newer sources' tie-break (registration_counter).
+among segments means "oldest segment", which is also the newer sources' tie-break (registration_counter); or, with
+`descending`, below them ("newest segment"): the driver does either (an H100's recordings show both), and a plan's
+replays take the larger need of the two (replays.least_capacity).
 
 Not modelled: multiple streams and record_stream (events), CUDA graphs and private pools, garbage_collection_threshold
 (acts only under a per-process memory fraction), the free-memory callbacks, and the fragmentation of the driver's own

@@ -112,8 +112,10 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
         "stats": f"{ok} of {len(snaps)} replayed block for block: every segment the GPU made, where and as large as it "
                  "made it, every block at the GPU's address, the layout at the end and the peak reserved. Each replay "
                  "is told the address of each segment the GPU made, so that ties between equal free blocks fall as "
-                 "on the GPU (the lowest address); a plan's replays cannot know the addresses and take the oldest "
-                 "segment first."}
+                 "on the GPU (the lowest address); a plan's replays cannot know the addresses: they replay both "
+                 "orders of their own (each new segment above the last, or below it) and take the larger need. "
+                 "Segments made can outnumber those at the end: the GPU kit empties the cache once its model is "
+                 "built, and the replay must release the same segments."}
     runs = ev.get("gpu_runs")
     if runs is None:
         return {"snapshots": snapshots, "gpu_runs": None}
