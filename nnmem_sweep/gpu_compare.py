@@ -33,6 +33,7 @@ from .estimate import estimate_frame
 from .derive.arch import derived_twin
 from .replays import point_reserve
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads
+from .throughput.plan import has_tokens, training_figures
 from .units import format_bytes
 
 VALIDATION = Path("validation/gpu")
@@ -115,9 +116,18 @@ def estimate_beside(rec: dict[str, Any], gpu: GPUSpec, runtime: tuple[tuple[str,
                     allow_deriving: bool = False) -> dict[str, Any]:
     """estimate_on for a kit record: its case as the truth catalog's cases are estimated (accuracy.py)."""
     case = {"case_id": rec["id"], "inputs": rec["case"], "hf_config": rec.get("hf_config") or {}}
-    return estimate_on(architecture_of(case), rec["case"]["mode"], case_frame(case), gpu, runtime,
-                       resumed=bool(rec.get("resume")), allow_deriving=allow_deriving,
-                       alloc_conf=str((rec.get("point") or {}).get("allocator") or ""))
+    arch = architecture_of(case)
+    out = estimate_on(arch, rec["case"]["mode"], case_frame(case), gpu, runtime,
+                      resumed=bool(rec.get("resume")), allow_deriving=allow_deriving,
+                      alloc_conf=str((rec.get("point") or {}).get("allocator") or ""))
+    c = rec["case"]
+    if c["mode"] == "train" and has_tokens(arch) and not c.get("finetune"):
+        # the report's training throughput: MFU (sourced default) x the dense peak / model FLOPs per token
+        # (throughput/plan.py); a fine-tune's frozen weights skip their gradient GEMMs, which it does not model
+        fig = training_figures(arch, gpu, str(c.get("precision", "bf16")), str(c.get("checkpointing") or "none"),
+                               int(c.get("seq_len") or 0))
+        out |= {"estimated_tokens_per_s": fig.tokens_per_s_per_gpu, "estimated_mfu": fig.mfu.value}
+    return out
 
 
 def errors(row: dict[str, Any]) -> dict[str, float]:
@@ -168,20 +178,31 @@ def _err(v: Any) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:+.1%}"
 
 
+def _speed(r: dict[str, Any]) -> str:
+    """Training tokens/s per GPU beside the report's throughput estimate (an estimate from an assumed MFU: shown,
+    not one of FIGURES)."""
+    tps, est = r.get("tokens_per_s"), r.get("estimated_tokens_per_s")
+    measured = tps.get("train") if isinstance(tps, dict) else None
+    if not measured or est is None or (isinstance(est, float) and np.isnan(est)):
+        return "–"
+    return f"{measured:,.0f} / {est:,.0f} ({est / measured - 1:+.1%}; {r.get('estimated_mfu', 0):.0%})"
+
+
 def format_comparison(env: dict[str, Any], df: pd.DataFrame) -> str:
     """A Markdown table: per point the measured figure, the estimate and the error, for each of FIGURES."""
     head = (f"{env.get('gpu', '?')} ({env.get('nvidia_smi', '')}); torch {env.get('torch')}, transformers "
             f"{env.get('transformers')}, peft {env.get('peft')}, CUDA {env.get('cuda')}; {env.get('date', '')}; "
             f"commit {str(env.get('commit') or '?')[:10]}")
     lines = [head, "", "| point | peak allocated: GPU / estimate | least capacity: GPU / estimate | outside PyTorch "
-             "(MiB): GPU / estimate | max reserved (GPU, memory to spare) | status |", "|---|---|---|---|---|---|"]
+             "(MiB): GPU / estimate | max reserved (GPU, memory to spare) | training tokens/s: GPU / estimate "
+             "(assumed MFU) | status |", "|---|---|---|---|---|---|---|"]
     for r in df.to_dict("records"):
         cells = []
         for _, m, e in FIGURES:
             unit = "MiB" if m == "outside_bytes" else "GiB"
             cells.append(f"{_cell(r.get(m), unit)} / {_cell(r.get(e), unit)} ({_err(r.get(f'{m}_error'))})")
         lines.append(f"| {r['point']} | " + " | ".join(cells) + f" | {_cell(r.get('max_reserved'))} | "
-                     f"{r.get('status', '')} |")
+                     f"{_speed(r)} | {r.get('status', '')} |")
     return "\n".join(lines)
 
 

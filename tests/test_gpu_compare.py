@@ -69,6 +69,11 @@ def test_each_point_is_estimated_as_estimate_point_estimates_it(tmp_path):
     table = G.format_comparison(env, df)
     assert "NVIDIA H100 80GB HBM3" in table and "torch 2.11.0+cu130" in table and POINT in table
     assert f"{row['max_allocated_error']:+.1%}" in table
+    # beside it, the report's training throughput for the point (the sourced MFU default x the dense peak)
+    from nnmem_sweep.models.presets import load_preset
+    from nnmem_sweep.throughput.plan import training_figures
+    fig = training_figures(load_preset("llama-3.2-1b"), gpu, "bf16", "none", 2048)
+    assert row["estimated_tokens_per_s"] == fig.tokens_per_s_per_gpu and row["estimated_mfu"] == fig.mfu.value
 
 
 def test_make_accuracy_says_when_no_run_is_committed(tmp_path):
