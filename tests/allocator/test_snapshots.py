@@ -1,8 +1,9 @@
 """Real GPUs' allocator snapshots replayed through the allocator model block for block: every segment the GPU made
 where and as large as the GPU made it, every block at the GPU's address, the layout at the end and the peak reserved
 (allocator/snapshot.py). tests/data/snapshots/ holds them slimmed: torch.cuda.memory._dump_snapshot pickles committed
-publicly on GitHub (each with its repository, path, commit and blob), and kit-h100-*: the GPU kit's own recordings on
-an H100 (validation/gpu/nvidia-h100-80gb-hbm3/2026-11-26/snapshots.zip; torch 2.11.0+cu130, driver 580.159.04)."""
+publicly on GitHub (each with its repository, path, commit and blob), and kit-h100-*, kit-h200-*: the GPU kit's own
+recordings on an H100 and an H200 (validation/gpu/*/2026-11-26*/snapshots.zip; torch 2.11.0+cu130, driver
+580.159.04)."""
 from __future__ import annotations
 
 import copy
@@ -32,7 +33,8 @@ def test_the_kits_recordings_name_the_committed_run_they_come_from():
         src = S.load(path)["source"]
         with zipfile.ZipFile(REPO / src["path"]) as z:
             assert src["member"] in z.namelist()
-        assert src["gpu"] == "NVIDIA H100 80GB HBM3" and src["torch"].startswith("2.11") and len(src["commit"]) == 40
+        assert src["gpu"] in ("NVIDIA H100 80GB HBM3", "NVIDIA H200") and src["torch"].startswith("2.11")
+        assert len(src["commit"]) == 40
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".json.gz"))
