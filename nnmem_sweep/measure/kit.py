@@ -65,7 +65,7 @@ def environment(device: str) -> dict[str, Any]:
                            "transformers": transformers.__version__, "cuda": torch.version.cuda, "device": device,
                            "host": platform.machine(), "cpus": os.cpu_count(),
                            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                           "commit": _git_commit()}
+                           "commit": _git_commit(), "code_sha256": code_digest()}
     try:
         import peft
 
@@ -78,6 +78,20 @@ def environment(device: str) -> dict[str, Any]:
                     "total_memory": int(p.total_memory), "mem_get_info_total": int(torch.cuda.mem_get_info()[1]),
                     "multiprocessors": p.multi_processor_count, "nvidia_smi": _nvidia_smi()})
     return env
+
+
+def code_digest(root: Path | None = None) -> str:
+    """sha256 over the package's Python sources (path and bytes, sorted): which code ran, where the checkout's git
+    metadata cannot say (a copy of a working tree with uncommitted changes, or with another checkout's .git: the
+    device machine's copies carried the session start's). `python -c 'from nnmem_sweep.measure.kit import
+    code_digest; print(code_digest())'` at a commit gives the same digest for the same code."""
+    import hashlib
+
+    root = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _git_commit() -> str | None:

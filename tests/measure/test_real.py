@@ -100,6 +100,20 @@ def test_kit_dry_run_measures_every_point(tmp_path):
     assert child["env"]["alloc_conf"] == POINTS[child["id"]]["allocator"]
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["device"] == "cpu" and env["torch"] == torch.__version__
+    # the code that ran, named without git: the digest of the package's sources, which changes with any of them
+    from nnmem_sweep.measure.kit import code_digest
+    assert env["code_sha256"] == code_digest() and len(env["code_sha256"]) == 64
+    assert child["others_bytes"] == 0  # the parent's memory on the device, taken off by the child (none on the CPU)
+
+
+def test_the_code_digest_changes_with_any_source(tmp_path):
+    from nnmem_sweep.measure.kit import code_digest
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    before = code_digest(tmp_path)
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert code_digest(tmp_path) != before and len(before) == 64
 
 
 def test_kit_with_no_budget_lists_every_point_as_not_run(tmp_path):
