@@ -51,7 +51,7 @@ from . import derive
 from .components.reserve import row_sequences
 from .derive.arch import derived_twin
 from .parallel.layout import fsdp_only
-from .derive.cache import memo_read, memo_write, versions
+from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
 from .fit import max_batch
 from .grid import add_gpu_columns, point_axes, product_frame
 from .scenario import Scenario
@@ -134,8 +134,10 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
     by the model's source, the row, the options, the installed versions and the code: a cached row costs no sequence
     to build. The others' sequences are built together (their plans read once), then bisected on as many threads as
     the machine has cores (at most 4): the compiled replay runs outside the GIL."""
+    # the plans' FORMAT too: a plan derived under other rules has another sequence for the same source
     keys = [json.dumps([arch.derived.source.digest(), mode, {c: str(v) for c, v in row.items()}, lazy,
-                        repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions()]) for row, lazy in jobs]
+                        repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions(), PLAN_FORMAT])
+            for row, lazy in jobs]
     docs = [memo_read("replays", k) for k in keys]
     todo = [i for i, d in enumerate(docs) if d is None]
     for lazy in (True, False):

@@ -109,3 +109,27 @@ def test_estimate_replays_its_own_point():
     fraction, note = point_reserve(load_preset("llama-3.1-8b"), "train", row)
     assert fraction is not None and 0 < fraction < 0.4 and note.startswith("replayed ")
     assert point_reserve(load_scenario("configs/cnn.yaml").model, "train", row)[0] is None
+
+
+def test_a_kept_replay_is_not_taken_for_a_plan_of_another_format(monkeypatch, tmp_path):
+    """A replay's result is kept in the user's cache under a key naming everything it depends on; the plans'
+    FORMAT is part of it: when the derivation's rules change (FORMAT), the same model's new sequence is replayed
+    anew, not given the old sequence's reserve."""
+    from nnmem_sweep import replays
+    from nnmem_sweep.catalog.gpus import get_gpu
+    from nnmem_sweep.gpu_compare import estimate_beside
+    from nnmem_sweep.gpu_points import case_of, load_points
+    from nnmem_sweep.workload.build import case_config
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))
+    seen: list[str] = []
+    monkeypatch.setattr(replays, "memo_read", lambda kind, key: seen.append(key) or None)
+    monkeypatch.setattr(replays, "memo_write", lambda kind, key, doc: None)
+    (p,) = [p for p in load_points("validation/gpu.yaml") if p["id"] == "qwen3-0.6b-bf16-adamw-b8-s2048"]
+    case = case_of(p)
+    rec = {"id": p["id"], "case": case, "hf_config": case_config(case)[0], "resume": False, "point": p}
+    first = estimate_beside(rec, get_gpu("h100-sxm"), ())
+    monkeypatch.setattr(replays, "PLAN_FORMAT", replays.PLAN_FORMAT + 1)
+    second = estimate_beside(rec, get_gpu("h100-sxm"), ())
+    assert len(seen) == 2 and seen[0] != seen[1]
+    assert first["reserve_fraction"] == second["reserve_fraction"] is not None  # the same plan: the same reserve
