@@ -9,7 +9,8 @@ goes, so a stopped run keeps every point it finished:
   OUT/env.json         the GPU, driver, CUDA, torch, transformers and peft versions, the commit, the date
   OUT/results.jsonl    one line per point, appended (and synced) when the point ends: the point as written, the
                        figures of real.measure_point, the seconds it took
-  OUT/snapshots.zip    one allocator snapshot per point (torch.cuda.memory._dump_snapshot, no stack traces)
+  OUT/snapshots.zip    per point the allocator snapshot of the measured run and of one run at its least capacity
+                       (<id>-capped.pickle) (torch.cuda.memory._dump_snapshot, no stack traces)
 OUT defaults to validation/gpu/<gpu>/<date>/. A point with an `allocator:` setting (PYTORCH_CUDA_ALLOC_CONF, read
 when CUDA starts) runs in a child process of its own. The points run in the file's order until --budget seconds
 have passed; the rest are listed as not run. The comparison with the estimate is made afterwards, on any machine,
@@ -161,9 +162,10 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
     rec["seconds"] = round(time.monotonic() - t0, 1)
     if os.environ.get(OTHERS_ENV):  # taken off outside_bytes (meters.CudaMeter.outside_bytes)
         rec["others_bytes"] = int(os.environ[OTHERS_ENV])
-    if snap is not None and snap.exists():
-        _add_to_zip(out / "snapshots.zip", snap.name, snap)
-        snap.unlink()
+    for path in (snap, None if snap is None else snap.with_name(f"{snap.stem}-capped{snap.suffix}")):
+        if path is not None and path.exists():  # the uncapped run's recording, and the run's at its least capacity
+            _add_to_zip(out / "snapshots.zip", path.name, path)
+            path.unlink()
     return rec
 
 

@@ -13,7 +13,8 @@ script does (run_steps: forward keeping the loss, backward, optimizer step, zero
     (set_per_process_memory_fraction), each probe a fresh build, to `resolution` of the peak; the counterpart of
     the caching-allocator replay's least capacity (replays.least_capacity);
   - optionally one memory snapshot of the measured run (torch.cuda.memory._dump_snapshot, the format PyTorch's
-    memory_viz reads), recorded without stack traces.
+    memory_viz reads), recorded without stack traces, and one of a run at the least capacity found (its releases
+    and retries under the cap).
 `resume`: the optimizer state exists before the first step, as after load_state_dict from a checkpoint, instead of
 being made inside it (the replays' "resumed" run).
 """
@@ -200,10 +201,30 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
                                                                        f"{'completes' if ok else 'out of memory'}"))
             rec["least_capacity"] = need
             rec["bisection"] = probes
+            if snapshot is not None and device == "cuda" and (deadline is None or time.monotonic() < deadline):
+                rec.update(_capped_snapshot(case, meter, steps, state, need, snapshot))
         except OutOfTime as e:
             rec["bisection_note"] = str(e)
         _collect(meter)
     return rec
+
+
+def _capped_snapshot(case: dict[str, Any], meter, steps: int, state: dict | None, cap: int,  # noqa: ANN001
+                     snapshot: Path) -> dict[str, Any]:
+    """One more run at the least capacity, its allocator history recorded beside the uncapped one's
+    (`<name>-capped.pickle`): what the allocator did under the cap (its releases and retries), which a replay of the
+    uncapped recording can only infer (docs/accuracy.md: the Qwen3 LoRA point)."""
+    capped = snapshot.with_name(f"{snapshot.stem}-capped{snapshot.suffix}")
+    meter.limit(cap)
+    try:
+        with _snapshot(capped, "cuda"):
+            run_once(case, meter, steps, state)
+        return {"capped_snapshot": capped.name}
+    except torch.OutOfMemoryError:
+        return {"capped_snapshot_note": f"the run at {cap:,} B ran out of memory this time: not recorded"}
+    finally:
+        meter.limit(None)
+        _collect(meter)
 
 
 def _throughput(case: dict[str, Any], parts: list[dict[str, Any]], steps: int) -> dict[str, float]:
