@@ -175,6 +175,8 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
             model.next_address = None
             live[addr] = b
     end = len(trace)
+    if released is not None and len(released) != gpu_released:  # the recording ends with a run of releases
+        return differs(end, f"the model's empty_cache releases {len(released)} segment(s), the GPU's {gpu_released}")
     if not addresses:
         return Check(end, made, len(segs), peak, model.peak_reserved,
                      "" if model.peak_reserved == peak else "the peak reserved differs")

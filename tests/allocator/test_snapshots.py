@@ -87,6 +87,15 @@ def test_empty_cache_in_a_recording_is_replayed_and_must_release_the_same_segmen
     result = S.check({"segments": end, "trace": trace})
     assert result.ok, result.difference
     assert result.peak_reserved_bytes == 34 << 20 == result.model_peak_reserved_bytes
+    # a recording that ends with the releases: the model's must be as many
+    assert S.check({"segments": end[1:], "trace": trace[:6]}).ok
+    c = 1 << 42  # two 14 MiB segments freed, the GPU releasing one only: the model's empty_cache releases both
+    two = [_seg(a, 14 << 20), [S.ALLOC, a, 14 << 20], _seg(c, 14 << 20), [S.ALLOC, c, 14 << 20],
+           [S.FREE, a, 14 << 20], [S.FREE, c, 14 << 20], [S.SEGMENT_FREE, a, 14 << 20]]
+    kept = [{"address": c, "total_size": 14 << 20, "small": False, "expandable": False, "stream": 0,
+             "blocks": [[c, 14 << 20, False]]}]
+    assert S.check({"segments": kept, "trace": two}).difference == (
+        "event 7: the model's empty_cache releases 2 segment(s), the GPU's 1")
     # the GPU releasing the segment that holds a live block is a difference the replay names
     bad = trace[:4] + [[S.SEGMENT_FREE, b, 14 << 20]]
     assert S.check({"segments": end[:1], "trace": bad}).difference.startswith("event 4: the GPU releases the segment")
