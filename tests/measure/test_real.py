@@ -143,3 +143,45 @@ def test_the_kit_refuses_without_a_gpu(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "no CUDA device is visible" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_run_at_the_least_capacity_is_recorded_under_that_cap(monkeypatch, tmp_path):
+    """On a GPU, after the bisection, one more run at the least capacity found is recorded (<name>-capped.pickle):
+    under exactly that cap, the cap lifted afterwards, and a run that runs out of memory this time is said, not
+    recorded. The CUDA calls are stood in for here; the order of what happens is what is checked."""
+    import contextlib
+
+    import torch
+
+    from nnmem_sweep.measure import real
+
+    calls: list = []
+
+    class Meter:
+        def limit(self, nbytes):
+            calls.append(("limit", nbytes))
+
+        def release(self):
+            calls.append(("release",))
+
+    @contextlib.contextmanager
+    def recording(path, device):
+        calls.append(("record", path.name, device))
+        yield
+        path.write_bytes(b"snapshot")
+
+    monkeypatch.setattr(real, "_snapshot", recording)
+    monkeypatch.setattr(real, "run_once", lambda case, meter, steps, state: calls.append(("run", steps)))
+    snap = tmp_path / "point.pickle"
+    out = real._capped_snapshot({}, Meter(), 2, None, 123_456, snap)
+    assert out == {"capped_snapshot": "point-capped.pickle"} and (tmp_path / "point-capped.pickle").exists()
+    assert calls[:4] == [("limit", 123_456), ("record", "point-capped.pickle", "cuda"), ("run", 2), ("limit", None)]
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(real, "run_once", oom)
+    calls.clear()
+    out = real._capped_snapshot({}, Meter(), 2, None, 99, tmp_path / "other.pickle")
+    assert out == {"capped_snapshot_note": "the run at 99 B ran out of memory this time: not recorded"}
+    assert not (tmp_path / "other-capped.pickle").exists() and ("limit", None) in calls
