@@ -59,8 +59,7 @@ truth: $(MSTAMP)
 derive: $(MSTAMP)
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
-	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points validation/gpu.yaml --ship
-	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points validation/gpu-lora.yaml --ship
+	for points in validation/gpu*.yaml; do NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points $$points --ship; done
 
 # Measured vs estimated on every committed case, and on every committed real-GPU run (validation/gpu/).
 accuracy: $(STAMP)

@@ -115,12 +115,12 @@ def estimate_on(arch, mode: str, frame: pd.DataFrame, gpu: GPUSpec, runtime: tup
 def estimate_beside(rec: dict[str, Any], gpu: GPUSpec, runtime: tuple[tuple[str, Any], ...],
                     allow_deriving: bool = False) -> dict[str, Any]:
     """estimate_on for a kit record: its case as the truth catalog's cases are estimated (accuracy.py)."""
-    case = {"case_id": rec["id"], "inputs": rec["case"], "hf_config": rec.get("hf_config") or {}}
+    c = rec["case"]
+    case = {"case_id": rec["id"], "inputs": c, "hf_config": rec.get("hf_config") or {}}
     arch = architecture_of(case)
-    out = estimate_on(arch, rec["case"]["mode"], case_frame(case), gpu, runtime,
+    out = estimate_on(arch, c["mode"], case_frame(case), gpu, runtime,
                       resumed=bool(rec.get("resume")), allow_deriving=allow_deriving,
                       alloc_conf=str((rec.get("point") or {}).get("allocator") or ""))
-    c = rec["case"]
     if c["mode"] == "train" and has_tokens(arch) and not c.get("finetune"):
         # the report's training throughput: MFU (sourced default) x the dense peak / model FLOPs per token
         # (throughput/plan.py); a fine-tune's frozen weights skip their gradient GEMMs, which it does not model
@@ -168,14 +168,18 @@ def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.D
     return env, pd.DataFrame(rows)
 
 
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v))
+
+
 def _cell(v: Any, unit: str = "GiB") -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
+    if _missing(v):
         return "–"
     return format_bytes(int(v), unit, 2)
 
 
 def _err(v: Any) -> str:
-    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:+.1%}"
+    return "–" if _missing(v) else f"{v:+.1%}"
 
 
 def _speed(r: dict[str, Any]) -> str:
@@ -183,9 +187,9 @@ def _speed(r: dict[str, Any]) -> str:
     not one of FIGURES)."""
     tps, est = r.get("tokens_per_s"), r.get("estimated_tokens_per_s")
     measured = tps.get("train") if isinstance(tps, dict) else None
-    if not measured or est is None or (isinstance(est, float) and np.isnan(est)):
+    if not measured or _missing(est):
         return "–"
-    return f"{measured:,.0f} / {est:,.0f} ({est / measured - 1:+.1%}; {r.get('estimated_mfu', 0):.0%})"
+    return f"{measured:,.0f} / {est:,.0f} ({est / measured - 1:+.1%}; {r['estimated_mfu']:.0%})"
 
 
 def format_comparison(env: dict[str, Any], df: pd.DataFrame) -> str:
@@ -220,13 +224,13 @@ def summary_lines(root: Path = VALIDATION, trace: bool = False) -> list[str]:
 
 
 def run_summaries(root: Path = VALIDATION) -> list[dict[str, Any]]:
-    """One line of figures per committed kit run, for the report's Validation section: the GPU, the date, the
-    releases, how many points were measured and the median and largest |error| of each of FIGURES."""
+    """One line of figures per committed kit run, for the report's Validation section: the GPU, the run's folder
+    (its date, and what distinguishes runs of one day), the releases, how many points were measured and the median and largest |error| of each of FIGURES."""
     out = []
     for folder in runs(root):
         env, df = compare_run(folder)
         done = df[df["status"].astype(str).str.startswith("measured")] if len(df) else df
-        line: dict[str, Any] = {"folder": str(folder), "gpu": env.get("gpu", "?"), "date": str(env.get("date", ""))[:10],
+        line: dict[str, Any] = {"folder": str(folder), "run": folder.name, "gpu": env.get("gpu", "?"),
                                 "stack": f"torch {env.get('torch')}, transformers {env.get('transformers')}, CUDA "
                                          f"{env.get('cuda')}", "points": len(df), "measured": len(done)}
         for label, m, _ in FIGURES:

@@ -14,6 +14,14 @@ DEFAULT_POINTS = Path("validation/gpu.yaml")
 # bytes other processes held on the GPU when a point started: the kit sets it for a point it runs in a child
 # process (its own context is then on the device too); measure/meters.py takes it off the memory outside PyTorch
 OTHERS_ENV = "NNMEM_SWEEP_GPU_OTHERS_BYTES"
+
+
+def others_bytes() -> int | None:
+    """OTHERS_ENV's bytes in this process (None where the kit did not set it)."""
+    import os
+
+    value = os.environ.get(OTHERS_ENV)
+    return int(value) if value else None
 # the keys of a point that are not the case's own
 POINT_KEYS = ("id", "why", "resume", "bisect", "allocator", "timing_steps")
 

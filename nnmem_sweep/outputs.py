@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from glob import escape as glob_escape
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 from . import __version__
 from .errors import NnmemError

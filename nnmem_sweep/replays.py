@@ -47,7 +47,6 @@ from . import columns as C
 from .allocator import AllocatorOptions, prepare, replay
 from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
-from . import derive
 from .components.reserve import row_sequences
 from .derive.arch import derived_twin
 from .parallel.layout import fsdp_only
@@ -84,7 +83,8 @@ def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:
          note="P: the sequence's peak of live bytes (the estimate's peak_allocated_bytes); per recipe at its largest "
          "batch that fits, as a fresh run (optimizer state made in the first step); the larger C_min of the two "
          "orders of segment addresses (ties between equal free blocks fall to the lowest address, and the driver "
-         "chooses where a segment goes: an H100's eager-attention run needed the falling order's, 3 % more)")
+         "chooses where a segment goes: an H100's eager-attention run needed the falling order's least capacity, "
+         "3 % more)")
 def least_capacity(seq: np.ndarray, options: AllocatorOptions, engine: str = "auto") -> tuple[int, int]:
     """(peak allocated, the least capacity within which the sequence completes, to 1/RESOLUTION of the peak, in
     both orders of the segments' addresses: the larger). The first probe is FIRST_PROBE steps above the peak (most
@@ -94,22 +94,27 @@ def least_capacity(seq: np.ndarray, options: AllocatorOptions, engine: str = "au
     peak = int(np.cumsum(seq[:, 1]).max())
     step = max(peak // RESOLUTION, 1)
     seq = prepare(seq)  # checked once, replayed several times
-    high = _bisect(seq, options, engine, False, peak - 1, peak + FIRST_PROBE * step, step)
-    if replay(seq, options, capacity_bytes=high, engine=engine, descending=True).oom:
-        high = _bisect(seq, options, engine, True, high, None, step)
+
+    def fails(cap: int | None, descending: bool = False):  # the replay's result, None where it completed
+        r = replay(seq, options, capacity_bytes=cap, engine=engine, descending=descending)
+        return r if r.oom else None
+
+    low, high = peak - 1, peak + FIRST_PROBE * step  # low cannot complete: less than what is live at once
+    if fails(high):
+        low, high = high, replay(seq, options, engine=engine).peak_reserved_bytes
+    high = _bisect(fails, low, high, step)
+    if fails(high, True):
+        high = _bisect(lambda cap: fails(cap, True), high,
+                       replay(seq, options, engine=engine, descending=True).peak_reserved_bytes, step)
     return peak, high
 
 
-def _bisect(seq, options: AllocatorOptions, engine: str, descending: bool, low: int, high: int | None,
-            step: int) -> int:
-    """The least capacity in (low, high] within which `seq` completes (`low` does not; high None, or one that does
-    not complete either: the peak reserved with nothing refused), to `step`."""
-    if high is None or replay(seq, options, capacity_bytes=high, engine=engine, descending=descending).oom:
-        low, high = (low if high is None else high), replay(seq, options, engine=engine,
-                                                           descending=descending).peak_reserved_bytes
+def _bisect(fails, low: int, high: int, step: int) -> int:
+    """The least capacity in (low, high] for which `fails(cap)` is false (`low` fails, `high` does not), to
+    `step`."""
     while high - low > step:
         mid = (low + high) // 2
-        if replay(seq, options, capacity_bytes=mid, engine=engine, descending=descending).oom:
+        if fails(mid):
             low = mid
         else:
             high = mid

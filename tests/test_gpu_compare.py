@@ -104,7 +104,7 @@ def test_every_kit_point_is_a_known_gpu_catalog_fit():
         assert est[C.TOTAL] < 0.85 * h100.memory_bytes, p["id"]
 
 
-def test_a_child_processs_outside_figure_counts_only_once_the_kit_took_its_parent_off(tmp_path):
+def test_a_child_process_outside_figure_counts_only_once_the_kit_took_its_parent_off(tmp_path):
     """The first H100 run measured the expandable-segments point in a child process while the parent's CUDA context
     was on the device (1,626 MiB 'outside PyTorch'); the kit now passes what the parent holds (others_bytes) and the
     child takes it off. A child's record without others_bytes is not compared; one with it is."""

@@ -24,11 +24,10 @@ import numpy as np
 import importlib.util
 import threading
 
+from .model import ADDRESS_ALIGN, DESCENDING_TOP  # the reference's synthetic segment bases
 from .rules import ROUNDUP_INTERVALS, kLargeBuffer, kMinBlockSize, kMinLargeAlloc, kRoundLarge, kSmallBuffer, \
     kSmallSize
 
-ADDRESS_ALIGN = 1 << 30  # as model.py: synthetic segment bases spaced apart
-DESCENDING_TOP = 1 << 52  # as model.py: where descending synthetic bases start (each new segment below the last)
 UNLIMITED = 1 << 62  # "no cap" and "max_split_size unlimited" (the source's SIZE_MAX): above any request
 _ROUNDUP_START_LOG2 = 20
 
@@ -351,12 +350,13 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
                     seg = n_segs
                     n_segs += 1
                     s_small[seg] = small
+                    spacing = (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
                     if descending:
-                        next_base -= (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
+                        next_base -= spacing
                         base = next_base
                     else:
                         base = next_base
-                        next_base += (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
+                        next_base += spacing
                     reserved += alloc_size
                     if reserved > peak_res:
                         peak_res = reserved

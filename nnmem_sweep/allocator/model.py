@@ -19,11 +19,11 @@ from .options import AllocatorOptions
 from .rules import (kLargeBuffer, kSmallBuffer, allocation_size, is_small, oversize_ok, round_size,
                     roundup_division_index, should_split)
 
-_ADDRESS_ALIGN = 1 << 30  # synthetic segment bases are spaced apart so that no two segments touch
+ADDRESS_ALIGN = 1 << 30  # synthetic segment bases are spaced apart so that no two segments touch
 # Where the driver puts a new segment is its own choice (the H100 kit's recordings show runs of rising and of falling
 # addresses), and ties between equal free blocks fall to the lowest address: a replay takes one order of its own,
-# each new segment above the last (ascending) or below it (descending, from _DESCENDING_TOP down).
-_DESCENDING_TOP = 1 << 52
+# each new segment above the last (ascending) or below it (descending, from DESCENDING_TOP down).
+DESCENDING_TOP = 1 << 52
 
 
 class _Segment:
@@ -109,7 +109,7 @@ class CachingAllocatorModel:
     def __init__(self, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
                  device_total_bytes: int | None = None, descending: bool = False):
         self.options = options
-        self.descending = descending  # the synthetic segment addresses' order (see _DESCENDING_TOP)
+        self.descending = descending  # the synthetic segment addresses' order (see DESCENDING_TOP)
         self.capacity = capacity_bytes if capacity_bytes is not None else 1 << 62
         total = device_total_bytes if device_total_bytes is not None else self.capacity
         # ExpandableSegment reserves address space for 9/8 of the device's total memory
@@ -124,7 +124,7 @@ class CachingAllocatorModel:
         self.num_device_alloc = self.num_device_free = 0
         self.event = -1  # index of the event being replayed; the peaks note it
         self.peak_allocated_event = self.peak_reserved_event = -1
-        self._next_base = _DESCENDING_TOP if descending else _ADDRESS_ALIGN
+        self._next_base = DESCENDING_TOP if descending else ADDRESS_ALIGN
         self._live: dict[int, _Block] = {}  # ptr -> allocated block
         # the address of the next segment, where it is known (a replayed snapshot's), else None: synthetic
         self.next_address: int | None = None
@@ -146,7 +146,7 @@ class CachingAllocatorModel:
         if self.next_address is not None:  # a real snapshot's address (snapshot.py): its ties are broken by it
             seg, self.next_address = _Segment(self.next_address, small, page, size), None
             return seg
-        step = (-(-size // _ADDRESS_ALIGN) + 1) * _ADDRESS_ALIGN
+        step = (-(-size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
         if self.descending:
             self._next_base -= step
             return _Segment(self._next_base, small, page, size)

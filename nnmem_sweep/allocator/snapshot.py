@@ -10,10 +10,9 @@ asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(do
      Unreplayable);
   2. every alloc through CachingAllocatorModel.malloc and every free_completed through free; a run of
      segment_free (torch.cuda.empty_cache()) through release_cached_blocks, which must release exactly those
-     segments; each segment the model
-     makes takes the address of the GPU's segment_alloc (so ties between equal free blocks fall as on the GPU), and
-     at each alloc the model must make a segment exactly where the GPU made one, of its size, and put the block at
-     the GPU's address;
+     segments; each segment the model makes takes the address of the GPU's segment_alloc (so ties between equal
+     free blocks fall as on the GPU), and at each alloc the model must make a segment exactly where the GPU made
+     one, of its size, and put the block at the GPU's address;
   3. at the end, every segment's blocks (offset, size, allocated or free), the number of segments and the peak
      reserved.
 
@@ -93,7 +92,6 @@ def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
         elif act == SEGMENT_FREE and a not in made:
             raise Unreplayable("a segment made before the recording is released during it: the state before it is "
                                "not known")
-    made = {a for act, a, _ in trace if act == SEGMENT}
     allocated: set[int] = set()
     early = 0
     for act, a, _ in trace:
@@ -129,6 +127,11 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
     def differs(i: int, text: str) -> Check:
         return Check(i, made, len(segs), peak, model.peak_reserved, f"event {i}: {text}")
 
+    def releases_differ(i: int) -> Check | None:  # at the end of a run of releases
+        if released is None or len(released) == gpu_released:
+            return None
+        return differs(i, f"the model's empty_cache releases {len(released)} segment(s), the GPU's {gpu_released}")
+
     for i, (act, addr, size) in enumerate(trace):  # 2.
         if act == SEGMENT_FREE:  # a run of these: torch.cuda.empty_cache() (the trace holds no other releases)
             gpu -= size
@@ -140,9 +143,8 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
                 return differs(i, f"the GPU releases the segment at {addr:#x}, which the model's empty_cache keeps")
             gpu_released += 1
             continue
-        if released is not None and len(released) != gpu_released:
-            return differs(i, f"the model's empty_cache releases {len(released)} segment(s), the GPU's "
-                              f"{gpu_released}")
+        if (bad := releases_differ(i)) is not None:
+            return bad
         released = None
         if act == SEGMENT:
             gpu += size
@@ -175,8 +177,8 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
             model.next_address = None
             live[addr] = b
     end = len(trace)
-    if released is not None and len(released) != gpu_released:  # the recording ends with a run of releases
-        return differs(end, f"the model's empty_cache releases {len(released)} segment(s), the GPU's {gpu_released}")
+    if (bad := releases_differ(end)) is not None:  # the recording ends with a run of releases
+        return bad
     if not addresses:
         return Check(end, made, len(segs), peak, model.peak_reserved,
                      "" if model.peak_reserved == peak else "the peak reserved differs")

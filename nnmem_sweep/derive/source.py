@@ -98,11 +98,6 @@ class ModelSource:
         return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune,
                               self.preference, fsdp, self.stack)
 
-    def with_stack(self, stack: dict[str, str] | None) -> "ModelSource":
-        """The same model traced with these releases (derive/side.py; None or {}: the installed ones)."""
-        return ModelSource.of(self.kind, self.spec, self.origin, self.decoder_seq_len, self.finetune,
-                              self.preference, self.fsdp, stack)
-
     def digest(self) -> str:
         extra = f"\ndecoder_seq_len={self.decoder_seq_len}" if self.decoder_seq_len else ""
         extra += f"\nfinetune={self.finetune_json}" if self.finetune_json else ""

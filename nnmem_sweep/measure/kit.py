@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..gpu_points import DEFAULT_POINTS, OTHERS_ENV, KitError, case_of, load_points
+from ..gpu_points import DEFAULT_POINTS, OTHERS_ENV, KitError, case_of, load_points, others_bytes
 
 # the dry run's widths: set always, and where the config has the key
 TINY_HF = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -144,7 +144,7 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
               say) -> dict[str, Any]:  # noqa: ANN001
     """Measure one point here (this process); its record."""
     from ..workload.build import case_config
-    from .real import measure_point
+    from .real import capped_path, measure_point
 
     case = case_of(point)
     run_case = tiny(case) if dry else case
@@ -160,10 +160,10 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
     except Exception as e:  # noqa: BLE001 - one point the device cannot run must not lose the others
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     rec["seconds"] = round(time.monotonic() - t0, 1)
-    if os.environ.get(OTHERS_ENV):  # taken off outside_bytes (meters.CudaMeter.outside_bytes)
-        rec["others_bytes"] = int(os.environ[OTHERS_ENV])
-    for path in (snap, None if snap is None else snap.with_name(f"{snap.stem}-capped{snap.suffix}")):
-        if path is not None and path.exists():  # the uncapped run's recording, and the run's at its least capacity
+    if others_bytes() is not None:  # taken off outside_bytes (meters.CudaMeter.outside_bytes)
+        rec["others_bytes"] = others_bytes()
+    for path in () if snap is None else (snap, capped_path(snap)):  # the measured run's, the capped run's
+        if path.exists():
             _add_to_zip(out / "snapshots.zip", path.name, path)
             path.unlink()
     return rec

@@ -11,14 +11,13 @@ raising torch.OutOfMemoryError at the allocation that crosses the cap, so the le
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Any
 
 import torch
 
 from ..derive.trace import Recorder
-from ..gpu_points import OTHERS_ENV
+from ..gpu_points import others_bytes
 
 # torch.cuda.memory_stats() keys kept per phase: peaks of what the allocator holds, and counters
 PEAK_STATS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
@@ -76,7 +75,7 @@ class CudaMeter(_Phases):
         when this one was started (the GPU kit's parent, its own context, for a point run in a child process)."""
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
-        return int(total - free - torch.cuda.memory_reserved() - int(os.environ.get(OTHERS_ENV) or 0))
+        return int(total - free - torch.cuda.memory_reserved() - (others_bytes() or 0))
 
     def limit(self, nbytes: int | None) -> None:
         """Cap what the allocator may reserve (None: the whole device)."""

@@ -209,12 +209,17 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
     return rec
 
 
+def capped_path(snapshot: Path) -> Path:
+    """Where the run at the least capacity is recorded, beside the measured run's `snapshot`."""
+    return snapshot.with_name(f"{snapshot.stem}-capped{snapshot.suffix}")
+
+
 def _capped_snapshot(case: dict[str, Any], meter, steps: int, state: dict | None, cap: int,  # noqa: ANN001
                      snapshot: Path) -> dict[str, Any]:
     """One more run at the least capacity, its allocator history recorded beside the uncapped one's
     (`<name>-capped.pickle`): what the allocator did under the cap (its releases and retries), which a replay of the
     uncapped recording can only infer (docs/accuracy.md: the Qwen3 LoRA point)."""
-    capped = snapshot.with_name(f"{snapshot.stem}-capped{snapshot.suffix}")
+    capped = capped_path(snapshot)
     meter.limit(cap)
     try:
         with _snapshot(capped, "cuda"):

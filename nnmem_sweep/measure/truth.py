@@ -75,9 +75,9 @@ def versions(kind: str = "", peft: bool = False) -> dict[str, str]:
     except ImportError:  # pragma: no cover
         out["transformers"] = ""
     if peft:
-        from importlib import metadata
+        from ..derive.cache import installed
 
-        out["peft"] = metadata.version("peft")
+        out["peft"] = installed("peft")
     return out
 
 

@@ -4,7 +4,6 @@ real-GPU measurements against their estimates)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,8 +123,7 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
         figs = "; ".join(f"{label} median |error| {v[0] * 100:.1f}%, largest {v[1] * 100:.1f}% ({v[2]} points)"
                          for label, v in ((k, r.get(k)) for k in ("peak allocated", "least capacity",
                                                                   "outside PyTorch")) if v)
-        lines.append(f"{r['gpu']}, {Path(r['folder']).name} ({r['stack']}): {r['measured']} of {r['points']} points "
-                     "measured"
+        lines.append(f"{r['gpu']}, {r['run']} ({r['stack']}): {r['measured']} of {r['points']} points measured"
                      + (f"; {figs}" if figs else ""))
     return {"snapshots": snapshots, "gpu_runs": {"lines": lines or [
         "none committed yet: the GPU kit (`make gpu-check`, validation/gpu.yaml) measures each claim no GPU has "

@@ -17,12 +17,12 @@ from nnmem_sweep.allocator import snapshot as S
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = sorted((REPO / "tests" / "data" / "snapshots").glob("*.json.gz"))
 KIT = [p for p in SNAPSHOTS if p.name.startswith("kit-")]
+PUBLIC = [p for p in SNAPSHOTS if p not in KIT]
 
 
 def test_at_least_three_public_snapshots_are_committed_with_their_source():
-    public = [p for p in SNAPSHOTS if p not in KIT]
-    assert len(public) >= 3
-    for path in public:
+    assert len(PUBLIC) >= 3
+    for path in PUBLIC:
         src = S.load(path)["source"]
         assert src["repository"].startswith("https://github.com/") and len(src["commit"]) == 40 and src["path"]
 
@@ -110,7 +110,7 @@ def test_a_segment_made_before_the_recording_and_released_in_it_is_refused():
 def test_a_changed_request_is_caught_and_named():
     """The check is not blind: a request 1 MiB larger than the GPU's, in the trace of the snapshot with the most
     segments made among the public ones, moves a block or a segment, and the replay names the event."""
-    doc = copy.deepcopy(S.load(max((p for p in SNAPSHOTS if p not in KIT), key=lambda p: p.stat().st_size)))
+    doc = copy.deepcopy(S.load(max(PUBLIC, key=lambda p: p.stat().st_size)))
     i = next(k for k, (act, _, n) in enumerate(doc["trace"]) if act == S.ALLOC and n > 4 << 20)
     doc["trace"][i][2] += 1 << 20
     result = S.check(doc)
