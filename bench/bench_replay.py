@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from nnmem_sweep.components.reserve import replayed_reserve
     from nnmem_sweep.config import load_scenario
-    from nnmem_sweep.replays import boundary_rows, default_max_batch
+    from nnmem_sweep.fit import scenario_max_batch
+    from nnmem_sweep.replays import boundary_rows
 
     sc = load_scenario(args.config)
-    rows = boundary_rows(sc, default_max_batch(sc))  # the rows `run` replays: per recipe its largest batch that fits
+    rows = boundary_rows(sc, scenario_max_batch(sc))  # the rows `run` replays: per recipe its largest batch that fits
     t0 = time.perf_counter()
     out = replayed_reserve(sc.model, sc.mode, rows)
     seconds = time.perf_counter() - t0

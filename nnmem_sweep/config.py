@@ -92,6 +92,13 @@ def parse_scenario_text(text: str, file: str = "<text>", base_dir: str | Path = 
 
 
 def _parse(text: str, file: str, base_dir: Path, digest: str) -> Scenario:
+    data, builder = _document(text, file)
+    return _scenario(data, builder, file, base_dir, text, digest)
+
+
+def _document(text: str, file: str) -> tuple[dict, Builder]:
+    """The YAML text as a mapping, within the limits (MAX_NODES, nesting), and the Builder that knows where each key
+    is written; ScenarioError where it is not a readable mapping."""
     root, loader = compose(text, file)
     try:
         if root is None:
@@ -111,13 +118,26 @@ def _parse(text: str, file: str, base_dir: Path, digest: str) -> Scenario:
             raise _fail(file, "YAML nested too deeply to read") from None
         if not isinstance(data, dict):  # a tagged or otherwise unreadable top-level mapping
             raise ScenarioError(builder.problems)
-        return _scenario(data, builder, file, base_dir, text, digest)
+        return data, builder
     finally:
         loader.dispose()
 
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read, validate and resolve a scenario file. Raises errors.ScenarioError listing every problem found."""
+    text, digest = _read(path)
+    return _parse(text, str(path), Path(path).parent, digest)
+
+
+def read_document(path: str | Path) -> dict:
+    """The scenario file's YAML as a mapping, read within the same limits as load_scenario (size, encoding, aliases,
+    nesting) but not validated: for a caller that needs one block before the scenario is loaded (measure's
+    `runtime:`). Raises ScenarioError."""
+    return _document(_read(path)[0], str(path))[0]
+
+
+def _read(path: str | Path) -> tuple[str, str]:
+    """(the file's text, the sha256 of its bytes), refused in one line where it is not a small UTF-8 text file."""
     file = str(path)
     p = Path(path)
     if not p.exists():
@@ -139,4 +159,4 @@ def load_scenario(path: str | Path) -> Scenario:
         line = raw.count(b"\n", 0, e.start) + 1
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise _fail(file, f"is not UTF-8 text (byte 0x{raw[e.start]:02x})", line, col) from None
-    return _parse(text.removeprefix("\ufeff"), file, p.parent, hashlib.sha256(raw).hexdigest())
+    return text.removeprefix("\ufeff"), hashlib.sha256(raw).hexdigest()

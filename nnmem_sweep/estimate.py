@@ -17,6 +17,8 @@ reserved = peak + library workspaces + ⌈reserve_fraction · peak⌉; total = r
 """
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +38,30 @@ from .derive.arch import architecture_of
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads
+from .grid import MAX_ROWS, expand_grid
+from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
 from .units import format_bytes
+
+
+CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
+
+
+def estimate_grid(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False) -> pd.DataFrame:
+    """results.csv's rows: the scenario's grid (refused past max_rows) estimated in chunks of CHUNK_ROWS, with a
+    progress line on stderr after the first second (progress)."""
+    start = time.perf_counter()
+    grid = expand_grid(sc, max_rows=max_rows)
+    logits = sweep_prefill_logits(sc)
+    n = len(grid)
+    parts = []
+    for lo in range(0, n, CHUNK_ROWS):
+        parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom,
+                                    prefill_logits=logits))
+        if progress and time.perf_counter() - start > 1.0:
+            done = min(lo + CHUNK_ROWS, n)
+            print(f"\rnnmem-sweep: {done:,}/{n:,} rows ({100 * done / max(n, 1):.0f}%)", end="", file=sys.stderr,
+                  flush=True)
+    return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
 def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads: Overheads,
@@ -47,11 +71,11 @@ def estimate_frame(arch: Architecture, mode: str, frame: pd.DataFrame, overheads
     prefill_logits (infer): "last" (generate()'s logits_to_keep=1) or "all" (every prompt position's logits).
     Any further array estimate_components returns becomes an int64 column after `fits`; a boolean array under
     "host_fits" is ANDed into `fits` instead."""
+    rows = row_overheads(overheads, frame, mode)
     check_frame(arch, frame)  # refuse points whose bytes could wrap around int64 (bounds.py)
     comps = estimate_components(arch, mode, frame, device, prefill_logits=prefill_logits)
     mem = frame[C.GPU_MEMORY].to_numpy(dtype=np.int64, copy=True)  # the output shares no memory with the input
     peak = np.asarray(comps[C.PEAK_ALLOCATED], dtype=np.int64)
-    rows = row_overheads(overheads, frame, mode)
     reserved = reserved_bytes(peak, rows)
     total = reserved + rows.non_torch
     usable = usable_bytes(mem, headroom)

@@ -20,9 +20,10 @@ import pandas as pd
 
 from . import columns as C
 from .components.overhead import RowOverheads, row_overheads, total_bytes, usable_bytes
+from .grid import points_frame
 from .peak import host_check, phase_totals_in_batch
 from .models.arch import Architecture
-from .scenario import Overheads
+from .scenario import Overheads, Scenario, sweep_prefill_logits
 
 MAX_BATCH_CAP = 2**31 - 1
 
@@ -39,6 +40,13 @@ def _totals_at(totals_of, b: np.ndarray, ov: RowOverheads) -> tuple[list[np.ndar
     for p in phases[1:]:  # a running maximum: a derived model has thousands of phases, no (k, n) array is needed
         np.maximum(peak, p, out=peak)
     return phases, _with_overhead(peak, ov)
+
+
+def scenario_max_batch(sc: Scenario, overheads: Overheads | None = None) -> pd.DataFrame:
+    """max_batch.csv of a scenario: max_batch on its points (grid.points_frame) with `overheads` (the scenario's
+    own when None)."""
+    return max_batch(sc.model, sc.mode, points_frame(sc), sc.overheads if overheads is None else overheads,
+                     sc.headroom, prefill_logits=sweep_prefill_logits(sc))
 
 
 def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float,

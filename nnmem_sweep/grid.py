@@ -65,6 +65,11 @@ def add_gpu_columns(frame: pd.DataFrame, sc: Scenario) -> pd.DataFrame:
     return frame
 
 
+def points_frame(sc: Scenario) -> pd.DataFrame:
+    """One row per combination of the non-batch axes and GPU, with the GPU's columns: max_batch's points."""
+    return add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
+
+
 def grid_size(sc: Scenario) -> int:
     """Rows the grid expands to: the product of the axis lengths times the number of GPUs."""
     return prod(len(v) for v in axes_of(sc).values()) * len(sc.gpus)

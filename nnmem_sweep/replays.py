@@ -51,10 +51,9 @@ from .components.reserve import row_sequences
 from .derive.arch import derived_twin
 from .parallel.layout import fsdp_only
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
-from .fit import max_batch
-from .grid import add_gpu_columns, point_axes, product_frame
+from .fit import scenario_max_batch
+from .grid import point_axes
 from .scenario import Scenario
-from .serving import sweep_prefill_logits
 
 MAX_ROWS = 256  # recipes replayed at most (a bisection: 3-8 replays of ~0.05 s for an 8B model, then cached)
 RESOLUTION = 200  # the bisection stops within 0.5 % of the peak; f is rounded up to a multiple of 1 / RESOLUTION
@@ -210,18 +209,18 @@ def _span(values) -> str:
     return f"{hi:.1f} %" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} %"
 
 
+def reserved(sc: Scenario, progress: bool = False, bands: bool = True) -> tuple[Scenario, pd.DataFrame]:
+    """(`sc` with the reserve its replays give, its max-batch table with that reserve): the table estimated with the
+    default reserve, refine() on it, and the table estimated again where the reserve changed (run_scenario and
+    run --stream)."""
+    first = scenario_max_batch(sc)
+    out = refine(sc, first, progress, bands)
+    return out, (first if out.overheads == sc.overheads else scenario_max_batch(out))
+
+
 def with_replayed_reserve(sc: Scenario, progress: bool = False, bands: bool = True) -> Scenario:
-    """`sc` with the reserve its replays give: refine() on the max-batch table of the default reserve (what `run
-    --stream` and the tests use; run_scenario hands refine the table it has already)."""
-    if not _replayable(sc)[0]:
-        return refine(sc, None, progress, bands)
-    return refine(sc, default_max_batch(sc), progress, bands)
-
-
-def default_max_batch(sc: Scenario) -> pd.DataFrame:
-    """The scenario's max-batch table with the reserve it has before any replay (the default)."""
-    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
-    return max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=sweep_prefill_logits(sc))
+    """`sc` with the reserve its replays give (reserved() without its table)."""
+    return reserved(sc, progress, bands)[0]
 
 
 def _replayable(sc: Scenario):

@@ -24,16 +24,12 @@ import pandas as pd
 
 from . import columns as C
 from . import cluster, serving
-from .estimate import estimate_frame
-from .fit import max_batch
-from .grid import MAX_ROWS, add_gpu_columns, checked_size, expand_grid, point_axes, product_frame
+from .estimate import estimate_frame, estimate_grid
+from .grid import MAX_ROWS, checked_size
 from .outputs import OutputSet
-from .replays import refine
+from .replays import reserved
 from .scenario import Scenario
 from .tablefile import csv_bytes, extension, write_table
-
-CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
-
 
 @dataclass
 class RunResult:
@@ -48,38 +44,18 @@ class RunResult:
     cluster: pd.DataFrame | None = None
 
 
-def _progress(enabled: bool, start: float, done: int, total: int) -> None:
-    if enabled and time.perf_counter() - start > 1.0:
-        print(f"\rnnmem-sweep: {done:,}/{total:,} rows ({100 * done / max(total, 1):.0f}%)", end="",
-              file=sys.stderr, flush=True)
-
-
 def run_scenario(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False, bands: bool = True) -> RunResult:
     """The grid, max batch and plans of `sc`, with the allocator reserve its replays give (replays.py): the
     RunResult's scenario is that one. bands: also the replays that bound each recipe's band (a resumed run), which
-    the report's uncertainty reads and the tables do not."""
+    the report's uncertainty reads and the tables do not. One route: the reserve and the max-batch table with it
+    (replays.reserved), then the grid estimated with that reserve (estimate.estimate_grid), then the plans."""
     start = time.perf_counter()
-    logits = serving.sweep_prefill_logits(sc)
-    points = add_gpu_columns(product_frame(point_axes(sc), tuple(g.id for g in sc.gpus)), sc)
-    first = max_batch(sc.model, sc.mode, points, sc.overheads, sc.headroom, prefill_logits=logits)
-    refined = refine(sc, first, progress, bands)  # the allocator reserve, replayed where the max batch is decided
-    mb = first if refined.overheads == sc.overheads else \
-        max_batch(sc.model, sc.mode, points, refined.overheads, sc.headroom, prefill_logits=logits)
-    sc = refined
-    grid = expand_grid(sc, max_rows=max_rows)
-    n = len(grid)
-    parts = []
-    for lo in range(0, n, CHUNK_ROWS):
-        parts.append(estimate_frame(sc.model, sc.mode, grid.iloc[lo:lo + CHUNK_ROWS], sc.overheads, sc.headroom,
-                                    prefill_logits=logits))
-        _progress(progress, start, min(lo + CHUNK_ROWS, n), n)
-    results = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
-    labelled(results, sc)
-
+    sc, mb = reserved(sc, progress, bands)
+    results = labelled(estimate_grid(sc, max_rows, progress), sc)
     tables = dict(plan_tables(sc))
     elapsed = time.perf_counter() - start
     if progress and elapsed > 1.0:
-        print(f"\rnnmem-sweep: {n:,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
+        print(f"\rnnmem-sweep: {len(results):,} rows in {elapsed:.1f} s" + " " * 10, file=sys.stderr)
     return RunResult(sc, results, mb, elapsed, *(tables.get(name) for name in PLAN_FILES))
 
 

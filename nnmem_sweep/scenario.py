@@ -10,6 +10,7 @@ from .models.arch import Architecture
 # Defaults, documented in the schema's descriptions (and FORMULAS.md, "Runtime overheads").
 DEFAULT_MODE = "train"
 DEFAULT_HEADROOM = 0.05
+DEFAULT_PREFILL_LOGITS = "last"  # an infer sweep's prefill: generate() passes logits_to_keep=1
 # Reserved minus allocated, as a fraction of the peak allocated, where no replay of the step's allocations through the
 # allocator model is available (allocator/, components/reserve.py): the first replays of ALLOCATOR.md measured
 # 0.8-3 % with AdamW and 9 % with Adafactor; 5 % is between them and labelled "not replayed" wherever it is used.
@@ -111,3 +112,9 @@ class Scenario:
     cluster: Any = None
     # the `throughput:` block as a throughput.options.ThroughputOptions, None when absent (the sourced defaults)
     throughput: Any = None
+
+
+def sweep_prefill_logits(sc: Scenario) -> str:
+    """The prefill logits of the sweep (results.csv, max_batch.csv, --stream): the scenario's `serving:` choice in
+    infer mode ("last" or "all"), "last" otherwise."""
+    return str((sc.serving or {}).get("prefill_logits", DEFAULT_PREFILL_LOGITS)) if sc.mode == "infer" else "last"

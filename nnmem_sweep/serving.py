@@ -37,12 +37,11 @@ from .errors import UsageError
 from .estimate import estimate_frame
 from .grid import product_frame
 from .models.arch import Architecture
-from .scenario import Scenario
+from .scenario import DEFAULT_PREFILL_LOGITS, Scenario
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # tokens of the profiling prefill (vLLM serve's default chunk on datacenter GPUs)
 DEFAULT_TENSOR_PARALLEL = (1,)
-DEFAULT_PREFILL_LOGITS = "last"  # generate() passes logits_to_keep=1
 MAX_CONTEXT_CAP = 2**40  # tokens: the bound of max_context for a model without max_position (a model of fields)
 
 # Tensors every tensor-parallel rank keeps whole (by name in components/weights.py's tensor table).
@@ -94,11 +93,6 @@ def kv_element(kv_dtype: str, precision: str) -> tuple[int, int]:
     if kv_dtype not in KV_ELEMENT_BYTES:
         raise UsageError(f"unknown kv_dtype {kv_dtype!r}; use {', '.join(names.KV_DTYPES)}")
     return KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES_PER_HEAD_TOKEN[kv_dtype]
-
-
-def sweep_prefill_logits(sc: Scenario) -> str:
-    """The prefill logits of the sweep (results.csv, max_batch.csv, --stream): the scenario's choice in infer mode."""
-    return options(sc)["prefill_logits"] if sc.mode == "infer" else "last"
 
 
 def options(sc: Scenario) -> dict:

@@ -34,14 +34,13 @@ import numpy as np
 import pandas as pd
 
 from . import columns as C
-from . import serving
 from .errors import UsageError
 from .fit import max_batch
 from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, product_frame
 from .outputs import RUN_JSON, OutputSet
 from .replays import with_replayed_reserve
 from .runner import estimate_frame, labelled, plan_tables
-from .scenario import Scenario
+from .scenario import Scenario, sweep_prefill_logits
 from .tablefile import TableWriter, csv_bytes, extension
 
 CHUNK_ROWS = 500_000  # grid rows estimated and written at once: a few hundred MB of frames at most
@@ -101,7 +100,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     points_axes = point_axes(sc) | {C.GPU: gpus}
     cells = prod(len(v) for v in points_axes.values())
     fits = 0
-    logits = serving.sweep_prefill_logits(sc)
+    logits = sweep_prefill_logits(sc)
     with OutputSet(out_dir, sc, command="run --stream") as out:
         with out.open("results" + ext) as f:
             res = TableWriter(f, fmt)

@@ -59,15 +59,15 @@ def measure_scenario_cli(config_path: str, out_dir: Path, points: list[str], lim
 def _stated_stack(config_path: str) -> dict[str, str]:
     """The releases the scenario's runtime: block names that are not the installed ones (a file that cannot be
     read is left to load_scenario's own one-line error)."""
-    import yaml
-
+    from ..config import read_document
     from ..derive.side import stated
+    from ..errors import ScenarioError
 
     try:
-        doc = yaml.safe_load(Path(config_path).read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        doc = read_document(config_path)  # within load_scenario's limits: size, encoding, aliases
+    except ScenarioError:
         return {}
-    return stated(doc.get("runtime")) if isinstance(doc, dict) else {}
+    return stated(doc.get("runtime"))
 
 
 def _in_side_environment(stack: dict[str, str], config_path: str, out_dir: Path, points: list[str], limit: int,

@@ -256,13 +256,19 @@ def _with_estimate(df: pd.DataFrame, sc, estimate_frame) -> pd.DataFrame:  # noq
 def child(argv: list[str]) -> int:
     """`python -m nnmem_sweep.measure.scenario_points JSON`: measure_scenario's arguments as a JSON list, run by
     the child Python of a scenario measured with other releases (measure/__init__.py); one line and exit 2 on a
-    UsageError, as the CLI."""
+    UsageError, every problem's line of a ScenarioError, as the CLI."""
     import json
+
+    from ..errors import NnmemError, ScenarioError
 
     config_path, out_dir, points, limit, device, bisect = json.loads(argv[0])
     try:
         return measure_scenario(config_path, Path(out_dir), points, limit, device, bisect)
-    except UsageError as e:
+    except ScenarioError as e:
+        for p in e.problems:
+            print(p, file=sys.stderr)
+        return 2
+    except NnmemError as e:
         print(f"nnmem-sweep: {e}", file=sys.stderr)
         return 2
 

@@ -30,8 +30,8 @@ from .. import cluster as K
 from .. import columns as C
 from ..estimate import estimate_frame
 from ..grid import add_gpu_columns, axes_of, product_frame
-from ..scenario import GPUSpec, Scenario
-from ..serving import engine_fixed_bytes, options as serving_options_of, sweep_prefill_logits, weights_per_gpu_bytes
+from ..scenario import GPUSpec, Scenario, sweep_prefill_logits
+from ..serving import engine_fixed_bytes, options as serving_options_of, weights_per_gpu_bytes
 from .points import axis_values, gpu_order, layout_text, reference_point, select
 
 MAX_DECISION_ROWS = 200_000  # points estimated for the question; a larger grid is judged on the recipe asked only

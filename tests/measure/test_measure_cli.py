@@ -136,3 +136,33 @@ gpus: [t4]
     df = pd.read_csv(tmp_path / "m" / "measured.csv").set_index("data_parallel")
     assert df.loc[1, "status"] == "measured"
     assert df.loc[2, "status"].startswith("skipped: data_parallel 2: measure runs one GPU's step")
+
+
+def test_an_alias_bomb_is_refused_by_measure_as_by_run(tmp_path, capsys):
+    """measure reads the scenario's `runtime:` block before loading it, within load_scenario's limits: an alias bomb
+    is the same one line naming the file (exit 2), never expanded in memory."""
+    from nnmem_sweep.cli import main
+
+    bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]"] + \
+        [f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    cfg = tmp_path / "bomb.yaml"
+    cfg.write_text("\n".join(bomb) + "\n")
+    assert main(["measure", str(cfg), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{cfg}: ") and "alias bomb" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_side_child_says_a_scenario_error_in_its_lines(tmp_path, capsys):
+    """The child Python of a scenario measured with other releases prints a ScenarioError's problems one per line
+    and exits 2, as the CLI does (it caught only UsageError before, and a bad scenario was a traceback)."""
+    import json
+
+    from nnmem_sweep.measure.scenario_points import child
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: [1], seq_len: [256]}\ngpus: [no-such]\n")
+    assert child([json.dumps([str(cfg), str(tmp_path / "m"), [], 2, "cpu", False])]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(ln.startswith(f"{cfg}:") for ln in lines), lines
+    assert any("no-such" in ln for ln in lines), lines
