@@ -216,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: no CUDA device is visible to torch {torch.__version__} (CUDA build: "
               f"{torch.version.cuda or 'none'}); `make gpu-check DRY=1` checks the kit on the CPU", file=sys.stderr)
         return 2
-    env = environment(device)
+    # a child (one point under its allocator setting) takes the parent's env.json: the same run, no second probe
+    shared = args.out / "env.json" if (args.child and args.out is not None) else None
+    env = json.loads(shared.read_text()) if shared is not None and shared.exists() else environment(device)
     out = args.out or (gpu_folder(env) if not args.dry_run else Path(tempfile.mkdtemp(prefix="gpu-check-dry-")))
     out.mkdir(parents=True, exist_ok=True)
     deadline = start + args.budget
     if args.child:
-        env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else env
         env["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     else:
         (out / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
@@ -229,6 +230,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{env['transformers']}, CUDA {env['cuda']}; {len(points)} points, budget {args.budget:.0f} s -> {out}",
               flush=True)
     todo = [p for p in points if not args.only or p["id"] in args.only]
+    from .real import frozen_heap
+
+    with frozen_heap():
+        _run_points(todo, args, device, env, out, deadline)
+    if not args.child:
+        print(f"gpu-check: done in {time.monotonic() - start:.0f} s; results in {out}", flush=True)
+    return 0
+
+
+def _run_points(todo: list[dict[str, Any]], args: argparse.Namespace, device: str, env: dict[str, Any], out: Path,
+                deadline: float) -> None:
     for n, point in enumerate(todo, 1):
         left = deadline - time.monotonic()
         tag = f"[{n}/{len(todo)}] {point['id']}"
@@ -249,9 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         _append(out / "results.jsonl", rec)
         print(f"gpu-check: {tag}: {_summary(rec)} ({rec['seconds']} s; {deadline - time.monotonic():.0f} s left)",
               flush=True)
-    if not args.child:
-        print(f"gpu-check: done in {time.monotonic() - start:.0f} s; results in {out}", flush=True)
-    return 0
 
 
 def _summary(rec: dict[str, Any]) -> str:
