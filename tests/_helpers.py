@@ -27,3 +27,11 @@ def load_edited(base: str, edits, file: str = "fuzz.yaml") -> Scenario | None:
     except ScenarioError as e:
         assert e.problems and all(str(p).startswith(file) for p in e.problems)
         return None
+
+
+def sigint_default() -> None:
+    """Popen's preexec_fn for a child a test sends SIGINT: Python turns SIGINT into KeyboardInterrupt only where the
+    signal is not ignored when it starts, and a shell's background job (`make test &`) starts with it ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

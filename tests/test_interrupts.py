@@ -19,6 +19,7 @@ pytest.importorskip("torch", reason="the [measure] extra (torch) is not installe
 pytest.importorskip("transformers", reason="the [measure] extra (transformers) is not installed")
 
 from nnmem_sweep.testhook import PAUSE_ENV, RESUME_ENV  # noqa: E402
+from _helpers import sigint_default  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -41,7 +42,8 @@ def cli(tmp: Path, *args: str, pause: str | None = None, **env_extra: str) -> su
     if pause:
         env[PAUSE_ENV], env[RESUME_ENV] = pause, "/nonexistent"
     return subprocess.Popen([sys.executable, "-m", "nnmem_sweep.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
 
 
 def one_line_refusal(proc: subprocess.Popen, out: Path) -> str:

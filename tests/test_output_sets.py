@@ -29,6 +29,7 @@ from nnmem_sweep.cli import main
 from nnmem_sweep.config import parse_scenario_text
 from nnmem_sweep.outputs import PAUSE_ENV, RESUME_ENV, OutputSet, read_run_json
 from nnmem_sweep.runner import run_scenario
+from _helpers import sigint_default
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH = "1767225600"  # 2026-01-01: the renders are byte-reproducible
@@ -59,7 +60,8 @@ def cli(*args: str, pause: str | None = None, resume: Path | None = None) -> sub
     if pause:
         env[PAUSE_ENV], env[RESUME_ENV] = pause, str(resume or "/nonexistent")
     return subprocess.Popen([sys.executable, "-m", "nnmem_sweep.cli", *args, "-q"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
 
 
 def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> None:
