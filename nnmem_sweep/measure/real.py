@@ -227,10 +227,12 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
                                                                        f"{'completes' if ok else 'out of memory'}"))
             rec["least_capacity"] = need
             rec["bisection"] = probes
-            if snapshot is not None and device == "cuda" and (deadline is None or time.monotonic() < deadline):
-                rec.update(_capped_snapshot(case, meter, steps, state, need, snapshot))
         except OutOfTime as e:
             rec["bisection_note"] = str(e)
+        # outside the bisection: whatever befalls the extra recording, the point's figures above are kept
+        if "least_capacity" in rec and snapshot is not None and device == "cuda" and \
+                (deadline is None or time.monotonic() < deadline):
+            rec.update(_capped_snapshot(case, meter, steps, state, rec["least_capacity"], snapshot))
         _collect(meter)
     return rec
 
@@ -253,6 +255,10 @@ def _capped_snapshot(case: dict[str, Any], meter, steps: int, state: dict | None
         return {"capped_snapshot": capped.name}
     except torch.OutOfMemoryError:
         return {"capped_snapshot_note": f"the run at {cap:,} B ran out of memory this time: not recorded"}
+    except Exception as e:  # noqa: BLE001 - an extra recording: its failure is said, the point's figures stand
+        capped.unlink(missing_ok=True)
+        text = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        return {"capped_snapshot_note": f"the run at {cap:,} B failed ({text}): not recorded"}
     finally:
         meter.limit(None)
         _collect(meter)

@@ -185,3 +185,13 @@ def test_the_run_at_the_least_capacity_is_recorded_under_that_cap(monkeypatch, t
     out = real._capped_snapshot({}, Meter(), 2, None, 99, tmp_path / "other.pickle")
     assert out == {"capped_snapshot_note": "the run at 99 B ran out of memory this time: not recorded"}
     assert not (tmp_path / "other-capped.pickle").exists() and ("limit", None) in calls
+
+    def broken(*a):  # anything else (a recording the driver refuses, a bug): said in one line, nothing left behind
+        raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
+
+    monkeypatch.setattr(real, "run_once", broken)
+    calls.clear()
+    out = real._capped_snapshot({}, Meter(), 2, None, 77, tmp_path / "third.pickle")
+    assert out == {"capped_snapshot_note": "the run at 77 B failed (RuntimeError: CUDA error: an illegal memory "
+                                           "access was encountered): not recorded"}
+    assert not (tmp_path / "third-capped.pickle").exists() and calls[-2:] == [("limit", None), ("release",)]
