@@ -143,9 +143,10 @@ def cuda_context_bytes(rt: Runtime) -> Estimate:
     highs = [r["measured_high"] - r["allocator_included"] for r in rows]
     mode = "lazy" if lazy else "eager"
     own = sum(not r["url"].startswith("https://") for r in rows)  # this project's GPU-kit runs (validation/gpu/)
-    counted = f"{len(rows) - own} public measurements" + (f" and {own} of this project's GPU kit" if own else "")
-    note = (f"{mode} module loading ({why}); {counted} "
-            f"{format_bytes(min(lows), 'MiB', 0)} .. {format_bytes(max(highs), 'MiB', 0)}, upper end taken")
+    counted = f"{len(rows) - own} public measurements" + (f" and {own} run(s) of this project's GPU kit"
+                                                          if own else "")
+    note = (f"{mode} module loading ({why}); {format_bytes(min(lows), 'MiB', 0)} .. "
+            f"{format_bytes(max(highs), 'MiB', 0)} in {counted}, upper end taken")
     return Estimate(max(highs), min(lows), max(highs), tuple(r["id"] for r in rows), note)
 
 

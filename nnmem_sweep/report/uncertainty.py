@@ -110,7 +110,7 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     replayed = (lo, hi) != FRAGMENTATION
     frag = (f", fragmentation {percent(lo)}–{percent(hi)} of the peak "
             f"({'replayed fresh and resumed; ' if replayed else ''}{percent(f_assumed)} assumed"
-            f"{'; the replays checked on one GPU, an H100: docs/accuracy.md' if replayed else ''})")
+            f"{'; the allocator model checked against real GPUs: docs/accuracy.md' if replayed else ''})")
     return outside + frag
 
 

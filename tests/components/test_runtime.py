@@ -155,7 +155,7 @@ def test_runtime_memory_adds_the_items_by_place_and_says_where_each_comes_from()
     lines = m.lines()
     assert lines[0].startswith("CUDA context and loaded modules: 777 MiB (outside the allocator; https://")
     assert "validation/gpu/nvidia-h100-80gb-hbm3/2026-11-26/results.jsonl" in lines[0]
-    assert "5 public measurements and 1 of this project's GPU kit 254 MiB .. 777 MiB" in lines[0]
+    assert "254 MiB .. 777 MiB in 5 public measurements and 1 run(s) of this project's GPU kit, upper end taken" in lines[0]
     assert all("https://" in line for line in lines)
 
 
