@@ -50,13 +50,27 @@ def stack_of(desc: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
+SIDE_ENV = "NNMEM_SWEEP_SIDE_STACK"  # set by child_env: the releases a child Python was started with
+
+
 def stated(runtime: Any) -> dict[str, str]:
     """The releases a `runtime:` block names that are not the installed ones ({} for none, or a malformed block:
-    parse_runtime reports that)."""
+    parse_runtime reports that). In a child Python started for such releases (child_env: measure's child, which
+    imports them), the ones it was started for count as stated still, so the child plans the scenario as its parent
+    does (a hand-modelled family from that release's code), not with the hand model."""
     try:
-        return differing(stack_of(runtime if isinstance(runtime, dict) else {}))
+        stack = stack_of(runtime if isinstance(runtime, dict) else {})
     except ValueError:
         return {}
+    here = differing(stack)
+    if here:
+        return here
+    try:
+        started = json.loads(os.environ.get(SIDE_ENV) or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in sorted(stack.items()) if k in PACKAGES and started.get(k) == v} \
+        if isinstance(started, dict) else {}
 
 
 class NotPrepared(DerivationError):
@@ -78,9 +92,11 @@ def describe(stack: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in stack.items())
 
 
-def child_env(where: Path) -> dict[str, str]:
-    """This process's environment with the side folder `where` first on the import path (a child Python)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]))
+def child_env(where: Path, stack: dict[str, str]) -> dict[str, str]:
+    """This process's environment with the side folder `where` of `stack` first on the import path (a child Python),
+    and the stack named in SIDE_ENV (stated())."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                **{SIDE_ENV: json.dumps(stack, sort_keys=True)})
 
 
 def command(stack: dict[str, str]) -> str:
@@ -189,10 +205,10 @@ def traced(source: ModelSource, what: tuple, progress: bool = False) -> dict[str
     request = {"source": {"kind": source.kind, "spec": source.spec, "origin": source.origin,
                           "decoder_seq_len": source.decoder_seq_len, "finetune": source.finetune,
                           "preference": source.preference, "fsdp": source.fsdp},
-               "what": list(what), "progress": progress, "stack": stack}
+               "what": list(what), "progress": progress, "stack": stack, "in_worker": bool(_in_worker())}
     child = subprocess.Popen([sys.executable, "-m", "nnmem_sweep.derive.side"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
-                             env=child_env(where))
+                             env=child_env(where, stack))
     try:
         out, err = child.communicate(json.dumps(request))
     except BaseException:  # a signal or an error here: the child goes too
@@ -200,10 +216,36 @@ def traced(source: ModelSource, what: tuple, progress: bool = False) -> dict[str
         child.wait()
         raise
     if child.returncode != 0:
+        # the child's one line: on its stdout (its stderr is the terminal's while progress is shown), else stderr's last
+        said = _said(out)
         lines = [ln for ln in (err or "").splitlines() if ln.strip()]
-        raise DerivationError(lines[-1].removeprefix("nnmem-sweep: ") if lines else
-                              f"tracing with {command(stack)[len('nnmem-sweep stack '):]} failed")
+        raise DerivationError(said or (lines[-1].removeprefix("nnmem-sweep: ") if lines else
+                              f"tracing with {command(stack)[len('nnmem-sweep stack '):]} failed"))
     return json.loads(out)
+
+
+def _said(out: str | None) -> str:
+    """The error line a failed child wrote on its stdout ({"_error": ...}), "" where it wrote none."""
+    try:
+        doc = json.loads(out or "")
+    except ValueError:
+        return ""
+    return str(doc.get("_error", "")) if isinstance(doc, dict) else ""
+
+
+def _in_worker() -> bool:
+    """Whether this process already traces one recipe per core (derivation.IN_WORKER): a child it starts then traces
+    its probes one after another too, instead of starting a pool of its own (cores x cores processes)."""
+    from .derivation import IN_WORKER
+
+    return bool(IN_WORKER)
+
+
+def _fail(message: str, code: int) -> int:
+    """The child's error: one line on stderr and, for the parent to quote, on stdout."""
+    print(f"nnmem-sweep: {message}", file=sys.stderr)
+    sys.stdout.write(json.dumps({"_error": message}))
+    return code
 
 
 def _child() -> int:
@@ -212,8 +254,11 @@ def _child() -> int:
     for pkg, want in req["stack"].items():
         got = installed(pkg)
         if got != want:
-            print(f"nnmem-sweep: the side environment imports {pkg} {got}, not {want}", file=sys.stderr)
-            return 3
+            return _fail(f"the side environment imports {pkg} {got}, not {want}", 3)
+    if req.get("in_worker"):
+        from .derivation import IN_WORKER
+
+        IN_WORKER.append(True)
     s = req["source"]
     source = ModelSource.of(s["kind"], s["spec"], s["origin"], s["decoder_seq_len"], s["finetune"], s["preference"],
                             s["fsdp"])
@@ -222,8 +267,7 @@ def _child() -> int:
     try:
         doc = document(source, tuple(req["what"]), req["progress"])
     except DerivationError as e:
-        print(f"nnmem-sweep: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e), 2)
     doc["_traced_with"] = versions()
     sys.stdout.write(json.dumps(doc))
     return 0

@@ -87,4 +87,4 @@ def _in_side_environment(stack: dict[str, str], config_path: str, out_dir: Path,
     # the same measure_scenario, writing measured.csv into the same (staging) folder (scenario_points.child)
     args = json.dumps([str(config_path), str(out_dir), list(points or []), int(limit), device, bool(bisect)])
     return subprocess.run([sys.executable, "-m", "nnmem_sweep.measure.scenario_points", args],
-                          env=child_env(where)).returncode
+                          env=child_env(where, stack)).returncode

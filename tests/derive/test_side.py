@@ -173,3 +173,72 @@ def test_measure_runs_the_stated_release(prepared, tmp_path, monkeypatch):
     assert diff == 2 * 2 * 256 * 256 * 4  # MemTracker sees the release's extra fp32 q/k per layer
     for r in got.values():
         assert abs(r["relative_error"]) < 1e-5
+
+
+def test_a_failed_child_is_quoted_even_while_progress_shows(monkeypatch):
+    """With progress the child's stderr is the terminal's, so its one line also comes back on its stdout: the
+    error raised here is that line, not a generic 'tracing failed'. A child started from a process that already
+    traces one recipe per core is told so (it traces its probes one after another, no pool of its own)."""
+    from nnmem_sweep.derive import derivation
+    from nnmem_sweep.derive.source import ModelSource
+
+    seen = {}
+
+    class Child:
+        returncode = 2
+
+        def __init__(self, cmd, stdin, stdout, stderr, text, env):
+            seen["stderr"] = stderr
+
+        def communicate(self, request):
+            seen["request"] = json.loads(request)
+            return json.dumps({"_error": "gpt_neox: the config names 3 heads for hidden 256"}), None
+
+    monkeypatch.setattr(side, "ready", lambda stack: Path("/nowhere"))
+    monkeypatch.setattr(side, "differing", lambda stack: {"transformers": OTHER})
+    monkeypatch.setattr(side.subprocess, "Popen", Child)
+    monkeypatch.setattr(derivation, "IN_WORKER", [True])
+    source = ModelSource.of("hf", NEOX, "neox.json")
+    with pytest.raises(DerivationError) as e:
+        side.traced(source, ("card",), progress=True)
+    assert str(e.value) == "gpt_neox: the config names 3 heads for hidden 256"
+    assert seen["stderr"] is None and seen["request"]["in_worker"] is True
+    assert side._said("not json") == "" and side._said('{"card": {}}') == ""
+
+
+def test_a_child_started_for_the_stated_release_plans_as_its_parent(tmp_path, monkeypatch):
+    """measure's child imports the stated release, so that release is the installed one there; it was started for
+    it (side.SIDE_ENV), and plans a hand-modelled family from that release's code as its parent's `run` does. A
+    process not started for it keeps the hand model when the runtime: block names the installed release."""
+    from nnmem_sweep.config import load_scenario
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path / "cache"))
+    here = transformers.__version__
+    cfg = tmp_path / "llama.yaml"
+    cfg.write_text(f"""model:
+  hf_config: {Path('configs/models/tiny-llama-hf.json').resolve()}
+mode: train
+runtime:
+  transformers: "{here}"
+grid: {{batch: [1], seq_len: [128], precision: [bf16], optimizer: [sgd]}}
+gpus: [t4]
+""")
+    from nnmem_sweep import config_model
+    from nnmem_sweep.errors import ScenarioError
+
+    traced = []
+
+    def planned_from_code(spec, stack=None):  # stands in for the tracing (seconds): what it is asked is checked
+        traced.append(stack)
+        raise DerivationError("not traced in this test")
+
+    monkeypatch.setattr(config_model, "architecture_of", planned_from_code)
+    monkeypatch.delenv(side.SIDE_ENV, raising=False)
+    assert side.stated({"transformers": here}) == {}
+    assert load_scenario(str(cfg)).model.kind != "derived" and traced == []
+    monkeypatch.setenv(side.SIDE_ENV, json.dumps({"transformers": here}))
+    assert side.stated({"transformers": here}) == {"transformers": here}
+    assert side.stated({"transformers": OTHER}) == {"transformers": OTHER}  # not installed: stated anyway
+    with pytest.raises(ScenarioError, match="not traced in this test"):
+        load_scenario(str(cfg))
+    assert traced == [{"transformers": here}]
