@@ -13,12 +13,48 @@ from .. import published_compare as P
 from .format import DASH, gib_number, signed_percent
 
 
-def formulas(all_formulas: list) -> list[dict[str, Any]]:
+def formulas(all_formulas: list, sc: Any = None) -> list[dict[str, Any]]:
     """Every formula but the stated assumptions ('*.assumptions.*'), which the Assumptions section lists where they
-    apply."""
+    apply; with a scenario `sc`, only those its rows can use (applies())."""
     return [{"name": f.name, "expression": f.expression, "where": f.where, "module": f.module, "note": f.note,
              "sources": [{"key": s.key, "title": s.title, "ref": s.ref} for s in f.sources]} for f in all_formulas
-            if ".assumptions." not in f.name]
+            if ".assumptions." not in f.name and (sc is None or applies(f, sc))]
+
+
+# formulas of a kind of scenario, by the module that implements them: (module prefix, what the scenario needs)
+_ONLY_FOR = (
+    ("nnmem_sweep.components.finetune", "finetune"), ("nnmem_sweep.parallel.", "parallel"),
+    ("nnmem_sweep.serving", "serving"), ("nnmem_sweep.components.kv", "infer"),
+    ("nnmem_sweep.throughput.inference", "infer"), ("nnmem_sweep.throughput.training", "train"),
+    ("nnmem_sweep.components.optimizer", "train"), ("nnmem_sweep.models.layers", "layers"),
+    ("nnmem_sweep.components.derived", "derived"), ("nnmem_sweep.derive.", "derived"),
+    ("nnmem_sweep.components.cpu_kernels", "cpu"),  # CPU measurements only (accuracy): never a GPU plan's
+)
+
+
+def applies(f: Any, sc: Any) -> bool:  # noqa: ANN401 - a citations.Formula, a Scenario
+    """Whether formula `f` can enter a row of scenario `sc`: a fine-tune's formulas where the model is fine-tuned,
+    a parallel layout's where the scenario has one, serving's and the KV cache's in infer mode, the optimizers' and
+    training throughput's in train mode, a layer list's for a layer-list model, a derived plan's where the model or
+    its replayed reserve is planned from code; a per-kind formula ('name.kind') only where the grid has that kind
+    (an optimizer, a quantized precision)."""
+    from ..serving import applies as serving_applies
+
+    model = sc.model
+    replayed = sc.overheads.replayed_reserve_fraction is not None
+    have = {"finetune": model.finetune is not None, "parallel": bool(sc.parallel), "serving": serving_applies(sc),
+            "infer": sc.mode == "infer", "train": sc.mode == "train", "layers": model.kind == "layers",
+            "derived": model.kind == "derived" or replayed, "cpu": False}
+    if any(f.module.startswith(prefix) and not have[need] for prefix, need in _ONLY_FOR):
+        return False
+    if f.name.startswith("parallel.") and not sc.parallel:
+        return False
+    kind = f.name.partition(".")[2]
+    if f.name.startswith("optimizer_state_bytes.") and kind != "full":
+        return kind in {str(o) for o in sc.grid.get("optimizer", ())}
+    if f.name.startswith("quantized_weight_bytes."):
+        return kind in {str(p) for p in sc.grid.get("precision", ())} or model.finetune is not None
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------- validation

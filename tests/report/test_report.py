@@ -26,8 +26,10 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "report.html"
 EPOCH = "1767225600"  # 2026-01-01T00:00:00Z
 
 KWON = Source("kwon2023", "Kwon et al. 2023, PagedAttention (vLLM)", "arXiv:2309.06180")
+ZERO = Source("rajbhandari2020", "Rajbhandari et al. 2020, ZeRO", "arXiv:1910.02054")
 FORMULAS = [Formula("kv_cache_bytes", "2 · b · s · L · kv_heads · head_dim · bytes", (KWON,), "§3",
-                    "nnmem_sweep.components.kv", note="paged caches round up to whole blocks")]
+                    "nnmem_sweep.components.kv", note="paged caches round up to whole blocks"),
+            Formula("gradients_bytes", "Ψ · bytes(grad dtype)", (ZERO,), "§3", "nnmem_sweep.components.weights")]
 CATALOG = {
     "precisions": [{"id": "bf16-mixed", "stores": "fp32 params, bf16 activations", "detail": "weights 4 B"},
                    {"id": "bf16", "stores": "model cast to bf16", "detail": "weights 2 B"}],
@@ -256,9 +258,21 @@ def test_letter_paper(fixed, run):
     assert "size: Letter portrait" in render(replace(run, scenario=sc), fixed / "o")
 
 
-def test_formulas_come_from_citations(fixed, run):
+def test_formulas_come_from_citations_those_the_scenario_can_use(fixed, run):
+    """The appendix lists the registered formulas a row of this scenario can use, each with its source: a training
+    scenario's gradients, not the KV cache of inference, which the note counts among those not listed."""
+    import dataclasses
+
+    from nnmem_sweep.report.appendix import applies
+
+    assert run.scenario.mode == "train"
     html = render(run, fixed / "o")
-    assert "2 · b · s · L · kv_heads · head_dim · bytes" in html and "arXiv:2309.06180, §3" in html
+    assert "Ψ · bytes(grad dtype)" in html and "arXiv:1910.02054, §3" in html
+    assert "kv_heads" not in html and "arXiv:2309.06180" not in html
+    assert "Listed: the 1 this scenario's rows can use; 1 more applies to other kinds of scenario only" in html
+    infer = dataclasses.replace(run.scenario, mode="infer")
+    assert [applies(f, infer) for f in FORMULAS] == [True, True]
+    assert [applies(f, run.scenario) for f in FORMULAS] == [False, True]
 
 
 def _git(cwd, *args, date="2026-02-03T04:05:06Z"):
