@@ -7,6 +7,7 @@ recordings on an H100 and an H200 (validation/gpu/*/2026-11-26*/snapshots.zip; t
 from __future__ import annotations
 
 import copy
+import json
 import zipfile
 from pathlib import Path
 
@@ -34,7 +35,26 @@ def test_the_kits_recordings_name_the_committed_run_they_come_from():
         with zipfile.ZipFile(REPO / src["path"]) as z:
             assert src["member"] in z.namelist()
         assert src["gpu"] in ("NVIDIA H100 80GB HBM3", "NVIDIA H200") and src["torch"].startswith("2.11")
-        assert len(src["commit"]) == 40
+        env = json.loads((REPO / src["path"]).with_name("env.json").read_text())
+        assert (src["gpu"], src["torch"], src["transformers"]) == (env["gpu"], env["torch"], env["transformers"])
+        # the commit that added the run's snapshots.zip (env.json's own names the device copy's stale checkout)
+        added = _added_in(src["path"])
+        assert len(src["commit"]) == 40 and (added is None or src["commit"] == added), (path.name, added)
+
+
+def _added_in(path: str) -> str | None:
+    """The commit of this repository that added `path`; None where there is no full git history to ask."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return None
+    done = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "-1", "--", path], cwd=REPO,
+                          capture_output=True, text=True)
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0 or shallow.stdout.strip() != "false" or not done.stdout.strip():
+        return None
+    return done.stdout.strip()
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".json.gz"))
