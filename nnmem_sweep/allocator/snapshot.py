@@ -211,17 +211,32 @@ def _merged(blocks: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
     return out
 
 
-def evidence(folder: Path) -> list[dict[str, Any]]:
-    """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found."""
-    out = []
-    for path in sorted(Path(folder).glob("*.json.gz")):
-        doc = load(path)
-        try:
-            c = check(doc)
-            found = {"ok": c.ok, "difference": c.difference, "events": c.events, "segments_made": c.segments_made,
-                     "segments": c.segments, "peak_reserved_bytes": c.peak_reserved_bytes}
-        except Unreplayable as e:
-            found = {"ok": False, "difference": f"not replayable: {e}", "events": 0, "segments_made": 0,
-                     "segments": len(doc["segments"]), "peak_reserved_bytes": 0}
-        out.append({"name": path.name.removesuffix(".json.gz"), "source": doc.get("source", {}), **found})
-    return out
+def evidence(folder: Path, memo: Any = None) -> list[dict[str, Any]]:
+    """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found.
+    memo(path, compute) -> the item: where a caller keeps each recording's result (the report: the user cache,
+    keyed by the recording's bytes and this package's allocator code)."""
+    paths = sorted(Path(folder).glob("*.json.gz"))
+    return [evidence_of(p) if memo is None else memo(p, evidence_of) for p in paths]
+
+
+def evidence_of(path: Path) -> dict[str, Any]:
+    """One slimmed snapshot replayed (evidence's item)."""
+    doc = load(path)
+    try:
+        c = check(doc)
+        found = {"ok": c.ok, "difference": c.difference, "events": c.events, "segments_made": c.segments_made,
+                 "segments": c.segments, "peak_reserved_bytes": c.peak_reserved_bytes}
+    except Unreplayable as e:
+        found = {"ok": False, "difference": f"not replayable: {e}", "events": 0, "segments_made": 0,
+                 "segments": len(doc["segments"]), "peak_reserved_bytes": 0}
+    return {"name": path.name.removesuffix(".json.gz"), "source": doc.get("source", {}), **found}
+
+
+def code_digest() -> str:
+    """sha256 of the allocator model's sources (this package): a kept replay result is stale when it changes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()

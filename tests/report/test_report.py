@@ -403,3 +403,30 @@ def test_reference_points_choose_the_breakdown_bars(run):
     # first bar: bf16 sgd at batch 2, seq 4096, no checkpointing: 2e9 + 2e9 + 4e9 + 2·4096·200,000 + overhead
     widths = [float(w) for w in re.findall(r'<rect x="[^"]*" y="10" width="([^"]*)"', svg)]
     assert len(widths) == 5  # weights, gradients, optimizer, activations, overhead (zero components skipped)
+
+
+def test_the_validation_sections_replays_are_kept_per_recording(tmp_path, monkeypatch):
+    """The Validation section's replays of the real-GPU recordings are kept in the user cache, keyed by each
+    recording's bytes and the allocator model's code: a second report replays none, and a changed recording (or
+    model) is replayed again."""
+    import shutil
+
+    from nnmem_sweep import report
+    from nnmem_sweep.allocator import snapshot as S
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "snapshots"
+    folder.mkdir()
+    for name in ("cs336-a2-ctx128-forward.json.gz", "eor-nn-training.json.gz"):
+        shutil.copy(Path(__file__).resolve().parents[1] / "data" / "snapshots" / name, folder / name)
+    first = S.evidence(folder, report._kept)
+    assert first == S.evidence(folder) and [e["ok"] for e in first] == [True, True]
+    replayed = []
+    monkeypatch.setattr(S, "check", lambda doc: replayed.append(doc) or pytest.fail("replayed again"))
+    assert S.evidence(folder, report._kept) == first and replayed == []
+    monkeypatch.undo()
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "code_digest", lambda: "another allocator model")
+    calls = []
+    monkeypatch.setattr(S, "evidence_of", lambda p: calls.append(p.name) or {"name": p.name})
+    assert [e["name"] for e in S.evidence(folder, report._kept)] == sorted(calls)
