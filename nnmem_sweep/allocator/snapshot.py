@@ -211,25 +211,66 @@ def _merged(blocks: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
     return out
 
 
+EVIDENCE_FILE = "evidence.json"  # beside the recordings: each one's replay as shipped (write_evidence)
+
+
 def evidence(folder: Path, memo: Any = None) -> list[dict[str, Any]]:
-    """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found.
-    memo(path, compute) -> the item: where a caller keeps each recording's result (the report: the user cache,
-    keyed by the recording's bytes and this package's allocator code)."""
-    paths = sorted(Path(folder).glob("*.json.gz"))
-    return [evidence_of(p) if memo is None else memo(p, evidence_of) for p in paths]
+    """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found. A
+    recording whose replay is shipped in EVIDENCE_FILE for its bytes and this allocator code is not replayed again;
+    any other is, by memo(path, compute) -> the item where the caller keeps results (the report: the user cache),
+    else here."""
+    shipped = _shipped(Path(folder))
+    code = code_digest()
+    out = []
+    for path in sorted(Path(folder).glob("*.json.gz")):
+        kept = shipped.get(path.name) or {}
+        if kept.get("sha256") == _sha256(path) and kept.get("code") == code:
+            out.append(kept["item"])
+        else:
+            out.append(evidence_of(path) if memo is None else memo(path, evidence_of))
+    return out
 
 
 def evidence_of(path: Path) -> dict[str, Any]:
     """One slimmed snapshot replayed (evidence's item)."""
     doc = load(path)
     try:
-        c = check(doc)
-        found = {"ok": c.ok, "difference": c.difference, "events": c.events, "segments_made": c.segments_made,
-                 "segments": c.segments, "peak_reserved_bytes": c.peak_reserved_bytes}
+        return item(path, doc, check(doc))
     except Unreplayable as e:
-        found = {"ok": False, "difference": f"not replayable: {e}", "events": 0, "segments_made": 0,
-                 "segments": len(doc["segments"]), "peak_reserved_bytes": 0}
+        return item(path, doc, None, f"not replayable: {e}")
+
+
+def item(path: Path, doc: dict[str, Any], c: "Check | None", why: str = "") -> dict[str, Any]:
+    """evidence's item of a recording from its check() (None where it could not be replayed, `why`)."""
+    found = {"ok": c.ok, "difference": c.difference, "events": c.events, "segments_made": c.segments_made,
+             "segments": c.segments, "peak_reserved_bytes": c.peak_reserved_bytes} if c is not None else \
+        {"ok": False, "difference": why, "events": 0, "segments_made": 0, "segments": len(doc["segments"]),
+         "peak_reserved_bytes": 0}
     return {"name": path.name.removesuffix(".json.gz"), "source": doc.get("source", {}), **found}
+
+
+def write_evidence(folder: Path) -> Path:
+    """EVIDENCE_FILE in `folder`: every recording replayed now, with its sha256 and the allocator code's digest."""
+    code = code_digest()
+    doc = {p.name: {"sha256": _sha256(p), "code": code, "item": evidence_of(p)}
+           for p in sorted(Path(folder).glob("*.json.gz"))}
+    out = Path(folder) / EVIDENCE_FILE
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def _shipped(folder: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((folder / EVIDENCE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def code_digest() -> str:

@@ -7,6 +7,7 @@ recordings on an H100 and an H200 (validation/gpu/*/2026-11-26*/snapshots.zip; t
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -65,6 +66,17 @@ def test_the_model_replays_a_real_gpu_snapshot_block_for_block(path):
     assert result.events == len(doc["trace"]) and result.segments == len(doc["segments"])
     assert result.model_peak_reserved_bytes == result.peak_reserved_bytes
     assert result.segments_made == sum(1 for act, _, _ in doc["trace"] if act == S.SEGMENT)
+    # the report reads this replay as shipped (evidence.json) while the recording and the allocator code are these
+    shipped = json.loads((path.parent / S.EVIDENCE_FILE).read_text())[path.name]
+    again = "regenerate it: python tests/allocator/test_snapshots.py --write"
+    assert shipped["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), again
+    assert shipped["code"] == S.code_digest(), again
+    assert shipped["item"] == S.item(path, doc, result)
+
+
+def test_the_shipped_evidence_is_of_the_committed_recordings_only():
+    shipped = json.loads((SNAPSHOTS[0].parent / S.EVIDENCE_FILE).read_text())
+    assert sorted(shipped) == sorted(p.name for p in SNAPSHOTS)
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".json.gz"))
@@ -143,3 +155,10 @@ def test_a_recording_that_frees_what_it_never_saw_allocated_is_refused():
            "trace": [[S.FREE, 1 << 30, 512]]}
     with pytest.raises(S.Unreplayable, match="allocated before the recording"):
         S.check(doc)
+
+
+if __name__ == "__main__":  # python tests/allocator/test_snapshots.py --write: evidence.json anew
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        print(S.write_evidence(SNAPSHOTS[0].parent))
