@@ -18,9 +18,10 @@ padding to the longest sequence of a batch (every sequence here is seq_len long)
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a step runs: the config's checks (check) need none of it
+    import torch
 
 LOSSES = ("dpo", "simpo", "orpo")
 REFERENCES = ("model", "adapters", "precomputed")
@@ -32,6 +33,8 @@ def make_inputs(case: dict[str, Any], model: torch.nn.Module) -> dict[str, torch
     labels a copy of the ids; with a precomputed reference, its log-probabilities (2·batch,) in fp32."""
     b, s = int(case["batch"]), int(case["seq_len"])
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+    import torch
+
     ids = torch.randint(0, vocab, (2 * b, s), dtype=torch.long)
     out = {"input_ids": ids, "labels": ids.clone()}
     if case["preference"].get("reference") == "precomputed":
@@ -44,6 +47,8 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     its forward transients; autograd keeps each one's log-softmax for backward all the same, so the bytes are those
     of one log-softmax over the batch, which this computes (and which keeps the step one program at every batch
     size, as a derived plan needs)."""
+    import torch
+
     lp = torch.log_softmax(logits[:, :-1], dim=-1)
     return lp.gather(-1, labels[:, 1:].unsqueeze(-1)).squeeze(-1).sum(-1)
 
@@ -57,6 +62,8 @@ def loss_fn(spec: dict[str, Any], reference: torch.nn.Module | None) -> Callable
     """The step's loss for run_steps (Workload.loss_fn): policy forward of the 2·batch sequences, the reference's
     log-probabilities, the preference loss. `between()` is called between two forward calls of the same model
     (MemTracker keeps per-module records of one call)."""
+    import torch
+
     kind, ref_kind = spec["loss"], spec.get("reference", "model")
 
     def loss(model: torch.nn.Module, inputs: dict[str, Any], between: Callable[[], None] = lambda: None):
