@@ -145,7 +145,6 @@ def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False)
     checkpointing, device[, zero_grad]) each) that no cache or shipped plan holds yet; get_plan then finds them stored. Tracing
     is single-threaded Python: two recipes on two cores take the time of one."""
     import os
-    from multiprocessing import get_context
 
     from . import budget, cache
 
@@ -159,7 +158,7 @@ def prefetch(source: ModelSource, requests: list[tuple], progress: bool = False)
     _need_torch()
     # a Pool, not a ProcessPoolExecutor: stopped (SIGINT, SIGTERM, an error), it is terminated at once instead of
     # waiting minutes for the recipes being traced; its workers die quietly (budget.worker_signals)
-    pool = get_context("fork").Pool(workers, initializer=budget.worker_signals)
+    pool = budget.pool(workers)
     try:
         for r in [pool.apply_async(_derive_one, (source, w, progress, _ship_to())) for w in missing]:
             budget.result(r)

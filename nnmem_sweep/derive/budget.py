@@ -124,10 +124,36 @@ def result(async_result, poll: float = 0.2):
     return async_result.get()
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
 def worker_signals() -> None:
-    """A forked tracing worker: SIGINT is the parent's to handle, SIGTERM ends the worker at once and quietly."""
+    """A forked tracing worker: SIGINT is the parent's to handle, SIGTERM ends the worker at once and quietly; then
+    both are let through (a pool's workers start with them held: pool())."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
+def pool(workers: int):
+    """A fork Pool of tracing workers, made with SIGINT and SIGTERM held (pthread_sigmask) in this thread, so in
+    the pool's own threads and in every worker they fork, those a pool starts again while it is terminated
+    included: a signal can no longer land in a child before worker_signals has run, while another library's
+    at-fork handler (filelock's) runs under the parent's handler, which left a worker alive that terminate() had
+    already signalled, and the parent waiting on it for ever. A signal sent meanwhile acts when the pool is made."""
+    import multiprocessing
+
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    made = None
+    try:
+        made = multiprocessing.get_context("fork").Pool(workers, initializer=worker_signals)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held meanwhile acts here
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if made is not None:
+            made.terminate()
+        raise
+    return made
 
 
 # in every child forked from Python (the tracing pools' workers, those a pool starts again while it is being

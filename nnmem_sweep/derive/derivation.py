@@ -151,11 +151,9 @@ class _Probe:
         workers = min(4, os.cpu_count() or 1)
         if workers < 2 or IN_WORKER or steps.BACKWARD_RAN:
             return None
-        import multiprocessing
-
         _WORKER_PROBE[:] = [self]
         try:
-            return multiprocessing.get_context("fork").Pool(workers, initializer=budget.worker_signals)
+            return budget.pool(workers)
         finally:
             _WORKER_PROBE.clear()
 
