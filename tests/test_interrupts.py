@@ -64,7 +64,7 @@ def test_a_step_that_loops_over_the_tokens_is_refused_before_a_long_probe(tmp_pa
 @pytest.mark.parametrize("env, words", [
     ({"NNMEM_SWEEP_DERIVE_EVENTS": "50"}, "past its budget of 50 storage events in one traced step"),
     ({"NNMEM_SWEEP_DERIVE_SECONDS": "0"}, "past its budget of 0 s for one recipe"),
-    ({"NNMEM_SWEEP_DERIVE_MEMORY": "1 MiB"}, "past its budget of 0.0 GiB of memory"),
+    ({"NNMEM_SWEEP_DERIVE_MEMORY": "1 MiB"}, "past its budget of 1.0 MiB of memory"),
 ])
 def test_past_a_budget_is_one_line_naming_it_and_how_to_allow_more(tmp_path, env, words):
     line = one_line_refusal(cli(tmp_path, "run", str(scenario(tmp_path, "tiny-qwen3.json")), "--out",

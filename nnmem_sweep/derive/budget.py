@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..units import parse_size
+from ..units import auto_unit, format_bytes, parse_size
 from .source import DerivationError
 
 EVENTS_ENV, SECONDS_ENV, MEMORY_ENV = ("NNMEM_SWEEP_DERIVE_EVENTS", "NNMEM_SWEEP_DERIVE_SECONDS",
@@ -112,7 +112,8 @@ def _check_clock_and_memory() -> None:
     if time.monotonic() > _S.deadline:
         raise _stop(f"{_S.seconds:g} s for one recipe", f"{SECONDS_ENV}=N")
     if _resident() > _S.memory:
-        raise _stop(f"{_S.memory / 2**30:.1f} GiB of memory for the tracing process", f"{MEMORY_ENV}='48 GiB'")
+        size = format_bytes(_S.memory, auto_unit(_S.memory))  # '1.0 MiB', '48.0 GiB': never '0.0 GiB'
+        raise _stop(f"{size} of memory for the tracing process", f"{MEMORY_ENV}='48 GiB'")
 
 
 def result(async_result, poll: float = 0.2):
