@@ -225,7 +225,8 @@ def summary_lines(root: Path = VALIDATION, trace: bool = False) -> list[str]:
 
 def run_summaries(root: Path = VALIDATION) -> list[dict[str, Any]]:
     """One line of figures per committed kit run, for the report's Validation section: the GPU, the run's folder
-    (its date, and what distinguishes runs of one day), the releases, how many points were measured and the median and largest |error| of each of FIGURES."""
+    (its date, and what distinguishes runs of one day), the releases, how many points were measured and the median
+    and largest |error| of each of FIGURES."""
     out = []
     for folder in runs(root):
         env, df = compare_run(folder)

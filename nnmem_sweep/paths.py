@@ -58,3 +58,14 @@ def user_cache_dir() -> Path:
         return Path(os.environ["NNMEM_SWEEP_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "nnmem_sweep"
+
+
+def sources_digest(root: Path, pattern: str = "*.py") -> str:
+    """sha256 over the Python sources under `root` (each file's path relative to it and its bytes, sorted): which
+    code this is, without git (the GPU kit's code_sha256; the allocator model's, keying kept replays)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(root).rglob(pattern)):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

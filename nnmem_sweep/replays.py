@@ -219,8 +219,9 @@ def reserved(sc: Scenario, progress: bool = False, bands: bool = True) -> tuple[
 
 
 def with_replayed_reserve(sc: Scenario, progress: bool = False, bands: bool = True) -> Scenario:
-    """`sc` with the reserve its replays give (reserved() without its table)."""
-    return reserved(sc, progress, bands)[0]
+    """`sc` with the reserve its replays give, without reserved()'s tables (run --stream writes its own in chunks):
+    the default reserve's table is estimated only where there is something to replay."""
+    return refine(sc, scenario_max_batch(sc) if _replayable(sc)[0] else None, progress, bands)
 
 
 def _replayable(sc: Scenario):

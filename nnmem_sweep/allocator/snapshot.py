@@ -217,17 +217,18 @@ EVIDENCE_FILE = "evidence.json"  # beside the recordings: each one's replay as s
 def evidence(folder: Path, memo: Any = None) -> list[dict[str, Any]]:
     """Every slimmed snapshot in `folder` (*.json.gz) replayed: its name, source and what the replay found. A
     recording whose replay is shipped in EVIDENCE_FILE for its bytes and this allocator code is not replayed again;
-    any other is, by memo(path, compute) -> the item where the caller keeps results (the report: the user cache),
-    else here."""
+    any other is, by memo(path, key, compute) -> the item where the caller keeps results under `key` (the
+    recording's sha256 and the allocator code's digest; the report: the user cache), else here."""
     shipped = _shipped(Path(folder))
     code = code_digest()
     out = []
     for path in sorted(Path(folder).glob("*.json.gz")):
+        key = {"sha256": _sha256(path), "code": code}
         kept = shipped.get(path.name) or {}
-        if kept.get("sha256") == _sha256(path) and kept.get("code") == code:
+        if all(kept.get(k) == v for k, v in key.items()):
             out.append(kept["item"])
         else:
-            out.append(evidence_of(path) if memo is None else memo(path, evidence_of))
+            out.append(evidence_of(path) if memo is None else memo(path, key, evidence_of))
     return out
 
 
@@ -275,9 +276,6 @@ def _sha256(path: Path) -> str:
 
 def code_digest() -> str:
     """sha256 of the allocator model's sources (this package): a kept replay result is stale when it changes."""
-    import hashlib
+    from ..paths import sources_digest
 
-    h = hashlib.sha256()
-    for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    return sources_digest(Path(__file__).resolve().parent)

@@ -86,13 +86,9 @@ def code_digest(root: Path | None = None) -> str:
     metadata cannot say (a copy of a working tree with uncommitted changes, or with another checkout's .git: the
     device machine's copies carried the session start's). `python -c 'from nnmem_sweep.measure.kit import
     code_digest; print(code_digest())'` at a commit gives the same digest for the same code."""
-    import hashlib
+    from ..paths import sources_digest
 
-    root = root or Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return sources_digest(root or Path(__file__).resolve().parents[1])
 
 
 def _git_commit() -> str | None:

@@ -67,20 +67,19 @@ def load_gpu_evidence(validation: Any = AUTO) -> dict[str, Any] | None:
             "gpu_runs": run_summaries(runs) if runs else None}
 
 
-def _kept(path: Path, compute) -> dict[str, Any]:  # noqa: ANN001 - allocator.snapshot.evidence_of
-    """A recording's replay from the user cache, keyed by its bytes and the allocator code (allocator.snapshot
-    .code_digest), computed and kept where it is not there: the Validation section replays its 21 recordings (2.6 s
-    of every report) only when one of them or the allocator model changes."""
+def _kept(path: Path, key: dict[str, str], compute) -> dict[str, Any]:  # noqa: ANN001 - snapshot.evidence_of
+    """A recording's replay from the user cache under `key` (its sha256 and the allocator code's digest, from
+    allocator.snapshot.evidence), computed and kept where it is not there: a recording the shipped evidence.json
+    does not hold for this code is replayed once, not by every report."""
     import json
 
-    from ..allocator.snapshot import code_digest
     from ..derive.cache import memo_read, memo_write
 
-    key = json.dumps(["snapshot evidence", hashlib.sha256(path.read_bytes()).hexdigest(), code_digest()])
-    doc = memo_read("evidence", key)
+    text = json.dumps(["snapshot evidence", key["sha256"], key["code"]])
+    doc = memo_read("evidence", text)
     if doc is None or "item" not in doc:
         doc = {"item": compute(path)}
-        memo_write("evidence", key, doc)
+        memo_write("evidence", text, doc)
     return doc["item"]
 
 

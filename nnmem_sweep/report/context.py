@@ -71,6 +71,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     assumed = assumptions(sc, validation_table)
     if page["assumed"]:
         assumed["groups"].append({"title": "Throughput estimate", "items": throughput_assumptions(sc, page["assumed"])})
+    shown = formulas(all_formulas, sc)  # those this scenario's rows can use; the note counts the others
     return {
         "title": str(sc.report.get("title") or sc.name),
         "description": sc.description,
@@ -95,8 +96,8 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
             "heatmap_max_rows": str(HEATMAP_MAX_ROWS),
         },
         "assumptions": assumed,
-        "formulas": formulas(all_formulas, sc),
-        "formulas_other": len(formulas(all_formulas)) - len(formulas(all_formulas, sc)),
+        "formulas": shown,
+        "formulas_other": len(formulas(all_formulas)) - len(shown),
         "validation": validation(validation_table, published_table, gpu_evidence),
         "serving": serving_section(sc, serving_plan, serving_context, point),
         "changes": changes_section(changes, prov, sc),
