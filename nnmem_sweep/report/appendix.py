@@ -30,13 +30,18 @@ _ONLY_FOR = (
     ("nnmem_sweep.components.derived", "derived"), ("nnmem_sweep.derive.", "derived"),
     ("nnmem_sweep.components.cpu_kernels", "cpu"),  # CPU measurements only (accuracy): never a GPU plan's
 )
+# and by the formula's name, where a module serves several kinds: (name prefix, what the scenario needs)
+_NAMED_FOR = (
+    ("parallel.", "parallel"), ("activation_bytes.layers", "layers"), ("activation_bytes.params", "params"),
+    ("throughput.decode_", "infer"), ("throughput.inference_", "infer"), ("throughput.training_", "train"),
+)
 
 
 def applies(f: Any, sc: Any) -> bool:  # noqa: ANN401 - a citations.Formula, a Scenario
     """Whether formula `f` can enter a row of scenario `sc`: a fine-tune's formulas where the model is fine-tuned,
     a parallel layout's where the scenario has one, serving's and the KV cache's in infer mode, the optimizers' and
-    training throughput's in train mode, a layer list's for a layer-list model, a derived plan's where the model or
-    its replayed reserve is planned from code; a per-kind formula ('name.kind') only where the grid has that kind
+    training throughput's in train mode, a layer list's for a layer-list model (a parameter count's for a model of
+    parameters), a derived plan's where the model or its replayed reserve is planned from code; a per-kind formula ('name.kind') only where the grid has that kind
     (an optimizer, a quantized precision)."""
     from ..serving import applies as serving_applies
 
@@ -44,10 +49,9 @@ def applies(f: Any, sc: Any) -> bool:  # noqa: ANN401 - a citations.Formula, a S
     replayed = sc.overheads.replayed_reserve_fraction is not None
     have = {"finetune": model.finetune is not None, "parallel": bool(sc.parallel), "serving": serving_applies(sc),
             "infer": sc.mode == "infer", "train": sc.mode == "train", "layers": model.kind == "layers",
-            "derived": model.kind == "derived" or replayed, "cpu": False}
-    if any(f.module.startswith(prefix) and not have[need] for prefix, need in _ONLY_FOR):
-        return False
-    if f.name.startswith("parallel.") and not sc.parallel:
+            "params": model.kind == "params", "derived": model.kind == "derived" or replayed, "cpu": False}
+    if any(f.module.startswith(prefix) and not have[need] for prefix, need in _ONLY_FOR) or \
+            any(f.name.startswith(prefix) and not have[need] for prefix, need in _NAMED_FOR):
         return False
     kind = f.name.partition(".")[2]
     if f.name.startswith("optimizer_state_bytes.") and kind != "full":

@@ -273,6 +273,14 @@ def test_formulas_come_from_citations_those_the_scenario_can_use(fixed, run):
     infer = dataclasses.replace(run.scenario, mode="infer")
     assert [applies(f, infer) for f in FORMULAS] == [True, True]
     assert [applies(f, run.scenario) for f in FORMULAS] == [False, True]
+    # formulas of a module that serves several kinds, told apart by name: this model of parameters trains, so its
+    # activations are the parameter count's, not a layer list's, and decode's efficiency is not its
+    from nnmem_sweep import formulas as registered
+    named = {f.name: f for f in registered.all_formulas()}
+    assert run.scenario.model.kind == "params"
+    assert [applies(named[n], run.scenario) for n in ("activation_bytes.layers", "activation_bytes.params",
+                                                       "throughput.decode_bandwidth_efficiency_default",
+                                                       "throughput.training_mfu_default")] == [False, True, False, True]
 
 
 def _git(cwd, *args, date="2026-02-03T04:05:06Z"):
