@@ -1,12 +1,15 @@
-"""A model of DeviceCachingAllocator (c10/cuda/CUDACachingAllocator.cpp, native backend) for one device and one
-stream: blocks, segments, the two pools, best fit, splitting, merging, releasing cached segments when cudaMalloc
-fails, and expandable segments. Each method names the C++ function it models. Addresses are synthetic: every new
+"""A model of DeviceCachingAllocator (c10/cuda/CUDACachingAllocator.cpp, native backend) for one device: blocks,
+segments, the two pools, best fit, splitting, merging, releasing cached segments when cudaMalloc fails, expandable
+segments, and streams (a segment belongs to the stream that made it; a request is served only from its own stream's
+blocks: BlockComparatorSize orders by stream first and get_free_block gives up on another stream's block). Each method names the C++ function it models. Addresses are synthetic: every new
 segment gets a fresh base above the previous ones (cudaMalloc's real addresses are unknown), so "lowest address"
 among segments means "oldest segment", which is also the newer sources' tie-break (registration_counter); or, with
 `descending`, below them ("newest segment"): the driver does either (an H100's recordings show both), and a plan's
 replays take the larger need of the two (replays.least_capacity).
 
-Not modelled: multiple streams and record_stream (events), CUDA graphs and private pools, garbage_collection_threshold
+Streams' events (record_stream) are not modelled as time: a block used on another stream returns to its pool at
+its free_completed, which a real snapshot's trace records and a plan's sequence does not have. Not modelled: CUDA
+graphs and private pools, garbage_collection_threshold
 (acts only under a per-process memory fraction), the free-memory callbacks, and the fragmentation of the driver's own
 physical memory (a cudaMalloc succeeds whenever reserved + size ≤ capacity).
 """
@@ -29,10 +32,11 @@ DESCENDING_TOP = 1 << 52
 class _Segment:
     """One cudaMalloc (native) or one reserved address range mapped in pages (expandable)."""
 
-    __slots__ = ("base", "small", "page", "size")
+    __slots__ = ("base", "small", "page", "size", "stream")
 
-    def __init__(self, base: int, small: bool, page: int, size: int):
+    def __init__(self, base: int, small: bool, page: int, size: int, stream: int = 0):
         self.base, self.small, self.page, self.size = base, small, page, size  # page 0: not expandable
+        self.stream = stream
 
 
 class _Block:
@@ -49,13 +53,14 @@ class _Block:
 
 
 class _Pool:
-    """BlockPool: free mapped blocks ordered by (size, address) (BlockComparatorSize, one stream), and unmapped
-    ranges of expandable segments ordered by address (BlockComparatorAddress)."""
+    """One stream's part of a BlockPool: free mapped blocks ordered by (size, address) (BlockComparatorSize
+    orders by stream first, and a request never takes another stream's block), and unmapped ranges of expandable
+    segments ordered by address (BlockComparatorAddress)."""
 
-    __slots__ = ("small", "keys", "free", "unmapped", "unmapped_blocks")
+    __slots__ = ("small", "stream", "keys", "free", "unmapped", "unmapped_blocks")
 
-    def __init__(self, small: bool):
-        self.small = small
+    def __init__(self, small: bool, stream: int = 0):
+        self.small, self.stream = small, stream
         self.keys: list[tuple[int, int]] = []  # sorted (size, ptr) of free mapped blocks
         self.free: dict[int, _Block] = {}  # ptr -> free mapped block
         self.unmapped: list[int] = []  # sorted ptrs of unmapped blocks
@@ -96,6 +101,7 @@ class SegmentInfo:
     small: bool
     expandable: bool
     blocks: tuple[BlockInfo, ...]
+    stream: int = 0
 
     @property
     def reserved_bytes(self) -> int:
@@ -103,7 +109,7 @@ class SegmentInfo:
 
 
 class CachingAllocatorModel:
-    """DeviceCachingAllocator for one device and one stream. `malloc` returns a block or None (out of memory);
+    """DeviceCachingAllocator for one device. `malloc` returns a block or None (out of memory);
     the statistics mirror torch.cuda.memory_stats(): allocated_bytes, reserved_bytes, num_device_alloc/free."""
 
     def __init__(self, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
@@ -119,7 +125,8 @@ class CachingAllocatorModel:
         self._max_split = options.max_split_bytes
         self._non_split_rounding = options.non_split_rounding_bytes
         self._large_segment = options.large_segment_bytes
-        self.small_pool, self.large_pool = _Pool(True), _Pool(False)
+        self.small_pool, self.large_pool = _Pool(True), _Pool(False)  # stream 0's
+        self._pools: dict[tuple[int, bool], _Pool] = {(0, True): self.small_pool, (0, False): self.large_pool}
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.num_device_alloc = self.num_device_free = 0
         self.event = -1  # index of the event being replayed; the peaks note it
@@ -142,25 +149,33 @@ class CachingAllocatorModel:
         self.reserved -= nbytes
         self.num_device_free += 1
 
-    def _new_segment(self, small: bool, page: int, size: int) -> _Segment:
+    def pool(self, stream: int, small: bool) -> _Pool:
+        """The stream's part of the small or the large BlockPool."""
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = _Pool(small, stream)
+        return pool
+
+    def _new_segment(self, small: bool, page: int, size: int, stream: int) -> _Segment:
         if self.next_address is not None:  # a real snapshot's address (snapshot.py): its ties are broken by it
-            seg, self.next_address = _Segment(self.next_address, small, page, size), None
+            seg, self.next_address = _Segment(self.next_address, small, page, size, stream), None
             return seg
         step = (-(-size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
         if self.descending:
             self._next_base -= step
-            return _Segment(self._next_base, small, page, size)
-        seg = _Segment(self._next_base, small, page, size)
+            return _Segment(self._next_base, small, page, size, stream)
+        seg = _Segment(self._next_base, small, page, size, stream)
         self._next_base += step
         return seg
 
-    def adopt_segment(self, size: int, small: bool, allocated: list[tuple[int, int]]) -> list[_Block]:
+    def adopt_segment(self, size: int, small: bool, allocated: list[tuple[int, int]], stream: int = 0
+                      ) -> list[_Block]:
         """A native segment that exists before the replay starts (a real snapshot's: allocator/snapshot.py): `size`
-        bytes in the small or large pool, blocks allocated at (offset, bytes), the space between them free blocks.
-        Counted as reserved (and as a cudaMalloc); returns the allocated blocks in address order."""
-        seg = self._new_segment(small, 0, size)
+        bytes of `stream` in the small or large pool, blocks allocated at (offset, bytes), the space between them
+        free blocks. Counted as reserved (and as a cudaMalloc); returns the allocated blocks in address order."""
+        seg = self._new_segment(small, 0, size, stream)
         self._reserve(size)
-        pool = self.small_pool if small else self.large_pool
+        pool = self.pool(stream, small)
         pieces, pos = [], 0
         for off, n in sorted(allocated):
             if off > pos:
@@ -192,10 +207,12 @@ class CachingAllocatorModel:
         size = round_size(nbytes, self._divisions[roundup_division_index(nbytes)])
         return size, allocation_size(size, self._large_segment)
 
-    def malloc(self, nbytes: int) -> _Block | None:
-        """DeviceCachingAllocator::malloc: best fit, else a new segment, else release cached blocks and retry."""
+    def malloc(self, nbytes: int, stream: int = 0) -> _Block | None:
+        """DeviceCachingAllocator::malloc on `stream`: best fit among the stream's free blocks, else a new segment,
+        else release cached blocks (every stream's: release_cached_blocks) and retry."""
         size, alloc_size = self.request_sizes(nbytes)
-        pool = self.small_pool if is_small(size) else self.large_pool
+        small = is_small(size)
+        pool = self.pool(stream, small) if stream else self.small_pool if small else self.large_pool
         block = self._get_free_block(pool, size)
         if block is None:
             block = self._alloc_block(pool, size, alloc_size)
@@ -233,7 +250,7 @@ class CachingAllocatorModel:
             return self._try_allocate_expandable_block(pool, size)
         if self.reserved + alloc_size > self.capacity:
             return None  # cudaErrorMemoryAllocation
-        seg = self._new_segment(pool.small, 0, alloc_size)
+        seg = self._new_segment(pool.small, 0, alloc_size, pool.stream)
         self._reserve(alloc_size)
         return _Block(seg.base, alloc_size, seg)
 
@@ -270,7 +287,9 @@ class CachingAllocatorModel:
         pool.insert(block)
 
     def _pool_of(self, block: _Block) -> _Pool:
-        return self.small_pool if block.seg.small else self.large_pool
+        if not block.seg.stream:
+            return self.small_pool if block.seg.small else self.large_pool
+        return self.pool(block.seg.stream, block.seg.small)
 
     @staticmethod
     def _try_merge_blocks(dst: _Block, src: _Block | None, pool: _Pool) -> int:
@@ -319,8 +338,9 @@ class CachingAllocatorModel:
 
     def release_cached_blocks(self) -> None:
         """release_cached_blocks (also emptyCache): free every cached segment that is entirely free (release_blocks,
-        large pool then small); with expandable segments unmap every wholly free page and drop empty segments."""
-        for pool in (self.large_pool, self.small_pool):
+        large pool then small, every stream); with expandable segments unmap every wholly free page and drop empty
+        segments."""
+        for _, pool in sorted(self._pools.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             to_unmap = []
             for b in [pool.free[ptr] for _, ptr in pool.keys]:
                 if b.seg.page:
@@ -359,7 +379,7 @@ class CachingAllocatorModel:
             if room >= size:
                 return c
         page = kSmallBuffer if pool.small else self._large_segment
-        seg = self._new_segment(pool.small, page, -(-self._reserve_bytes // page) * page)
+        seg = self._new_segment(pool.small, page, -(-self._reserve_bytes // page) * page, pool.stream)
         self._expandable_segments.append(seg)
         candidate = _Block(seg.base, seg.size, seg, mapped=False)
         pool.insert_unmapped(candidate)
@@ -433,7 +453,7 @@ class CachingAllocatorModel:
     def snapshot(self) -> tuple[SegmentInfo, ...]:
         """Segments by base address with their blocks (torch.cuda.memory_snapshot()'s shape, simplified)."""
         blocks: list[_Block] = list(self._live.values())
-        for pool in (self.small_pool, self.large_pool):
+        for pool in self._pools.values():
             blocks += pool.free.values()
             blocks += pool.unmapped_blocks.values()
         by_seg: dict[int, list[_Block]] = {}
@@ -447,7 +467,7 @@ class CachingAllocatorModel:
             infos = tuple(BlockInfo(b.ptr - base, b.size, "unmapped" if not b.mapped else
                                     "allocated" if b.allocated else "free")
                           for b in sorted(by_seg[base], key=lambda b: b.ptr))
-            out.append(SegmentInfo(base, seg.small, bool(seg.page), infos))
+            out.append(SegmentInfo(base, seg.small, bool(seg.page), infos, seg.stream))
         return tuple(out)
 
 

@@ -8,7 +8,8 @@ asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(do
      allocated at the end and that it never allocated, the rest of those segments free (a recording that frees a
      block allocated before it started, or releases a segment it did not make, cannot be rebuilt so and is refused:
      Unreplayable);
-  2. every alloc through CachingAllocatorModel.malloc and every free_completed through free; a run of
+  2. every alloc through CachingAllocatorModel.malloc on its stream and every free_completed through free (a block
+     used on another stream, record_stream, is freed when its events complete: free_completed, not free_requested); a run of
      segment_free (torch.cuda.empty_cache()) through release_cached_blocks, which must release exactly those
      segments; each segment the model makes takes the address of the GPU's segment_alloc (so ties between equal
      free blocks fall as on the GPU), and at each alloc the model must make a segment exactly where the GPU made
@@ -16,7 +17,7 @@ asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(do
   3. at the end, every segment's blocks (offset, size, allocated or free), the number of segments and the peak
      reserved.
 
-One device, one stream, native segments (what the model models); `check` names the first difference.
+One device, any number of streams, native segments (what the model models); `check` names the first difference.
 """
 from __future__ import annotations
 
@@ -36,8 +37,14 @@ ALLOC, FREE, SEGMENT, SEGMENT_FREE = range(4)
 
 def slim(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
     """The fields a replay reads: segments (address, total size, pool, expandable, stream; blocks as [address, size,
-    allocated]) and the trace as [action (ACTIONS' index), address, size]; stack frames and timings dropped."""
+    allocated]) and the trace as [action (ACTIONS' index), address, size] with the stream after them where it is
+    not 0 (a stream is its cudaStream_t's value; 0: the default stream); stack frames and timings dropped."""
     traces = snapshot.get("device_traces") or [[]]
+
+    def event(e: dict[str, Any]) -> list[int]:
+        out = [ACTIONS.index(e["action"]), int(e["addr"]), int(e["size"])]
+        return out + [int(e["stream"])] if e.get("stream") else out
+
     return {
         "segments": [{"address": int(s["address"]), "total_size": int(s["total_size"]),
                       "small": s["segment_type"] == "small", "expandable": bool(s.get("is_expandable")),
@@ -45,8 +52,7 @@ def slim(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
                       "blocks": [[int(b["address"]), int(b["size"]), b["state"].startswith("active")]
                                  for b in s["blocks"]]}
                      for s in snapshot["segments"] if s.get("device", device) == device],
-        "trace": [[ACTIONS.index(e["action"]), int(e["addr"]), int(e["size"])] for e in traces[device]
-                  if e["action"] in ACTIONS],
+        "trace": [event(e) for e in traces[device] if e["action"] in ACTIONS],
     }
 
 
@@ -83,10 +89,10 @@ class Check:
 def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
     """The segments that exist before the recording, and the block addresses it allocates."""
     segs, trace = doc["segments"], doc["trace"]
-    if any(s["expandable"] for s in segs) or len({s["stream"] for s in segs}) > 1:
-        raise Unreplayable("expandable segments or several streams: not modelled")
+    if any(s["expandable"] for s in segs):
+        raise Unreplayable("expandable segments: not modelled")
     made: set[int] = set()
-    for act, a, _ in trace:
+    for act, a, *_ in trace:
         if act == SEGMENT:
             made.add(a)
         elif act == SEGMENT_FREE and a not in made:
@@ -94,7 +100,7 @@ def _initial(doc: dict[str, Any]) -> tuple[list[dict], set[int]]:
                                "not known")
     allocated: set[int] = set()
     early = 0
-    for act, a, _ in trace:
+    for act, a, *_ in trace:
         if act == ALLOC:
             allocated.add(a)
         elif act == FREE and a not in allocated:
@@ -118,7 +124,7 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
     for s in sorted(before, key=lambda s: s["address"]):  # 1.
         kept = [(a - s["address"], n) for a, n, on in s["blocks"] if on and a not in allocated]
         model.next_address = s["address"]
-        for (off, _), b in zip(kept, model.adopt_segment(s["total_size"], s["small"], kept)):
+        for (off, _), b in zip(kept, model.adopt_segment(s["total_size"], s["small"], kept, s["stream"])):
             live[s["address"] + off] = b
     made, pending = 0, None  # pending: the size of the GPU's segment_alloc the next alloc must cause
     released: set[int] | None = None  # what the model's empty_cache freed, while the GPU's run of releases lasts
@@ -132,7 +138,7 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
             return None
         return differs(i, f"the model's empty_cache releases {len(released)} segment(s), the GPU's {gpu_released}")
 
-    for i, (act, addr, size) in enumerate(trace):  # 2.
+    for i, (act, addr, size, *stream) in enumerate(trace):  # 2.
         if act == SEGMENT_FREE:  # a run of these: torch.cuda.empty_cache() (the trace holds no other releases)
             gpu -= size
             if released is None:
@@ -156,7 +162,7 @@ def check(doc: dict[str, Any], options: AllocatorOptions = AllocatorOptions(), a
             model.free(live.pop(addr))
         else:
             count = model.num_device_alloc
-            b = model.malloc(size)
+            b = model.malloc(size, stream[0] if stream else 0)
             if b is None:
                 return differs(i, f"the model runs out of memory allocating {size:,} B")
             if not addresses:

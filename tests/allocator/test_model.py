@@ -89,6 +89,41 @@ def test_segments_never_merge():
     assert (r.end_reserved_bytes, r.segments_allocated) == (80 * MiB, 3)
 
 
+def test_a_stream_never_takes_another_streams_free_block():
+    # 4 MiB on stream 7 makes a 20 MiB segment of stream 7 and is freed: 20 MiB free, but stream 7's. The same
+    # 4 MiB on the default stream makes a segment of its own; on stream 7 again it reuses the cached block.
+    m = CachingAllocatorModel()
+    m.free(m.malloc(4 * MiB, stream=7))
+    b = m.malloc(4 * MiB)
+    assert (m.reserved, b.seg.stream, m.num_device_alloc) == (40 * MiB, 0, 2)
+    c = m.malloc(4 * MiB, stream=7)
+    assert (m.reserved, c.seg.stream, m.num_device_alloc) == (40 * MiB, 7, 2)
+    # a freed block goes back to its own stream's pool and merges there: stream 7's segment is whole again
+    m.free(c)
+    assert [(s.stream, [(x.size, x.state) for x in s.blocks]) for s in m.snapshot()] == [
+        (7, [(20 * MiB, "free")]), (0, [(4 * MiB, "allocated"), (16 * MiB, "free")])]
+
+
+def test_empty_cache_releases_every_streams_whole_free_segments():
+    # stream 3's 2 MiB small segment and stream 0's 20 MiB one are free: both go; stream 5's in-use one stays
+    m = CachingAllocatorModel()
+    m.free(m.malloc(MiB, stream=3))
+    m.free(m.malloc(4 * MiB))
+    m.malloc(4 * MiB, stream=5)
+    assert m.reserved == 42 * MiB
+    m.release_cached_blocks()
+    assert (m.reserved, m.num_device_free, [s.stream for s in m.snapshot()]) == (20 * MiB, 2, [5])
+
+
+def test_out_of_memory_on_one_stream_releases_another_streams_cache():
+    # capacity 40 MiB: stream 1's cached free 20 MiB segment cannot serve the default stream's 30 MiB, but it is
+    # released (release_cached_blocks frees every stream's) so that the new segment fits
+    m = CachingAllocatorModel(capacity_bytes=40 * MiB)
+    m.free(m.malloc(20 * MiB, stream=1))
+    b = m.malloc(30 * MiB)
+    assert b is not None and (m.reserved, m.num_device_free) == (30 * MiB, 1)
+
+
 def test_failed_cudamalloc_frees_cached_segments_and_retries():
     # capacity 40 MiB: a cached free 20 MiB segment is returned so that 30 MiB fits
     r = run([(0, 20 * MiB), (0, -20 * MiB), (1, 30 * MiB)], capacity=40 * MiB)

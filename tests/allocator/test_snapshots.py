@@ -3,7 +3,7 @@ where and as large as the GPU made it, every block at the GPU's address, the lay
 (allocator/snapshot.py). tests/data/snapshots/ holds them slimmed: torch.cuda.memory._dump_snapshot pickles committed
 publicly on GitHub (each with its repository, path, commit and blob), and kit-h100-*, kit-h200-*: the GPU kit's own
 recordings on an H100 and an H200 (validation/gpu/*/2026-11-26*/snapshots.zip; torch 2.11.0+cu130, driver
-580.159.04)."""
+580.159.04). select-n-llama-offload-10-streams holds 10 CUDA streams: a pool per stream."""
 from __future__ import annotations
 
 import copy
@@ -65,7 +65,7 @@ def test_the_model_replays_a_real_gpu_snapshot_block_for_block(path):
     assert result.ok, result.difference
     assert result.events == len(doc["trace"]) and result.segments == len(doc["segments"])
     assert result.model_peak_reserved_bytes == result.peak_reserved_bytes
-    assert result.segments_made == sum(1 for act, _, _ in doc["trace"] if act == S.SEGMENT)
+    assert result.segments_made == sum(1 for act, *_ in doc["trace"] if act == S.SEGMENT)
     # the report reads this replay as shipped (evidence.json) while the recording and the allocator code are these
     shipped = json.loads((path.parent / S.EVIDENCE_FILE).read_text())[path.name]
     again = "regenerate it: python tests/allocator/test_snapshots.py --write"
@@ -97,6 +97,23 @@ def test_eager_attention_on_the_h100_needs_the_falling_order():
     rising, falling = S.check(doc, addresses=False), S.check(doc, addresses=False, descending=True)
     assert (rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes, falling.peak_reserved_bytes) == (
         48_131_735_552, 50_769_952_768, 50_769_952_768)
+
+
+def test_ten_streams_replay_only_with_a_pool_per_stream():
+    """select_n's LLaMA inference runs on a stream of its own and copies layers' weights in on 9 more, beside the
+    default stream: every block the GPU placed and every segment it made on the 10 streams is the model's. Folded
+    onto one stream (what the model did before it kept a pool per stream), the replay parts from the GPU at event
+    37, the first 64 KiB request on the run's own stream: the GPU made a new 2 MiB segment for it although the
+    default stream held a free block it would fit."""
+    doc = S.load(REPO / "tests/data/snapshots/select-n-llama-offload-10-streams.json.gz")
+    streams = {t[3] if len(t) > 3 else 0 for t in doc["trace"]}
+    assert len(streams) == 10
+    result = S.check(doc)
+    assert result.ok and (result.events, result.segments_made, result.peak_reserved_bytes) == (
+        7_274, 584, 22_519_218_176)
+    one = {"segments": [dict(s, stream=0) for s in doc["segments"]], "trace": [t[:3] for t in doc["trace"]]}
+    assert S.check(one).difference == (
+        "event 37: the GPU makes a 2,097,152 B segment where the model reuses a cached block")
 
 
 def _seg(addr: int, size: int) -> list[int]:
@@ -143,7 +160,7 @@ def test_a_changed_request_is_caught_and_named():
     """The check is not blind: a request 1 MiB larger than the GPU's, in the trace of the snapshot with the most
     segments made among the public ones, moves a block or a segment, and the replay names the event."""
     doc = copy.deepcopy(S.load(max(PUBLIC, key=lambda p: p.stat().st_size)))
-    i = next(k for k, (act, _, n) in enumerate(doc["trace"]) if act == S.ALLOC and n > 4 << 20)
+    i = next(k for k, (act, _, n, *_) in enumerate(doc["trace"]) if act == S.ALLOC and n > 4 << 20)
     doc["trace"][i][2] += 1 << 20
     result = S.check(doc)
     assert not result.ok and result.difference.startswith("event ")
