@@ -3,14 +3,15 @@ for the replays a scenario's first run makes (replays.py: tens of thousands of e
 replays per recipe). model.py stays the reference, written to be read against the C++ source; this module is
 held to it, result for result, on every committed sequence and on random ones (tests/allocator/test_fast.py).
 
-Not here (replay.py falls back to model.py): expandable segments. Everything else of AllocatorOptions is:
+Not here (replay.py falls back to model.py): expandable segments. Streams are (a pool per stream and size class).
+Everything else of AllocatorOptions is:
 max_split_size_mb (oversize blocks and their release), roundup_power2_divisions, max_non_split_rounding_mb,
 large_segment_size_mb.
 
 Layout. Blocks are rows of parallel arrays (ptr, size, segment, prev, next, allocated), reused through a free
 list; a segment is its base and its pool. Each pool holds its free blocks in size classes (8 per power of two, each an
 unordered linked list): adding and removing one is O(1), and best fit (the smallest (size, ptr) of at least the
-request: BlockComparatorSize on one stream) looks at the request's class and then at the first non-empty one above.
+request: BlockComparatorSize within the request's stream) looks at the request's class and then at the first non-empty one above.
 Event ids are made dense before the call (np.unique), so the live map is an array.
 
 numba compiles the kernels on first use (a few seconds) and keeps the machine code in its cache beside this file
@@ -248,15 +249,18 @@ def _new_row(spare, k, max_blocks):
 
 
 @_kernel
-def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_rounding, large_segment, max_blocks,
-                  descending):
-    """Replay the events (dense ids, ±bytes) through the native backend; the result vector (see the slots).
-    descending: each new segment's synthetic base below the last one's (else above)."""
+def replay_native(ids, nbytes, streams, capacity, divisions, max_split, non_split_rounding, large_segment,
+                  max_blocks, descending):
+    """Replay the events (dense ids, ±bytes, stream numbers from 0) through the native backend; the result vector
+    (see the slots). descending: each new segment's synthetic base below the last one's (else above)."""
     out = np.full(N_OUT, -1, dtype=np.int64)
     n_ids = 0
+    n_streams = 1
     for k in range(ids.shape[0]):
         if ids[k] + 1 > n_ids:
             n_ids = ids[k] + 1
+        if streams[k] + 1 > n_streams:
+            n_streams = streams[k] + 1
     live = np.full(n_ids, -1, dtype=np.int64)
     live_bytes = np.zeros(n_ids, dtype=np.int64)
     # blocks
@@ -268,13 +272,12 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
     b_alloc = np.zeros(max_blocks, dtype=np.bool_)
     spare = np.zeros(max_blocks, dtype=np.int64)  # reusable block rows (a stack)
     k = np.zeros(3, dtype=np.int64)
-    # segments: 1 small, 0 large
-    s_small = np.zeros(max_blocks, dtype=np.bool_)
+    s_pool = np.zeros(max_blocks, dtype=np.int64)  # a segment's pool
     n_segs = 0
     next_base = np.int64(DESCENDING_TOP) if descending else np.int64(ADDRESS_ALIGN)
-    # pools: 0 large, 1 small; their free blocks by size class
-    heads = np.full((2, N_CLASSES), -1, dtype=np.int64)
-    groups = np.zeros((2, N_GROUPS), dtype=np.int64)
+    # pools: 2 * stream + 1 small, + 0 large; their free blocks by size class
+    heads = np.full((2 * n_streams, N_CLASSES), -1, dtype=np.int64)
+    groups = np.zeros((2 * n_streams, N_GROUPS), dtype=np.int64)
     link_next = np.zeros(max_blocks, dtype=np.int64)
     link_prev = np.zeros(max_blocks, dtype=np.int64)
     cls = np.zeros(max_blocks, dtype=np.int64)
@@ -294,7 +297,7 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
         if nb > 0:
             size = _round_size(nb, divisions)
             small = size <= kSmallSize
-            p = 1 if small else 0
+            p = 2 * streams[ev] + (1 if small else 0)
             alloc_size = _allocation_size(size, large_segment)
             # get_free_block
             blk = -1
@@ -335,7 +338,8 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
                         if not released:
                             continue
                     elif attempt == 2:
-                        for q in range(2):  # large pool, then small: every segment wholly free
+                        for qq in range(2 * n_streams):  # large pools, then small: every segment wholly free
+                            q = 2 * (qq % n_streams) + qq // n_streams
                             for cc in range(N_CLASSES):
                                 c = heads[q, cc]
                                 while c >= 0:
@@ -349,7 +353,7 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
                     # a new segment
                     seg = n_segs
                     n_segs += 1
-                    s_small[seg] = small
+                    s_pool[seg] = p
                     spacing = (-(-alloc_size // ADDRESS_ALIGN) + 1) * ADDRESS_ALIGN
                     if descending:
                         next_base -= spacing
@@ -412,7 +416,7 @@ def replay_native(ids, nbytes, capacity, divisions, max_split, non_split_roundin
             live[ids[ev]] = -1
             b_alloc[blk] = False
             allocated -= b_size[blk]
-            p = 1 if s_small[b_seg[blk]] else 0
+            p = s_pool[b_seg[blk]]
             for side in range(2):  # try_merge_blocks with prev, then next
                 src = b_prev[blk] if side == 0 else b_next[blk]
                 if src < 0 or b_alloc[src]:
@@ -455,7 +459,7 @@ def warm() -> None:
     if compiled():
         ids = np.array([0, 0], dtype=np.int64)
         nbytes = np.array([512, -512], dtype=np.int64)
-        replay_native(ids, nbytes, UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64), UNLIMITED, kLargeBuffer,
+        replay_native(ids, nbytes, np.zeros(2, dtype=np.int64), UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64), UNLIMITED, kLargeBuffer,
                       kLargeBuffer, 16, False)
 
 
@@ -477,9 +481,9 @@ def peak_live(nbytes: np.ndarray) -> int:
 
 
 def run(ids: np.ndarray, nbytes: np.ndarray, options, capacity: int | None,  # noqa: ANN001
-        live_peak: int | None = None, descending: bool = False) -> np.ndarray:
+        live_peak: int | None = None, descending: bool = False, streams: np.ndarray | None = None) -> np.ndarray:
     """The compiled replay of dense events under `options` (not expandable) within `capacity` (None: none), new
-    segments' addresses ascending or `descending`. Block rows: live blocks, the free blocks between them and the
+    segments' addresses ascending or `descending`, each event on its stream (numbered from 0; None: all on 0). Block rows: live blocks, the free blocks between them and the
     cached segments; 3x the live peak is room for every traced step met so far, and a replay that runs out is run
     again with room for every event."""
     compiled()
@@ -487,9 +491,10 @@ def run(ids: np.ndarray, nbytes: np.ndarray, options, capacity: int | None,  # n
     max_split = min(options.max_split_bytes, UNLIMITED)
     cap = UNLIMITED if capacity is None else int(capacity)
     rows = 3 * (peak_live(nbytes) if live_peak is None else live_peak) + 4096
-    out = replay_native(ids, nbytes, cap, divisions, max_split, options.non_split_rounding_bytes,
+    st = np.zeros(len(ids), dtype=np.int64) if streams is None else streams
+    out = replay_native(ids, nbytes, st, cap, divisions, max_split, options.non_split_rounding_bytes,
                         options.large_segment_bytes, rows, bool(descending))
     if out[REPLAYED] == -2:
-        out = replay_native(ids, nbytes, cap, divisions, max_split, options.non_split_rounding_bytes,
+        out = replay_native(ids, nbytes, st, cap, divisions, max_split, options.non_split_rounding_bytes,
                             options.large_segment_bytes, 2 * int(len(ids)) + 8, bool(descending))
     return out

@@ -34,23 +34,30 @@ class ReplayResult:
         return self.oom_event >= 0
 
 
-def _as_pairs(events) -> list[list[int]]:
+def _checked(events) -> np.ndarray:
     arr = np.asarray(events)
-    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"events: expected an integer array of shape (n, 2) (id, ±nbytes), got "
-                         f"{arr.dtype} {arr.shape}")
-    return arr.tolist()
+    if arr.ndim != 2 or arr.shape[1] not in (2, 3) or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"events: expected an integer array of shape (n, 2) (id, ±nbytes) or (n, 3) (id, ±nbytes, "
+                         f"stream), got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def _streamed(arr: np.ndarray) -> bool:
+    """Whether a sequence uses a stream besides the default one (its third column)."""
+    return arr.shape[1] == 3 and bool(arr[:, 2].any())
 
 
 @formula("allocator_replay_peak_reserved_bytes",
          "max over the step of Σ segment bytes, replaying every (id, ±nbytes) event through the caching allocator "
          "model", TORCH_ALLOCATOR, where="DeviceCachingAllocator::malloc / free; stats.reserved_bytes",
-         note="one device, one stream; zero-byte allocations never reach the allocator (allocate(0) returns an "
+         note="one device; a sequence's events may name their streams (a pool per stream); zero-byte allocations never reach the allocator (allocate(0) returns an "
          "empty pointer)")
 def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
            device_total_bytes: int | None = None, engine: str = "auto", descending: bool = False) -> ReplayResult:
     """Replay `events`, an int array of shape (n, 2): column 0 a block id, column 1 +nbytes for its allocation and
-    -nbytes for its free (or `prepare(events)`, to replay one sequence many times). `capacity_bytes` is what the
+    -nbytes for its free, or (n, 3) with column 2 the stream of each event's block (0: the default stream; the model
+    keeps a pool per stream, and such a sequence is replayed by it), or `prepare(events)`, to replay one sequence
+    many times. `capacity_bytes` is what the
     allocator may reserve (mem_get_info's total less the memory outside the allocator; None: unlimited);
     `device_total_bytes` is mem_get_info's total, for the OOM message (default: capacity_bytes). Stops at the first
     allocation that runs out of memory, as PyTorch raises there. engine: "model" (model.py, the reference), "fast"
@@ -62,12 +69,15 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
     differs from its allocation.
     """
     prepared = events if isinstance(events, Prepared) else None
+    arr = prepared.events if prepared else _checked(events)
+    streamed = _streamed(arr)
     use_fast = engine == "fast" or (engine == "auto" and fast.available() and not options.expandable_segments)
     if use_fast:
         if options.expandable_segments:
             raise ValueError("the compiled replay does not model expandable segments; use engine='model'")
         prepared = prepared or prepare(events)
-        r = fast.run(prepared.ids, prepared.nbytes, options, capacity_bytes, prepared.live_peak, descending)
+        r = fast.run(prepared.ids, prepared.nbytes, options, capacity_bytes, prepared.live_peak, descending,
+                     prepared.streams)
         oom = int(r[fast.OOM_EVENT])
         message = "" if oom < 0 else _oom_text(
             capacity_bytes, int(r[fast.END_RESERVED]), int(r[fast.END_ALLOCATED]),
@@ -79,13 +89,14 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
     model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes, descending)
     live: dict[int, tuple[object, int]] = {}
     oom_event, message, replayed = -1, "", 0
-    for i, (block_id, nbytes) in enumerate(_as_pairs(prepared.events if prepared else events)):
+    streams = arr[:, 2].tolist() if streamed else [0] * len(arr)
+    for i, ((block_id, nbytes, *_), stream) in enumerate(zip(arr.tolist(), streams)):
         model.event = i
         replayed = i + 1
         if nbytes > 0:
             if block_id in live:
                 raise ValueError(f"event {i}: id {block_id} allocated again before its free")
-            block = model.malloc(nbytes)
+            block = model.malloc(nbytes, stream)
             if block is None:
                 oom_event, message = i, oom_message(model, nbytes, device_total_bytes)
                 break
@@ -111,26 +122,27 @@ class Prepared:
     ids: np.ndarray
     nbytes: np.ndarray
     live_peak: int  # the most allocations live at once
+    streams: np.ndarray | None = None  # each event's stream numbered from 0 (the default stream), where any is not
 
 
 def prepare(events) -> Prepared:
     """Check `events` (the ValueErrors replay raises, naming the event) and make it ready for replays."""
-    arr = np.asarray(events)
-    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"events: expected an integer array of shape (n, 2) (id, ±nbytes), got "
-                         f"{arr.dtype} {arr.shape}")
-    arr = arr.astype(np.int64, copy=False)
+    arr = _checked(events).astype(np.int64, copy=False)
     ids, nbytes = fast.dense(arr) if len(arr) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     i, reason = _first_bad_event(arr)
     if i >= 0:
-        block_id, n = (int(x) for x in arr[i])
+        block_id, n = (int(x) for x in arr[i, :2])
         if reason == 1:
             raise ValueError(f"event {i}: id {block_id} allocated again before its free")
         if reason == 2:
             raise ValueError(f"event {i}: free of id {block_id}, which is not allocated")
         held = int(arr[:i][(arr[:i, 0] == block_id) & (arr[:i, 1] > 0), 1][-1])
         raise ValueError(f"event {i}: free of id {block_id} says {-n} B, its allocation {held} B")
-    return Prepared(arr, ids, nbytes, fast.peak_live(nbytes))
+    streams = None
+    if _streamed(arr):
+        _, streams = np.unique(np.concatenate([[0], arr[:, 2]]), return_inverse=True)  # the default stream: 0
+        streams = np.ascontiguousarray(streams[1:].astype(np.int64).reshape(-1))
+    return Prepared(arr, ids, nbytes, fast.peak_live(nbytes), streams)
 
 
 def _first_bad_event(arr: np.ndarray) -> tuple[int, int]:

@@ -59,6 +59,21 @@ def test_compiled_replay_equals_the_reference_model(seq, options, cap, descendin
     assert compiled == model
 
 
+@settings(max_examples=200, deadline=None)
+@given(seq=sequences(), streams=st.lists(st.sampled_from([0, 1, 2, 7]), min_size=160, max_size=160),
+       options=OPTIONS, cap=st.one_of(st.none(), st.integers(2 * MiB, 2048 * MiB)), descending=st.booleans())
+def test_compiled_replay_equals_the_reference_model_on_several_streams(seq, streams, options, cap, descending):
+    """Each block on the stream its allocation names (a free on its allocation's: a sharded step's trace)."""
+    stream_of = {}
+    col = []
+    for (i, n), k in zip(seq.tolist(), streams):
+        col.append(stream_of.setdefault(i, k) if n > 0 else stream_of.pop(i))
+    seq3 = np.concatenate([seq, np.array(col, dtype=np.int64).reshape(-1, 1)], axis=1)
+    model = replay(seq3, options, capacity_bytes=cap, engine="model", descending=descending)
+    compiled = replay(prepare(seq3), options, capacity_bytes=cap, engine="fast", descending=descending)
+    assert compiled == model
+
+
 @pytest.mark.parametrize("events, message", [
     ([[1, 512], [1, 512]], "event 1: id 1 allocated again before its free"),
     ([[1, -512]], "event 0: free of id 1, which is not allocated"),

@@ -236,6 +236,21 @@ def test_bad_sequences_name_the_event(events, message):
         run(events)
 
 
-def test_events_must_be_an_integer_n_by_2_array():
+def test_events_must_be_an_integer_n_by_2_or_n_by_3_array():
     with pytest.raises(ValueError, match="shape"):
-        replay(np.zeros((3, 3), dtype=np.int64))
+        replay(np.zeros((3, 4), dtype=np.int64))
+
+
+def test_a_sequence_with_its_streams_keeps_a_pool_per_stream():
+    # 8 MiB on stream 1 (an all-gather's output), freed; then 8 MiB on the default stream: one shared 20 MiB segment
+    # would serve both, but stream 1's cached block is not the default stream's: 40 MiB reserved, not 20
+    events = [(0, 8 * MiB, 1), (0, -8 * MiB, 1), (1, 8 * MiB, 0)]
+    r = replay(np.array(events, dtype=np.int64))
+    assert (r.peak_reserved_bytes, r.segments_allocated) == (40 * MiB, 2)
+    flat = replay(np.array([e[:2] for e in events], dtype=np.int64))
+    assert (flat.peak_reserved_bytes, flat.segments_allocated) == (20 * MiB, 1)
+    # all on the default stream, the third column changes nothing (and the compiled engine may take it)
+    same = replay(np.array([(i, n, 0) for i, n, _ in events], dtype=np.int64))
+    assert same == flat
+    for engine in ("model", "fast"):  # the reference and the compiled replay alike
+        assert replay(np.array(events, dtype=np.int64), engine=engine) == r
