@@ -47,7 +47,7 @@ from . import columns as C
 from .allocator import AllocatorOptions, prepare, replay
 from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
-from .components.reserve import row_sequences
+from .components.reserve import STREAMS_NOTE, row_sequences
 from .derive.arch import derived_twin
 from .parallel.layout import fsdp_only
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
@@ -275,10 +275,16 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
             else "PyTorch's default allocator settings")
-    if sc.parallel:
-        conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream: FSDP's all-gather and "
-                 "reduce-scatter streams, whose blocks wait for their events before they are reused, are not "
-                 "modelled, so the reserve may be higher on a GPU")
+    if sc.parallel and any(STREAMS_NOTE in note for note, _ in results):
+        conf += ("; a rank's own sequence of its FSDP2 step, each block in the pool of the stream FSDP2 allocates it "
+                 "on (the all-gather copy-in and reduce-scatter streams beside the default one; the allocator "
+                 "model's pool per stream reproduces a 10-stream GPU recording block for block); FSDP2 frees "
+                 "without record_stream, once the streams' events say the block is done with, so a block returns to "
+                 "its pool at its free in the trace")
+    elif sc.parallel:
+        conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream (a plan traced before streams "
+                 "were recorded: on a GPU FSDP2's all-gather and reduce-scatter streams keep pools of their own, "
+                 "which moves the reserve either way)")
     if twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "

@@ -82,13 +82,19 @@ def _state_blocks(opt) -> int:
     return len(opt.state)
 
 
+STREAMS_NOTE = "CUDA streams: a pool per stream"  # what replays.refine looks for in a row's note
+
+
 def _sequence(ev: np.ndarray, kind: np.ndarray, kinds: list[str], before: list[int], state: list[int],
               step_temps: list[int], steps: int) -> np.ndarray:
     """The replayed sequence: the leading parameter/buffer registrations, the `before` blocks (kept: master
     weights), then `steps` times: the traced rest, in the first step the `state` blocks (kept: torch.optim creates
     its state inside the first step(), after backward), `step_temps` allocated then freed, every storage of the
-    step still live freed. Ids: the trace's below N, then the kept blocks, each later step's shifted by a stride."""
+    step still live freed. Ids: the trace's below N, then the kept blocks, each later step's shifted by a stride.
+    A sequence with its streams (ev's third column: events.decode) keeps them; the added blocks are the default
+    stream's (the optimizer runs there)."""
     ids = ev[:, 0]
+    width = ev.shape[1]
     allocs = ev[:, 1] > 0
     held = allocs & np.isin(kind, [kinds.index(k) for k in (PARAM, BUFFER) if k in kinds])
     head = len(ev) if held.all() else int(np.argmin(held))  # the registrations before the step's first event
@@ -101,18 +107,24 @@ def _sequence(ev: np.ndarray, kind: np.ndarray, kinds: list[str], before: list[i
     left = body[b_alloc & ~np.isin(body[:, 0], body[~b_alloc, 0])]  # allocated in the step, live at its end
 
     def block(first: int, sizes: list[int], sign: int) -> np.ndarray:
-        return np.stack([np.arange(first, first + len(sizes), dtype=np.int64),
-                         sign * np.asarray(sizes, dtype=np.int64)], axis=1).reshape(-1, 2)
+        out = np.zeros((len(sizes), width), dtype=np.int64)
+        out[:, 0] = np.arange(first, first + len(sizes))
+        out[:, 1] = sign * np.asarray(sizes, dtype=np.int64)
+        return out
 
     out = [ev[:head], block(n_ids, before, 1)]
     for k in range(steps):
-        shift = np.array([k * stride, 0], dtype=np.int64)
+        shift = np.zeros(width, dtype=np.int64)
+        shift[0] = k * stride
         out.append(body + shift if k == 0 else body[kept] + shift)
         if k == 0:
             out.append(block(n_ids + p, state, 1))
         temps = k * stride + n_ids + p + q
         out += [block(temps, step_temps, 1), block(temps, step_temps, -1)]
-        out.append(np.stack([left[:, 0] + k * stride, -left[:, 1]], axis=1))
+        freed = left.copy()
+        freed[:, 0] += k * stride
+        freed[:, 1] *= -1
+        out.append(freed)
     return np.concatenate(out).astype(np.int64)
 
 
@@ -184,6 +196,8 @@ def _row_sequence(plan, mode: str, bi: int, si: int, dec: int | None, row: pd.Se
     state: list[int] = []
     temps: list[int] = []
     what = f"{len(ev):,} traced events at batch {bi}, seq {si}"
+    if ev.shape[1] == 3:  # a sharded step's: FSDP2's all-gather copy-in and reduce-scatter streams beside the default
+        what += f", each block on its stream ({len(set(ev[:, 2].tolist()))} {STREAMS_NOTE})"
     if mode == "train":
         opt = get_optimizer(str(row[C.OPTIMIZER]))
         impl = str(row[C.OPTIMIZER_IMPL])

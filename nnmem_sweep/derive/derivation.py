@@ -87,7 +87,7 @@ def _region(st: step.StepTrace, coef, b_lo, b_hi, s_lo, s_hi, mode: str) -> Regi
     ms = M.moments(tr.events, tr.ops, st.alloc_kind, coef, _phases(st, mode), b_lo, b_hi, s_lo)
     live = M.live_by_kind(tr.events, st.alloc_kind, coef)
     end = {k: tuple(int(x) for x in live[k][tr.marks["end"] - 1]) for k in M.KINDS}
-    return Region(b_lo, b_hi, s_lo, tuple(ms), end, s_hi, E.encode(tr.events, st.alloc_kind, coef))
+    return Region(b_lo, b_hi, s_lo, tuple(ms), end, s_hi, E.encode(tr.events, st.alloc_kind, coef, tr.streams))
 
 
 def _check_decode_steps(st: step.StepTrace, coef, label: str) -> None:

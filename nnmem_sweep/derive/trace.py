@@ -6,6 +6,11 @@ exactly what PyTorch's MemTracker counts on the CPU device (torch/distributed/_t
 each live untyped storage, views counted once), so the largest running total over the events equals MemTracker's
 peak; the order of events is the order PyTorch allocates and frees, which a caching-allocator replay needs.
 
+Each allocation also records the stream it is made on: the CPU's stand-in streams (torch.cpu.Stream, selected by
+torch.cpu.stream()) are the ones device-agnostic code such as FSDP2 selects where it runs on CUDA streams, so a
+sharded step's all-gathers and reduce-scatters show the streams their blocks belong to on a GPU (0: the default
+stream; 1, 2, ...: the others, in the order they first allocate). A free belongs to its allocation's stream.
+
 Storages that exist before recording starts (parameters, buffers, inputs) are registered with `external()` and
 count from the start. Frees arrive through Python reference counting; tensors held only by reference cycles are
 freed at the phase marks (step.collector_paused, Recorder.mark), so the order does not depend on when the cyclic
@@ -34,6 +39,7 @@ class Trace:
     marks: {name: event index} phase boundaries ("forward", "backward", ...): the index of the first event of the
     phase (== len(events) if it had none).
     external: ids of the storages registered before recording (parameters, buffers, inputs).
+    streams: the stream of each event's storage (module docstring); None: all on the default stream.
     """
 
     events: np.ndarray
@@ -41,6 +47,7 @@ class Trace:
     marks: dict[str, int]
     external: dict[int, str] = field(default_factory=dict)
     spans: list[tuple[str, int, int, int]] = field(default_factory=list)  # (phase, step, first event, end event)
+    streams: np.ndarray | None = None
 
     def live(self) -> np.ndarray:
         """Live bytes after each event."""
@@ -59,7 +66,8 @@ class Trace:
                 which.append(-1)
             else:
                 which.append(ordinal[sid])
-        return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())), tuple(self.spans))
+        streams = () if self.streams is None else tuple(self.streams.tolist())
+        return (tuple(self.ops), tuple(which), tuple(sorted(self.marks.items())), tuple(self.spans), streams)
 
 
 try:  # a sharded step's parameters and gradients (FSDP2) are DTensors; the functional collectives' wait
@@ -105,6 +113,9 @@ class Recorder(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
         self._events: list[tuple[int, int]] = []
         self._ops: list[str] = []
+        self._streams: list[int] = []  # per event: its storage's stream (module docstring)
+        self._stream_of: dict[int, int] = {}  # our id -> the stream it was allocated on, while it lives
+        self._stream_objects: list = [torch.cpu.current_stream()]  # index: the stream's number (0: the default)
         self._marks: dict[str, int] = {}
         self._external: dict[int, str] = {}
         self._next = 0
@@ -141,8 +152,21 @@ class Recorder(TorchDispatchMode):
 
     def _record(self, sid: int, signed_bytes: int, op: str) -> None:
         if signed_bytes and not self._closed:  # an empty storage is neither an allocation nor a free (MemTracker skips them too)
+            if signed_bytes > 0:
+                stream = self._stream_of[sid] = self._stream_now()
+            else:
+                stream = self._stream_of.pop(sid, 0)
             self._events.append((sid, signed_bytes))
             self._ops.append(op)
+            self._streams.append(stream)
+
+    def _stream_now(self) -> int:
+        current = torch.cpu.current_stream()
+        for i, known in enumerate(self._stream_objects):
+            if known is current:
+                return i
+        self._stream_objects.append(current)
+        return len(self._stream_objects) - 1
 
     def _freed(self, sid: int, key: int) -> None:
         if self._ids.get(key) == sid:
@@ -231,33 +255,32 @@ class Recorder(TorchDispatchMode):
         return out
 
     def trace(self) -> Trace:
-        events, ops = _canonical(self._events, self._ops)
+        events, ops, streams = _canonical(self._events, self._ops, self._streams)
         ev = np.array(events, dtype=np.int64).reshape(-1, 2)
-        return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans))
+        st = np.array(streams, dtype=np.int64) if any(streams) else None
+        return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans), st)
 
 
-def _canonical(events: list[tuple[int, int]], ops: list[str]) -> tuple[list, list]:
+def _canonical(events: list[tuple[int, int]], ops: list[str], streams: list[int]) -> tuple[list, list, list]:
     """The frees between two allocations in the order of the allocations they free. Their order can follow Python's
     set and dict iteration over objects (autocast's weight cache, checkpointing's saved tensors), which differs
     from run to run; the live bytes at every allocation, and so every moment, do not depend on it."""
     ordinal: dict[int, int] = {}  # storage id -> ordinal of its (latest) allocation
-    out_e, out_o = [], []
-    run: list[tuple[int, tuple[int, int], str]] = []
+    out: list[tuple[tuple[int, int], str, int]] = []
+    run: list[tuple[int, tuple[tuple[int, int], str, int]]] = []
     allocs = 0
-    for e, op in zip(events, ops):
+    for event in zip(events, ops, streams):
+        e = event[0]
         if e[1] < 0:
-            run.append((ordinal[e[0]], e, op))
+            run.append((ordinal[e[0]], event))
             continue
         if run:
             run.sort(key=lambda r: r[0])
-            out_e += [r[1] for r in run]
-            out_o += [r[2] for r in run]
+            out += [r[1] for r in run]
             run = []
         ordinal[e[0]] = allocs
         allocs += 1
-        out_e.append(e)
-        out_o.append(op)
+        out.append(event)
     run.sort(key=lambda r: r[0])
-    out_e += [r[1] for r in run]
-    out_o += [r[2] for r in run]
-    return out_e, out_o
+    out += [r[1] for r in run]
+    return [x[0] for x in out], [x[1] for x in out], [x[2] for x in out]
