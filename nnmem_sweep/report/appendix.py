@@ -142,19 +142,23 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
     snaps = ev.get("snapshots") or []
     rows = [[s["name"], f"{s['source'].get('repository', '').removeprefix('https://github.com/')} "
              f"{s['source'].get('path', '')} @ {str(s['source'].get('commit', ''))[:10]}",
-             f"{s['events']:,}", f"{s['segments_made']:,} of {s['segments']:,}", gib_number(s["peak_reserved_bytes"], 2),
+             f"{s['events']:,}", f"{s['segments_made']:,}", f"{s['segments']:,}",
+             gib_number(s["peak_reserved_bytes"], 2),
              "yes" if s["ok"] else f"no: {s['difference']}"] for s in snaps]
     ok = sum(s["ok"] for s in snaps)
     snapshots = None if not snaps else {
-        "headers": ["snapshot", "source (repository, file @ commit)", "events", "segments made (of at the end)",
+        "headers": ["snapshot", "source (repository, file @ commit)", "events", "segments made", "segments at the end",
                     "peak reserved (GiB)", "block for block"], "rows": rows,
         "stats": f"{ok} of {len(snaps)} replayed block for block: every segment the GPU made, where and as large as it "
                  "made it, every block at the GPU's address, the layout at the end and the peak reserved. Each replay "
                  "is told the address of each segment the GPU made, so that ties between equal free blocks fall as "
                  "on the GPU (the lowest address); a plan's replays cannot know the addresses: they replay both "
                  "orders of their own (each new segment above the last, or below it) and take the larger need. "
-                 "Segments made can outnumber those at the end: the GPU kit empties the cache once its model is "
-                 "built, and the replay must release the same segments."}
+                 "Segments made are those the recording made; at the end are all it ends with, those made before "
+                 "it too. Segments made can outnumber those at the end: the GPU kit empties the cache once its "
+                 "model is built, and a failed cudaMalloc releases every cached segment before it retries (select_n's "
+                 "offloading run, near its GPU's capacity); the replay must release the same segments. A recording "
+                 "on several CUDA streams is replayed with a pool per stream."}
     runs = ev.get("gpu_runs")
     if runs is None:
         return {"snapshots": snapshots, "gpu_runs": None}

@@ -100,7 +100,7 @@ def test_eager_attention_on_the_h100_needs_the_falling_order():
 
 
 def test_ten_streams_replay_only_with_a_pool_per_stream():
-    """select_n's LLaMA inference runs on a stream of its own and copies layers' weights in on 9 more, beside the
+    """select_n's LLaMA inference runs on a stream of its own and copies layers' weights in on 8 more, beside the
     default stream: every block the GPU placed and every segment it made on the 10 streams is the model's. Folded
     onto one stream (what the model did before it kept a pool per stream), the replay parts from the GPU at event
     37, the first 64 KiB request on the run's own stream: the GPU made a new 2 MiB segment for it although the
