@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nnmem_sweep.measure.scenario_points import tracker_leftover
 from nnmem_sweep.accuracy import architecture_of, hand_modelled_case
 from nnmem_sweep.catalog.optimizers import get_optimizer
 from nnmem_sweep.catalog.precisions import get_precision
@@ -111,15 +112,10 @@ def test_states_match_measured(case):
 
 
 def tracker_leftovers(case, phase: str) -> int:
-    """Bytes MemTracker itself keeps alive in a checkpointed LoRA run (FINDINGS.md): transformers makes the
-    embedding output a leaf that requires grad (enable_input_require_grads) and the tracker's module hooks keep it
-    and its gradient, r·h per token each, once per finished step; a plain run frees both (checked with weakrefs).
-    The step-2 forward and backward carry step 1's pair, the step-2 optimizer both steps' pairs."""
-    i = case["inputs"]
-    if i["checkpointing"] != "full":
-        return 0
-    pair = 2 * get_precision(i["precision"]).residual_bytes * architecture_of(case).hidden * i["batch"] * i["seq_len"]
-    return pair * (2 if phase == "optimizer" else 1)
+    """Bytes MemTracker itself keeps alive in a checkpointed LoRA run (measure/scenario_points.tracker_leftover,
+    FINDINGS.md): the step-2 forward and backward carry step 1's embedding output and gradient, the step-2
+    optimizer both steps' pairs."""
+    return tracker_leftover(case["inputs"], architecture_of(case).hidden, 2 if phase == "optimizer" else 1)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case_id"] for c in CASES])

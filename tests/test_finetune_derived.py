@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nnmem_sweep import accuracy as A
+from nnmem_sweep.measure.scenario_points import tracker_leftover
 from nnmem_sweep.components import derived_inputs as D
 from nnmem_sweep.derive import stored_only
 
@@ -21,13 +22,9 @@ TOLERANCE = 0.005  # issue 23: each within 0.5 %
 
 
 def tracker_leftovers(case) -> int:
-    """MemTracker keeps a checkpointed LoRA run's embedding output and its gradient alive (tests/test_finetune.py):
-    one pair of b·s·h tensors in the embedding's dtype at the second step's peak; the step itself frees them."""
-    i = case["inputs"]
-    if i["checkpointing"] != "full":
-        return 0
-    qlora = (i.get("finetune") or {}).get("method") == "qlora"  # prepare_model_for_kbit_training: fp32 embeddings
-    return 2 * (4 if qlora else 2) * A.architecture_of(case).hidden * i["batch"] * i["seq_len"]
+    """MemTracker keeps a checkpointed LoRA run's embedding output and its gradient alive
+    (measure/scenario_points.tracker_leftover): one pair at the second step's peak; the step itself frees them."""
+    return tracker_leftover(case["inputs"], A.architecture_of(case).hidden)
 
 
 def test_the_derived_families_lora_cases_are_committed():

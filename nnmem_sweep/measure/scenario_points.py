@@ -169,17 +169,21 @@ def measure_scenario(config_path: str, out_dir: Path, points: list[str], limit: 
     return 0
 
 
-def tracker_leftover(case: dict[str, Any], hidden: int) -> int:
+def tracker_leftover(case: dict[str, Any], hidden: int, pairs: int = 1) -> int:
     """Bytes MemTracker itself keeps alive at a training peak (tests/data/truth/FINDINGS.md): with adapters and full
     checkpointing the embedding output is made a leaf that requires grad (peft's enable_input_require_grads), and
-    the tracker's module hooks keep it and its gradient after each step, r·h bytes per token each; a run without
-    the tracker frees both (weakrefs; the real-tensor meter, measure/meters.py HostMeter). The peak (step 2) holds
-    step 1's pair."""
-    if case["mode"] != "train" or case["checkpointing"] != "full" or "finetune" not in case:
+    the tracker's module hooks keep it and its gradient after each step, b·s·h elements each in the embedding
+    output's dtype (the residual stream's; fp32 under QLoRA, whose prepare_model_for_kbit_training casts the
+    embeddings to fp32); a run without the tracker frees both (weakrefs; the real-tensor meter, measure/meters.py
+    HostMeter). The peak (step 2) holds step 1's pair; `pairs`: how many finished steps' pairs (2 in step 2's
+    optimizer phase). The one rule the measured points, the one-GPU truth's tests and the derived families' use."""
+    if case.get("mode", "train") != "train" or case["checkpointing"] != "full" or not case.get("finetune"):
         return 0
     from ..catalog.precisions import get_precision
 
-    return 2 * get_precision(case["precision"]).residual_bytes * hidden * case["batch"] * case["seq_len"]
+    qlora = case["finetune"].get("method") == "qlora"
+    width = 4 if qlora else get_precision(case["precision"]).residual_bytes
+    return pairs * 2 * width * hidden * case["batch"] * case["seq_len"]
 
 
 def _fake(case: dict[str, Any], hidden: int) -> dict[str, Any]:

@@ -166,3 +166,22 @@ def test_the_side_child_says_a_scenario_error_in_its_lines(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(ln.startswith(f"{cfg}:") for ln in lines), lines
     assert any("no-such" in ln for ln in lines), lines
+
+
+def test_memtrackers_leftover_is_the_embedding_outputs_pair_in_its_dtype():
+    """One rule for every place that takes MemTracker's own leftover out (measure/scenario_points.tracker_leftover):
+    a checkpointed adapter run keeps the embedding output and its gradient, b·s·h elements each, per finished step,
+    in the residual stream's dtype: bf16 2 B, bf16-mixed 4 B (fp32 weights), QLoRA 4 B (its embeddings cast to fp32
+    by prepare_model_for_kbit_training) whatever the recipe."""
+    from nnmem_sweep.measure.scenario_points import tracker_leftover
+
+    case = {"mode": "train", "checkpointing": "full", "precision": "bf16", "batch": 2, "seq_len": 128,
+            "finetune": {"method": "lora"}}
+    h = 256
+    assert tracker_leftover(case, h) == 2 * 2 * 2 * 128 * 256 == 262_144
+    assert tracker_leftover(dict(case, precision="bf16-mixed"), h) == 2 * 4 * 2 * 128 * 256
+    assert tracker_leftover(dict(case, finetune={"method": "qlora"}), h) == 2 * 4 * 2 * 128 * 256
+    assert tracker_leftover(case, h, pairs=2) == 2 * 262_144  # step 2's optimizer: both steps' pairs
+    assert tracker_leftover(dict(case, checkpointing="none"), h) == 0
+    assert tracker_leftover({k: v for k, v in case.items() if k != "finetune"}, h) == 0
+    assert tracker_leftover(dict(case, mode="infer"), h) == 0

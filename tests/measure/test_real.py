@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the [measure] extra (torch) is not installed")
 pytest.importorskip("transformers", reason="the [measure] extra (transformers) is not installed")
 
-from nnmem_sweep.catalog.precisions import get_precision  # noqa: E402
+from nnmem_sweep.measure.scenario_points import tracker_leftover  # noqa: E402
 from nnmem_sweep.measure.build import measure_case  # noqa: E402
 from nnmem_sweep.measure.kit import case_of, load_points, main as kit_main, tiny  # noqa: E402
 from nnmem_sweep.measure.real import least_capacity, measure_point, run_once  # noqa: E402
@@ -26,13 +26,9 @@ def _tiny(point_id):
 
 
 def tracker_leftovers(case) -> int:
-    """MemTracker keeps a checkpointed LoRA run's embedding output and its gradient alive (tests/test_finetune.py,
-    FINDINGS.md): r·h bytes per token each, one pair per finished step; a real run frees them. At the peak
-    (step 2's backward) one pair is held."""
-    if case["checkpointing"] != "full" or "finetune" not in case:
-        return 0
-    h = case["hf_config"]["hidden_size"]
-    return 2 * get_precision(case["precision"]).residual_bytes * h * case["batch"] * case["seq_len"]
+    """What MemTracker keeps alive of a checkpointed LoRA run at the peak (step 2's backward: one pair;
+    measure/scenario_points.tracker_leftover); a real run frees it."""
+    return tracker_leftover(case, (case.get("hf_config") or {}).get("hidden_size", 0))  # 0: no adapters, no pair
 
 
 @pytest.mark.parametrize("point_id", [p for p in POINTS if not POINTS[p].get("resume")])
