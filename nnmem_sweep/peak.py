@@ -35,7 +35,8 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
     hand-modelled family: the config allows them gradient accumulation alone) without its parallel columns, each
     row that accumulates over several micro-batches keeping its gradients as zero_grad 'zeros' keeps them: the
     gradients of a micro-batch are live through the next one's forward and backward, which accumulates into them
-    (the measured LoRA cases with accumulation: tests/data/truth/finetune)."""
+    (the measured LoRA cases with accumulation: tests/data/truth/finetune). Sharded by FSDP2, they are the rank's
+    gradient shards, into which every micro-batch's reduce-scatter accumulates (tests/data/truth/sharded/*accum*)."""
     if not par_layout.has_parallel_columns(frame) or not (
             arch.kind == "derived" or (arch.finetune is not None and arch.finetune.adapters)):
         return frame
@@ -47,9 +48,6 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
            and (frame[c].astype(str) != str(C.PARALLEL_DEFAULTS[c])).any()]
     if sharding and C.ZERO_STAGE in frame.columns and (ints(frame, C.ZERO_STAGE) == 1).any():
         off.append(f"{C.ZERO_STAGE} 1 (FSDP shards gradients with the optimizer state: use 2 or 3)")
-    if sharding and C.GRADIENT_ACCUMULATION in frame.columns and C.DATA_PARALLEL in frame.columns and (
-            (ints(frame, C.GRADIENT_ACCUMULATION) > 1) & (ints(frame, C.ZERO_STAGE) >= 2)).any():
-        off.append(f"{C.GRADIENT_ACCUMULATION} with a sharded layout")
     if off:
         what = f"finetune method {arch.finetune.method}" if arch.finetune is not None and arch.finetune.adapters \
             else f"{arch.name} (planned from its own code)"

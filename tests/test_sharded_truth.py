@@ -66,3 +66,37 @@ def test_sharded_fine_tunes_are_their_ranks_traced_step(case):
             continue
         tol = 0.005 if ckpt else 0.0
         assert abs(est["phases"][phase] - m["peak_bytes"]) <= tol * m["peak_bytes"], phase
+
+
+ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation", 1) > 1]
+
+
+def _twin(case):
+    """The same case without accumulation."""
+    return next(c for c in CASES if c["case_id"] == case["case_id"].replace(
+        f"-accum{case['inputs']['gradient_accumulation']}-", "-"))
+
+
+# Qwen3 0.6B's LoRA adapters, rank 16 on every linear layer of its 28 layers (hidden 1024, 16 heads x 128 = 2048
+# for q, 8 x 128 = 1024 for k and v, MLP 3072): r·(in + out) per target
+QWEN3_ADAPTERS = 28 * 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 3 * (1024 + 3072))  # 10,092,544
+
+
+@pytest.mark.parametrize("case", ACCUM, ids=[c["case_id"] for c in ACCUM])
+def test_accumulation_under_fsdp_keeps_the_ranks_gradient_shards(case):
+    """Gradient accumulation over FULL_SHARD on 2 ranks: every micro-batch reduce-scatters into the gradient shards
+    kept from the one before, so every phase holds them beside what the step without accumulation holds: Llama 3.2
+    1B's bf16 gradients halved, 1,235,814,400 B; Qwen3's fp32 adapter gradients halved, 20,185,088 B. The estimate
+    adds the same bytes (the rank's step traced with its shards kept, or the hand model of FSDP)."""
+    shard = LLAMA_1B_BF16 // 2 if "finetune" not in case["inputs"] else QWEN3_ADAPTERS * 4 // 2
+    assert shard in (1_235_814_400, 20_185_088)
+    m, twin = case["measured"], _twin(case)["measured"]
+    assert m["phases"]["backward"]["categories"]["grad"] == shard
+    for phase in ("forward", "backward"):
+        assert m["phases"][phase]["peak_bytes"] - twin["phases"][phase]["peak_bytes"] == shard
+    from nnmem_sweep.derive import stored_only
+
+    with stored_only():
+        est, est_twin = A.estimate_case(case), A.estimate_case(_twin(case))
+    for phase in ("forward", "backward"):
+        assert est["phases"][phase] - est_twin["phases"][phase] == shard, phase

@@ -215,13 +215,12 @@ def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=(
 
 def fsdp_only(parallel: dict) -> bool:
     """A `parallel:` block a model planned from its own code takes: data-parallel ranks sharded as FSDP2 shards them
-    (zero_stage 0, 2 or 3, nothing else off its default, no accumulation with a sharded stage); its plans are the
-    sharded step traced on PyTorch's fake process group (workload/fsdp.py)."""
+    (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every micro-batch reduce-scatters
+    into the rank's kept gradient shards); its plans are the sharded step traced on PyTorch's fake process group
+    (workload/fsdp.py)."""
     if not parallel:
         return False
     if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
            if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION) for v in vs):
         return False
-    zero = set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,)))
-    accum = any(int(a) > 1 for a in parallel.get(C.GRADIENT_ACCUMULATION, (1,)))
-    return zero <= {0, 2, 3} and not (accum and zero & {2, 3})
+    return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {0, 2, 3}

@@ -97,6 +97,13 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                      "all-gathered blocks and the root's unsharded parameters what FSDP2 allocates, moment by moment. "
                      "Checked against FSDPMemTracker on the same step (tests/data/truth/sharded: LoRA exact, QLoRA "
                      "within 0.2 %). QLoRA's quant state is whole on every rank, as with bitsandbytes under FSDP.")
+        if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
+            items.append("Gradient accumulation under FSDP2: every micro-batch reduce-scatters its gradients into the "
+                         "rank's gradient shards kept from the micro-batch before (FSDP2's default, accelerate's "
+                         "sync_each_batch), so each micro-batch after the first holds them through its forward and "
+                         "backward (tests/data/truth/sharded/*accum*: exact). Skipping the reduce-scatter until the "
+                         "last micro-batch (set_requires_gradient_sync(False), accelerate's no_sync) keeps whole "
+                         "unsharded gradients instead: not modelled.")
         return items
     if sc.mode == "train":
         items += [
