@@ -133,3 +133,23 @@ def test_a_kept_replay_is_not_taken_for_a_plan_of_another_format(monkeypatch, tm
     second = estimate_beside(rec, get_gpu("h100-sxm"), ())
     assert len(seen) == 2 and seen[0] != seen[1]
     assert first["reserve_fraction"] == second["reserve_fraction"] is not None  # the same plan: the same reserve
+
+
+def test_a_sharded_points_reserve_is_its_ranks_own_sequence_on_its_streams():
+    """The GPU kit's comparison of a sharded point (validation/gpu-fsdp.yaml) replays the rank's traced sequence, on
+    FSDP2's streams, not the whole step of one GPU: the rank's optimizer state (Qwen3 0.6B's fp32 LoRA adapters,
+    10,092,544 parameters, two AdamW moments, halved over 2 ranks: 40,370,176 B) is what the replay adds."""
+    pytest.importorskip("transformers", reason="the [measure] extra is not installed")
+    from nnmem_sweep import accuracy as A
+    from nnmem_sweep.derive import stored_only
+    from nnmem_sweep.gpu_points import case_of, load_points
+    from nnmem_sweep.replays import point_reserve
+    from nnmem_sweep.workload.build import case_config
+
+    point = next(p for p in load_points("validation/gpu-fsdp.yaml") if p.get("finetune"))
+    inputs = case_of(point)
+    case = {"case_id": point["id"], "inputs": inputs, "hf_config": case_config(inputs)[0]}
+    with stored_only():  # the kit points' shipped plans (make derive)
+        fraction, note = point_reserve(A.architecture_of(case), "train", A.case_frame(case).iloc[0])
+    assert fraction is not None and "each block on its stream (3 CUDA streams" in note, note
+    assert "S 40,370,176 B" in note

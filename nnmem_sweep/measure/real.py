@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from ..workload.build import (build_model, build_optimizer, case_config, default_dtype, make_workload, model_dtype,
-                              run_contexts)
+                              run_contexts, sharding)
 from ..workload.steps import run_steps, storage_bytes
 from .meters import meter_for
 
@@ -185,7 +185,7 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
                   say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
     cannot hold ends with `error` set (OOM ...), the figures measured before it kept."""
-    with frozen_heap():
+    with frozen_heap(), sharding(case):  # a sharded point: one rank on PyTorch's fake process group, every run
         return _measure_point(case, device, steps=steps, timing_steps=timing_steps, resume=resume, bisect=bisect,
                               resolution=resolution, snapshot=snapshot, deadline=deadline, say=say)
 

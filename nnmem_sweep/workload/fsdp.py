@@ -8,7 +8,8 @@ fully_shard over a 1-D mesh of `world` ranks, as torchtitan, accelerate and peft
 
 Parameters, gradients and optimizer state are then the rank's shards (Shard(0) of each parameter, padded to a
 multiple of `world` rows); the collectives run on PyTorch's fake process group (no communication, every rank alike),
-so under FakeTensorMode one rank of a 70B model costs nothing. The optimizer steps the rank's local shards
+so under FakeTensorMode one rank of a 70B model costs nothing, and on one real GPU (the kit) one rank's step
+allocates what it allocates among its ranks, with FSDP2's CUDA streams and events, less NCCL's own buffers. The optimizer steps the rank's local shards
 (LocalShardOptimizer): the same tensors and the same foreach kernels a DTensor step dispatches to, without DTensor's
 sharding propagation, whose fake ops a FakeTensorMode run would count as memory (tests/measure/test_fsdp.py). Frozen base weights (LoRA, QLoRA's 4-bit storage) are
 sharded like any parameter; QLoRA's quant state stays whole on every rank (it is module state, not a parameter), as
@@ -65,8 +66,11 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     world, stage = check(spec)
+    # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
+    # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
+    device = next(model.parameters()).device.type
     with unset_fake_temporarily():  # the mesh reads the ranks as real tensors
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device, (world,))
     for block in _blocks(model):
         fully_shard(block, mesh=mesh, reshard_after_forward=stage == 3)
     fully_shard(model, mesh=mesh)

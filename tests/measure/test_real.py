@@ -191,3 +191,22 @@ def test_the_run_at_the_least_capacity_is_recorded_under_that_cap(monkeypatch, t
     assert out == {"capped_snapshot_note": "the run at 77 B failed (RuntimeError: CUDA error: an illegal memory "
                                            "access was encountered): not recorded"}
     assert not (tmp_path / "third-capped.pickle").exists() and calls[-2:] == [("limit", None), ("release",)]
+
+
+FSDP_POINTS = {p["id"]: p for p in load_points("validation/gpu-fsdp.yaml")}
+
+
+@pytest.mark.parametrize("point_id", list(FSDP_POINTS))
+def test_a_sharded_kit_point_runs_one_rank_and_counts_what_fsdpmemtracker_counts(point_id):
+    """validation/gpu-fsdp.yaml's points, at their dry-run size: one rank of the FSDP2 step on the fake process
+    group (the kit opens it around the point: measure_point), with real tensors; its peak is FSDPMemTracker's under
+    FakeTensorMode to the byte, and its optimizer state is the rank's half (AdamW's two moments of every trainable
+    parameter, over 2 ranks)."""
+    case = tiny(case_of(FSDP_POINTS[point_id]))
+    rec = measure_point(case, "cpu", timing_steps=0, bisect=False)
+    assert rec["max_allocated"] == measure_case(case, fake=True)["peak_bytes"]
+    whole = measure_point({k: v for k, v in case.items() if k != "fsdp"}, "cpu", timing_steps=0, bisect=False)
+    # each rank holds half of every moment; the fp32 `step` scalars (one per trainable tensor) are whole on each
+    steps = whole["totals"]["optimizer_state_bytes"] - 2 * (whole["totals"]["optimizer_state_bytes"] -
+                                                            rec["totals"]["optimizer_state_bytes"])
+    assert 0 <= steps < 4096
