@@ -59,7 +59,7 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
     vers = versions()
     path = user_cache_dir() / f"{key(source_digest, what, vers)}.json"
     doc = None
-    if os.environ.get("NNMEM_SWEEP_REDERIVE") != "1":
+    if not _rederive(path):
         for candidate in (path, shipped_path(source_digest, what)):
             found = _read(candidate)
             if found is not None and found.get("derived_with", {}).get("format") == FORMAT:
@@ -70,11 +70,22 @@ def lookup(source_digest: str, what: tuple, make: Callable[[], dict[str, Any]],
         # a document traced in a side environment (side.py) carries the releases it was traced with
         doc["derived_with"] = {"format": FORMAT, **vers, **doc.pop("_traced_with", {})}
         _write(path, doc)
+        _REDERIVED.add(path)
     _USED.setdefault(source_digest, set()).add(tuple(sorted((k, str(v)) for k, v in doc["derived_with"].items()
                                                             if k in STACK_PACKAGES and v)))
     if ship_to is not None:
         ship(source_digest, what, doc, ship_to)
     return doc
+
+
+# the documents made anew in this process: NNMEM_SWEEP_REDERIVE=1 derives each once per process, not at every lookup
+# (`make derive` looked one plan up several times while deriving a scenario, and traced it again each time)
+_REDERIVED: set[Path] = set()
+
+
+def _rederive(path: Path) -> bool:
+    """Whether the document at `path` is to be made anew: NNMEM_SWEEP_REDERIVE=1 and not yet in this process."""
+    return os.environ.get("NNMEM_SWEEP_REDERIVE") == "1" and path not in _REDERIVED
 
 
 def stack_text(derived_with: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
@@ -93,9 +104,9 @@ def stacks_used(source_digests, skip: tuple[str, ...] = ()) -> list[str]:  # noq
 
 def stored(source_digest: str, what: tuple) -> bool:
     """Whether lookup() would find the document without deriving it."""
-    if os.environ.get("NNMEM_SWEEP_REDERIVE") == "1":
-        return False
     path = user_cache_dir() / f"{key(source_digest, what, versions())}.json"
+    if _rederive(path):
+        return False
     return any(d is not None and d.get("derived_with", {}).get("format") == FORMAT
                for d in (_read(path), _read(shipped_path(source_digest, what))))
 
