@@ -54,13 +54,12 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
         reach = ("FSDP over data_parallel (zero_stage 2 or 3) and gradient accumulation" if sharding
                  else "one GPU, with gradient accumulation at most")
         raise UsageError(f"{what} is modelled on {reach}: {', '.join(off)} is not modelled for it")
-    accum = ints(frame, C.GRADIENT_ACCUMULATION) if C.GRADIENT_ACCUMULATION in frame.columns else \
-        np.ones(len(frame), dtype=np.int64)
-    kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
-        np.full(len(frame), "set_to_none", dtype=object)
+    frame = derived.with_kept_gradients(frame)
+    if C.ZERO_GRAD not in frame.columns:
+        frame = frame.assign(**{C.ZERO_GRAD: "set_to_none"})
     drop = [c for c in (*C.PARALLEL_AXES, C.GPUS_PER_NODE, C.HOST_MEMORY) if c in frame.columns
             and c not in sharding]
-    return frame.drop(columns=drop).assign(**{C.ZERO_GRAD: np.where(accum > 1, "zeros", kept)})
+    return frame.drop(columns=drop)
 
 
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,

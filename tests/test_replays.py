@@ -153,3 +153,28 @@ def test_a_sharded_points_reserve_is_its_ranks_own_sequence_on_its_streams():
         fraction, note = point_reserve(A.architecture_of(case), "train", A.case_frame(case).iloc[0])
     assert fraction is not None and "each block on its stream (3 CUDA streams" in note, note
     assert "S 40,370,176 B" in note
+
+
+def test_a_row_that_accumulates_replays_its_plan_with_the_gradients_kept():
+    """A row with gradient_accumulation > 1 replays the plan traced with its gradients kept (zero_grad 'zeros'), as
+    its estimate reads it; it replayed the plan without them before. Qwen3 0.6B LoRA over 2 FSDP ranks with 4
+    micro-batches: the replayed sequence's peak of live bytes is its twin's without accumulation plus the kept
+    adapter gradient shards, 20,185,088 B (tests/test_sharded_truth.py)."""
+    pytest.importorskip("transformers", reason="the [measure] extra is not installed")
+    import json
+    from pathlib import Path
+
+    from nnmem_sweep import accuracy as A
+    from nnmem_sweep.components.reserve import row_sequences
+    from nnmem_sweep.derive import stored_only
+
+    folder = Path("tests/data/truth/sharded")
+    peaks = []
+    for name in ("qwen3-0.6b-lora-r16-all-fsdp2z3-accum4-train-bf16-adamw-b2-s1024",
+                 "qwen3-0.6b-lora-r16-all-fsdp2z3-train-bf16-adamw-b2-s1024"):
+        case = json.loads((folder / f"{name}.json").read_text())
+        with stored_only():  # the truth cases' shipped plans (the CPU's kernels)
+            ((note, seq),) = row_sequences(A.architecture_of(case), "train", A.case_frame(case), device="cpu")
+        assert seq is not None, note
+        peaks.append(int(np.cumsum(seq[:, 1]).max()))
+    assert peaks[0] - peaks[1] == 20_185_088

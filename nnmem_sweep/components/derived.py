@@ -298,6 +298,18 @@ def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     return inv.astype(np.int64).reshape(-1), [None if u == 0 else (int(u // 4), int(u % 4)) for u in uniq]
 
 
+def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with zero_grad 'zeros' on every row that accumulates over several micro-batches (a column
+    gradient_accumulation > 1): its gradients are kept through the later micro-batches, as zero_grad 'zeros' keeps
+    them (the plan traced with them kept); the other rows' zero_grad as they are ('set_to_none' where the column is
+    absent)."""
+    if C.GRADIENT_ACCUMULATION not in frame.columns:
+        return frame
+    kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
+        np.full(len(frame), "set_to_none", dtype=object)
+    return frame.assign(**{C.ZERO_GRAD: np.where(ints(frame, C.GRADIENT_ACCUMULATION) > 1, "zeros", kept)})
+
+
 def frame_inputs(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
     """What the estimator reads for `frame`'s rows: (recipes {code: DerivedPlan}, states {W, M, S, T, G: arrays
     over state codes} (train) or W' per code (infer), recipe code per row, state code per row, b, s,

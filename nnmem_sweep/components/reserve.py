@@ -167,6 +167,7 @@ def row_sequences(arch, mode: str, rows: pd.DataFrame, device: str = "cuda", ste
     """row_sequence of every row of `rows`, the plans read once for them all."""
     if getattr(arch, "kind", "") != "derived":
         return [(f"{arch.name}: hand-modelled family, no traced allocation sequence: not replayed", None)] * len(rows)
+    rows = derived.with_kept_gradients(rows)  # a row accumulating over micro-batches replays its plan with them kept
     try:
         with derive.stored_only():
             recipes, states, key, state_code, b, s, dec = derived.frame_inputs(arch, mode, rows, device)
