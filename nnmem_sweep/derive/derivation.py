@@ -185,7 +185,7 @@ class _Probe:
             for sh in todo:
                 self(*sh)
             return
-        for sh, t in zip(todo, budget.result(self.pool.map_async(_trace_in_worker, todo))):
+        for sh, t in zip(todo, budget.result(self.pool.map_async(_trace_in_worker, todo, chunksize=1))):
             self.traces[sh] = t
 
     def __call__(self, b: int, s: int) -> step.StepTrace:
@@ -219,8 +219,9 @@ def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: i
     for d in (min(32, width // 2), 1):  # spacing 1 where sizes change rule right above s_lo (a cap at a window)
         s_probes = [s_lo, s_lo + d, s_lo + 2 * d]
         shapes = [(b, s) for s in s_probes for b in B_PROBES]
-        # with them, the checks and batch 1's shapes (traced together where there are cores to spare)
-        probe.prefetch(shapes + [(2, s_check), (4, top)] + [(1, s) for s in s_probes] + [(1, top)])
+        # with them, the checks and the two batch-1 shapes that tell whether batch 1 is the same program (traced
+        # together where there are cores to spare); batch 1's other probes only where it is not (below)
+        probe.prefetch(shapes + [(2, s_check), (4, top), (1, s_probes[0]), (1, top)])
         try:
             coef = _solve_region(probe.traces, shapes, [], None, probe.label)
             break
@@ -243,8 +244,7 @@ def _regions_in(probe: _Probe, s_lo: int, s_hi: int | None, top: int, s_check: i
         return [_region(base, coef, 1, None, lo, s_hi, probe.mode)], last
     ones = [(1, s) for s in s_probes]
     one_checks = [(1, last)] if last > s_probes[-1] else []
-    for sh in ones + one_checks:
-        probe(*sh)
+    probe.prefetch(ones + one_checks)  # in parallel where there are cores
     coef1 = _solve_region(probe.traces, ones, one_checks, (0, 1, 5), f"{probe.label}, batch 1")
     return [_region(probe.traces[ones[0]], coef1, 1, 1, lo, s_hi, probe.mode),
             _region(base, coef, 2, None, lo, s_hi, probe.mode)], last
