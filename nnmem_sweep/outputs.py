@@ -56,6 +56,7 @@ from typing import Any, Iterator
 
 from . import __version__
 from .errors import NnmemError
+from .paths import file_sha256
 from .paths import umask
 from .testhook import PAUSE_ENV, RESUME_ENV, checkpoint  # noqa: F401  (the stages below; tests import them here)
 from .provenance import Provenance, collect, run_id, tool_commit
@@ -154,14 +155,6 @@ class _HashedFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_run_json(folder: Path) -> dict | None:
@@ -338,7 +331,7 @@ class OutputSet:
             if not p.is_file() or name == RUN_JSON:
                 raise RuntimeError(f"unexpected entry {name!r} in the staging folder")
             size = p.stat().st_size
-            out[name] = known[name] if name in known and known[name][1] == size else (_sha256_of(p), size)
+            out[name] = known[name] if name in known and known[name][1] == size else (file_sha256(p), size)
         return out
 
     def run_id(self) -> str:

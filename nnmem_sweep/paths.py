@@ -60,6 +60,17 @@ def user_cache_dir() -> Path:
     return Path(base) / "nnmem_sweep"
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 4 MiB blocks (a results.csv can be gigabytes)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def sources_digest(root: Path, pattern: str = "*.py") -> str:
     """sha256 over the Python sources under `root` (each file's path relative to it and its bytes, sorted): which
     code this is, without git (the GPU kit's code_sha256; the allocator model's, keying kept replays)."""

@@ -3,16 +3,15 @@ for the replays a scenario's first run makes (replays.py: tens of thousands of e
 replays per recipe). model.py stays the reference, written to be read against the C++ source; this module is
 held to it, result for result, on every committed sequence and on random ones (tests/allocator/test_fast.py).
 
-Not here (replay.py falls back to model.py): expandable segments. Streams are (a pool per stream and size class).
-Everything else of AllocatorOptions is:
-max_split_size_mb (oversize blocks and their release), roundup_power2_divisions, max_non_split_rounding_mb,
-large_segment_size_mb.
+Not here (replay.py falls back to model.py): expandable segments. Streams are (a pool per stream and size class),
+and so is everything else of AllocatorOptions: max_split_size_mb (oversize blocks and their release),
+roundup_power2_divisions, max_non_split_rounding_mb, large_segment_size_mb.
 
 Layout. Blocks are rows of parallel arrays (ptr, size, segment, prev, next, allocated), reused through a free
 list; a segment is its base and its pool. Each pool holds its free blocks in size classes (8 per power of two, each an
 unordered linked list): adding and removing one is O(1), and best fit (the smallest (size, ptr) of at least the
-request: BlockComparatorSize within the request's stream) looks at the request's class and then at the first non-empty one above.
-Event ids are made dense before the call (np.unique), so the live map is an array.
+request: BlockComparatorSize within the request's stream) looks at the request's class and then at the first
+non-empty one above. Event ids are made dense before the call (np.unique), so the live map is an array.
 
 numba compiles the kernels on first use (a few seconds) and keeps the machine code in its cache beside this file
 (__pycache__) or in NUMBA_CACHE_DIR; `make install` compiles them once. numba is imported only then, by the first
@@ -459,8 +458,8 @@ def warm() -> None:
     if compiled():
         ids = np.array([0, 0], dtype=np.int64)
         nbytes = np.array([512, -512], dtype=np.int64)
-        replay_native(ids, nbytes, np.zeros(2, dtype=np.int64), UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64), UNLIMITED, kLargeBuffer,
-                      kLargeBuffer, 16, False)
+        replay_native(ids, nbytes, np.zeros(2, dtype=np.int64), UNLIMITED, np.zeros(ROUNDUP_INTERVALS, dtype=np.int64),
+                      UNLIMITED, kLargeBuffer, kLargeBuffer, 16, False)
 
 
 def dense(events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -483,9 +482,9 @@ def peak_live(nbytes: np.ndarray) -> int:
 def run(ids: np.ndarray, nbytes: np.ndarray, options, capacity: int | None,  # noqa: ANN001
         live_peak: int | None = None, descending: bool = False, streams: np.ndarray | None = None) -> np.ndarray:
     """The compiled replay of dense events under `options` (not expandable) within `capacity` (None: none), new
-    segments' addresses ascending or `descending`, each event on its stream (numbered from 0; None: all on 0). Block rows: live blocks, the free blocks between them and the
-    cached segments; 3x the live peak is room for every traced step met so far, and a replay that runs out is run
-    again with room for every event."""
+    segments' addresses ascending or `descending`, each event on its stream (numbered from 0; None: all on 0). Block
+    rows: live blocks, the free blocks between them and the cached segments; 3x the live peak is room for every traced
+    step met so far, and a replay that runs out is run again with room for every event."""
     compiled()
     divisions = np.asarray(options.divisions_table(), dtype=np.int64)
     max_split = min(options.max_split_bytes, UNLIMITED)

@@ -1,7 +1,8 @@
 """A model of DeviceCachingAllocator (c10/cuda/CUDACachingAllocator.cpp, native backend) for one device: blocks,
 segments, the two pools, best fit, splitting, merging, releasing cached segments when cudaMalloc fails, expandable
 segments, and streams (a segment belongs to the stream that made it; a request is served only from its own stream's
-blocks: BlockComparatorSize orders by stream first and get_free_block gives up on another stream's block). Each method names the C++ function it models. Addresses are synthetic: every new
+blocks: BlockComparatorSize orders by stream first and get_free_block gives up on another stream's block). Each
+method names the C++ function it models. Addresses are synthetic: every new
 segment gets a fresh base above the previous ones (cudaMalloc's real addresses are unknown), so "lowest address"
 among segments means "oldest segment", which is also the newer sources' tie-break (registration_counter); or, with
 `descending`, below them ("newest segment"): the driver does either (an H100's recordings show both), and a plan's
@@ -125,8 +126,7 @@ class CachingAllocatorModel:
         self._max_split = options.max_split_bytes
         self._non_split_rounding = options.non_split_rounding_bytes
         self._large_segment = options.large_segment_bytes
-        self.small_pool, self.large_pool = _Pool(True), _Pool(False)  # stream 0's
-        self._pools: dict[tuple[int, bool], _Pool] = {(0, True): self.small_pool, (0, False): self.large_pool}
+        self._pools: dict[tuple[int, bool], _Pool] = {}  # (stream, small) -> that stream's part of the pool
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.num_device_alloc = self.num_device_free = 0
         self.event = -1  # index of the event being replayed; the peaks note it
@@ -211,8 +211,7 @@ class CachingAllocatorModel:
         """DeviceCachingAllocator::malloc on `stream`: best fit among the stream's free blocks, else a new segment,
         else release cached blocks (every stream's: release_cached_blocks) and retry."""
         size, alloc_size = self.request_sizes(nbytes)
-        small = is_small(size)
-        pool = self.pool(stream, small) if stream else self.small_pool if small else self.large_pool
+        pool = self.pool(stream, is_small(size))
         block = self._get_free_block(pool, size)
         if block is None:
             block = self._alloc_block(pool, size, alloc_size)
@@ -287,8 +286,6 @@ class CachingAllocatorModel:
         pool.insert(block)
 
     def _pool_of(self, block: _Block) -> _Pool:
-        if not block.seg.stream:
-            return self.small_pool if block.seg.small else self.large_pool
         return self.pool(block.seg.stream, block.seg.small)
 
     @staticmethod

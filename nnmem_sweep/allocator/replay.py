@@ -50,15 +50,14 @@ def _streamed(arr: np.ndarray) -> bool:
 @formula("allocator_replay_peak_reserved_bytes",
          "max over the step of Σ segment bytes, replaying every (id, ±nbytes) event through the caching allocator "
          "model", TORCH_ALLOCATOR, where="DeviceCachingAllocator::malloc / free; stats.reserved_bytes",
-         note="one device; a sequence's events may name their streams (a pool per stream); zero-byte allocations never reach the allocator (allocate(0) returns an "
-         "empty pointer)")
+         note="one device; a sequence's events may name their streams (a pool per stream); zero-byte allocations "
+         "never reach the allocator (allocate(0) returns an empty pointer)")
 def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_bytes: int | None = None,
            device_total_bytes: int | None = None, engine: str = "auto", descending: bool = False) -> ReplayResult:
     """Replay `events`, an int array of shape (n, 2): column 0 a block id, column 1 +nbytes for its allocation and
     -nbytes for its free, or (n, 3) with column 2 the stream of each event's block (0: the default stream; the model
-    keeps a pool per stream, and such a sequence is replayed by it), or `prepare(events)`, to replay one sequence
-    many times. `capacity_bytes` is what the
-    allocator may reserve (mem_get_info's total less the memory outside the allocator; None: unlimited);
+    keeps a pool per stream), or `prepare(events)`, to replay one sequence many times. `capacity_bytes` is what
+    the allocator may reserve (mem_get_info's total less the memory outside the allocator; None: unlimited);
     `device_total_bytes` is mem_get_info's total, for the OOM message (default: capacity_bytes). Stops at the first
     allocation that runs out of memory, as PyTorch raises there. engine: "model" (model.py, the reference), "fast"
     (fast.py, compiled; not expandable segments) or "auto" (fast where it applies and numba is installed): both
@@ -69,8 +68,6 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
     differs from its allocation.
     """
     prepared = events if isinstance(events, Prepared) else None
-    arr = prepared.events if prepared else _checked(events)
-    streamed = _streamed(arr)
     use_fast = engine == "fast" or (engine == "auto" and fast.available() and not options.expandable_segments)
     if use_fast:
         if options.expandable_segments:
@@ -89,14 +86,13 @@ def replay(events, options: AllocatorOptions = AllocatorOptions(), capacity_byte
     model = CachingAllocatorModel(options, capacity_bytes, device_total_bytes, descending)
     live: dict[int, tuple[object, int]] = {}
     oom_event, message, replayed = -1, "", 0
-    streams = arr[:, 2].tolist() if streamed else [0] * len(arr)
-    for i, ((block_id, nbytes, *_), stream) in enumerate(zip(arr.tolist(), streams)):
+    for i, (block_id, nbytes, *stream) in enumerate((prepared.events if prepared else _checked(events)).tolist()):
         model.event = i
         replayed = i + 1
         if nbytes > 0:
             if block_id in live:
                 raise ValueError(f"event {i}: id {block_id} allocated again before its free")
-            block = model.malloc(nbytes, stream)
+            block = model.malloc(nbytes, stream[0] if stream else 0)
             if block is None:
                 oom_event, message = i, oom_message(model, nbytes, device_total_bytes)
                 break

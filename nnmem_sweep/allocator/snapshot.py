@@ -9,8 +9,8 @@ asked for, before rounding). `slim(pickle)` keeps what a replay reads; `check(do
      block allocated before it started, or releases a segment it did not make, cannot be rebuilt so and is refused:
      Unreplayable);
   2. every alloc through CachingAllocatorModel.malloc on its stream and every free_completed through free (a block
-     used on another stream, record_stream, is freed when its events complete: free_completed, not free_requested); a run of
-     segment_free (torch.cuda.empty_cache()) through release_cached_blocks, which must release exactly those
+     used on another stream, record_stream, is freed when its events complete: free_completed, not free_requested);
+     a run of segment_free (torch.cuda.empty_cache()) through release_cached_blocks, which must release exactly those
      segments; each segment the model makes takes the address of the GPU's segment_alloc (so ties between equal
      free blocks fall as on the GPU), and at each alloc the model must make a segment exactly where the GPU made
      one, of its size, and put the block at the GPU's address;
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..paths import file_sha256, sources_digest
 from .model import CachingAllocatorModel
 from .options import AllocatorOptions
 
@@ -229,7 +230,7 @@ def evidence(folder: Path, memo: Any = None) -> list[dict[str, Any]]:
     code = code_digest()
     out = []
     for path in sorted(Path(folder).glob("*.json.gz")):
-        key = {"sha256": _sha256(path), "code": code}
+        key = {"sha256": file_sha256(path), "code": code}
         kept = shipped.get(path.name) or {}
         if all(kept.get(k) == v for k, v in key.items()):
             out.append(kept["item"])
@@ -259,7 +260,7 @@ def item(path: Path, doc: dict[str, Any], c: "Check | None", why: str = "") -> d
 def write_evidence(folder: Path) -> Path:
     """EVIDENCE_FILE in `folder`: every recording replayed now, with its sha256 and the allocator code's digest."""
     code = code_digest()
-    doc = {p.name: {"sha256": _sha256(p), "code": code, "item": evidence_of(p)}
+    doc = {p.name: {"sha256": file_sha256(p), "code": code, "item": evidence_of(p)}
            for p in sorted(Path(folder).glob("*.json.gz"))}
     out = Path(folder) / EVIDENCE_FILE
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -274,14 +275,6 @@ def _shipped(folder: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def code_digest() -> str:
     """sha256 of the allocator model's sources (this package): a kept replay result is stale when it changes."""
-    from ..paths import sources_digest
-
     return sources_digest(Path(__file__).resolve().parent)

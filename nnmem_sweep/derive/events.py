@@ -8,11 +8,11 @@ shape (b, s) is the traced sequence with each allocation's bytes evaluated there
 
     {"kinds": [kind names], "rows": [[kind index, c0, ..., c5], ...], "seq": [int, ...], "streams": [int, ...]}
 
-rows: the distinct (kind, coefficients) of the allocations; seq: one int per event, r >= 0 for an allocation
-whose size is row r, -d for the free of the allocation made d allocations before it (d >= 1: the frees of a
-layer repeat, so gzip packs them); streams (only where a row is not on the default stream): each row's stream
-(trace.py: FSDP2's all-gather and reduce-scatter streams in a sharded step). Ids at evaluation are allocation ordinals (0, 1, ...), unique per allocation as
-the allocator replay wants (a storage resized in place is a free and a new allocation).
+rows: the distinct (kind, coefficients) of the allocations; seq: one int per event, r >= 0 for an allocation whose size
+is row r, -d for the free of the allocation made d allocations before it (d >= 1: the frees of a layer repeat, so gzip
+packs them); streams (only where a row is not on the default stream): each row's stream (trace.py: FSDP2's all-gather
+and reduce-scatter streams in a sharded step). Ids at evaluation are allocation ordinals (0, 1, ...), unique per
+allocation as the allocator replay wants (a storage resized in place is a free and a new allocation).
 
 An allocation whose polynomial is 0 at the shape is dropped with its free: allocate(0) returns an empty pointer
 without reaching the allocator (c10/cuda/CUDACachingAllocator.cpp, NativeCachingAllocator::allocate).
@@ -62,8 +62,8 @@ def encode(events: np.ndarray, alloc_kind: list[str], coef: np.ndarray, streams:
 def decode(doc: dict, b: int, s: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(events (n, 2) int64 [allocation ordinal, ±bytes], or (n, 3) with each event's stream where the sequence
     uses streams besides the default one, the kind index of each event's allocation, kind names) at (b, s);
-    zero-byte allocations and their frees dropped (allocator.replay reads either shape). Raises ValueError where a size evaluates negative (the
-    shape is outside what the polynomials describe)."""
+    zero-byte allocations and their frees dropped (allocator.replay reads either shape). Raises ValueError where a
+    size evaluates negative (the shape is outside what the polynomials describe)."""
     seq = np.asarray(doc["seq"], dtype=np.int64)
     rows = np.asarray(doc["rows"], dtype=np.int64).reshape(-1, 1 + len(solve.MONOMIALS))
     sizes = rows[:, 1:] @ solve.features([b], [s])[0]
@@ -85,9 +85,8 @@ def decode(doc: dict, b: int, s: int) -> tuple[np.ndarray, np.ndarray, list[str]
 
 def events_at(plan, batch: int, seq_len: int = 1) -> np.ndarray:
     """The step's (id, ±bytes) sequence at a concrete shape: (n, 2) int64 ((n, 3) with the streams: decode), for
-    allocator.replay. plan: a
-    DerivedPlan or its JSON document (plans.to_json). Raises ValueError where the plan stores no sequence for the
-    region holding (batch, seq_len) (a plan derived before sequences were stored)."""
+    allocator.replay. plan: a DerivedPlan or its JSON document (plans.to_json). Raises ValueError where the plan stores
+    no sequence for the region holding (batch, seq_len) (a plan derived before sequences were stored)."""
     return region_events(plan, batch, seq_len)[0]
 
 

@@ -73,14 +73,10 @@ def _kept(path: Path, key: dict[str, str], compute) -> dict[str, Any]:  # noqa: 
     does not hold for this code is replayed once, not by every report."""
     import json
 
-    from ..derive.cache import memo_read, memo_write
+    from ..derive.cache import memo
 
     text = json.dumps(["snapshot evidence", key["sha256"], key["code"]])
-    doc = memo_read("evidence", text)
-    if doc is None or "item" not in doc:
-        doc = {"item": compute(path)}
-        memo_write("evidence", text, doc)
-    return doc["item"]
+    return memo("evidence", text, lambda: {"item": compute(path)})["item"]
 
 
 def load_published_comparison(validation: Any = AUTO, published: Any = AUTO):

@@ -41,8 +41,8 @@ def applies(f: Any, sc: Any) -> bool:  # noqa: ANN401 - a citations.Formula, a S
     """Whether formula `f` can enter a row of scenario `sc`: a fine-tune's formulas where the model is fine-tuned,
     a parallel layout's where the scenario has one, serving's and the KV cache's in infer mode, the optimizers' and
     training throughput's in train mode, a layer list's for a layer-list model (a parameter count's for a model of
-    parameters), a derived plan's where the model or its replayed reserve is planned from code; a per-kind formula ('name.kind') only where the grid has that kind
-    (an optimizer, a quantized precision)."""
+    parameters), a derived plan's where the model or its replayed reserve is planned from code; a per-kind formula
+    ('name.kind') only where the grid has that kind (an optimizer, a quantized precision)."""
     from ..serving import applies as serving_applies
 
     model = sc.model

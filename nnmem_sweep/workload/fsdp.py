@@ -6,14 +6,14 @@ fully_shard over a 1-D mesh of `world` ranks, as torchtitan, accelerate and peft
     zero_stage 2 (SHARD_GRAD_OP): blocks keep their unsharded parameters from forward to backward
     the root: fully_shard's default (no reshard after forward: its parameters are needed first in backward)
 
-Parameters, gradients and optimizer state are then the rank's shards (Shard(0) of each parameter, padded to a
-multiple of `world` rows); the collectives run on PyTorch's fake process group (no communication, every rank alike),
-so under FakeTensorMode one rank of a 70B model costs nothing, and on one real GPU (the kit) one rank's step
-allocates what it allocates among its ranks, with FSDP2's CUDA streams and events, less NCCL's own buffers. The optimizer steps the rank's local shards
-(LocalShardOptimizer): the same tensors and the same foreach kernels a DTensor step dispatches to, without DTensor's
-sharding propagation, whose fake ops a FakeTensorMode run would count as memory (tests/measure/test_fsdp.py). Frozen base weights (LoRA, QLoRA's 4-bit storage) are
-sharded like any parameter; QLoRA's quant state stays whole on every rank (it is module state, not a parameter), as
-with bitsandbytes under FSDP."""
+Parameters, gradients and optimizer state are then the rank's shards (Shard(0) of each parameter, padded to a multiple
+of `world` rows); the collectives run on PyTorch's fake process group (no communication, every rank alike), so under
+FakeTensorMode one rank of a 70B model costs nothing, and on one real GPU (the kit) one rank's step allocates what it
+allocates among its ranks, with FSDP2's CUDA streams and events, less NCCL's own buffers. The optimizer steps the rank's
+local shards (LocalShardOptimizer): the same tensors and the same foreach kernels a DTensor step dispatches to, without
+DTensor's sharding propagation, whose fake ops a FakeTensorMode run would count as memory (tests/measure/test_fsdp.py).
+Frozen base weights (LoRA, QLoRA's 4-bit storage) are sharded like any parameter; QLoRA's quant state stays whole on
+every rank (it is module state, not a parameter), as with bitsandbytes under FSDP."""
 from __future__ import annotations
 
 import contextlib
