@@ -144,6 +144,7 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         **({C.ZERO_GRAD: [i["zero_grad"]]} if "zero_grad" in i else {}),
         # micro-batches accumulated per optimizer step (one GPU): peak.one_gpu reads it
         **({C.GRADIENT_ACCUMULATION: [int(i["gradient_accumulation"])]} if "gradient_accumulation" in i else {}),
+        **({C.GRADIENT_SYNC: [i["gradient_sync"]]} if "gradient_sync" in i else {}),
         # one rank of an FSDP2 step: the layout the estimate reads (parallel/)
         **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])]}
            if i.get("fsdp") else {}),

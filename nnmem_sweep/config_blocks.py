@@ -330,12 +330,12 @@ def accumulation_only(parallel: dict) -> bool:
     """A `parallel:` block (or grid axes) that only accumulates gradients on one GPU: every other axis at its
     default. A plan of one GPU with the gradients kept through the micro-batches answers it (peak.py)."""
     return bool(parallel) and all(v == C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
-                                  if a != C.GRADIENT_ACCUMULATION for v in vs)
+                                  if a not in (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) for v in vs)
 
 
 def sharding_axes(parallel: dict) -> list[str]:
     """The axes of a layout that take it off one GPU (named in refusals)."""
-    return [a for a, vs in parallel.items() if a != C.GRADIENT_ACCUMULATION
+    return [a for a, vs in parallel.items() if a not in (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC)
             and any(v != C.PARALLEL_DEFAULTS[a] for v in vs)]
 
 

@@ -25,7 +25,7 @@ INT_AXES = (C.BATCH, C.SEQ_LEN, C.CACHE_TOKENS, C.DECODE_TOKENS,
 BOOL_AXES = C.PARALLEL_BOOL_AXES
 MAX_ROWS = 20_000_000  # default row limit of a run (--max-rows): a few GB of frames at most
 CATEGORICAL_AXES = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.CHECKPOINTING, C.ATTENTION,
-                    C.PIPELINE_SCHEDULE, C.OFFLOAD, C.ZERO_GRAD)
+                    C.PIPELINE_SCHEDULE, C.OFFLOAD, C.ZERO_GRAD, C.GRADIENT_SYNC)
 
 
 def _axis_values(sc: Scenario, axis: str) -> tuple:

@@ -44,7 +44,8 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
     # (zero_stage 2 or 3; 0 replicates it: one GPU's plan per rank): the estimator reads those two columns
     # (components/derived.py, its traced sharded plans)
     sharding = (C.DATA_PARALLEL, C.ZERO_STAGE) if arch.kind == "derived" else ()
-    off = [c for c in C.PARALLEL_AXES if c != C.GRADIENT_ACCUMULATION and c not in sharding and c in frame.columns
+    off = [c for c in C.PARALLEL_AXES if c not in (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) and c not in sharding
+           and c in frame.columns
            and (frame[c].astype(str) != str(C.PARALLEL_DEFAULTS[c])).any()]
     if sharding and C.ZERO_STAGE in frame.columns and (ints(frame, C.ZERO_STAGE) == 1).any():
         off.append(f"{C.ZERO_STAGE} 1 (FSDP shards gradients with the optimizer state: use 2 or 3)")

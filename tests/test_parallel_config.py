@@ -120,3 +120,30 @@ def test_offload_beyond_the_node_ram_does_not_fit(tmp_path):
     # the GPU itself holds only the two gathered units; the largest is the head (lm_head 128256 x 4096 + the final
     # norm's 4096), in bf16
     assert res.results[C.WEIGHTS].tolist() == [2 * (128256 * 4096 + 4096) * 2] * 2
+
+
+def test_gradient_sync_is_an_axis_and_last_keeps_the_whole_unsharded_gradients(tmp_path):
+    """`gradient_sync: [each, last]` under ZeRO-3 with accumulation: one row each. The gradients a micro-batch keeps
+    are the rank's bf16 shard with `each` (FSDP2's default) and every parameter's whole bf16 gradient with `last`
+    (accelerate's no_sync): Llama 3.1 8B has 8,030,261,248 parameters; a shard over 8 ranks is 1/8 of them (each
+    dimension divides). Without accumulation the two are the same step."""
+    sc = load(tmp_path, HEAD.replace("bf16-master", "bf16") + "parallel: {data_parallel: 8, zero_stage: 3, "
+              "gradient_accumulation: [1, 4], gradient_sync: [each, last]}\n")
+    res = run_scenario(sc).results
+    res = res[res[C.BATCH] == 1].set_index([C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC])
+    whole = 8_030_261_248 * 2
+    assert res.loc[(4, "each"), C.GRADIENTS] == whole // 8
+    assert res.loc[(4, "last"), C.GRADIENTS] == whole
+    assert (res.loc[(4, "last"), C.PEAK_ALLOCATED] - res.loc[(4, "each"), C.PEAK_ALLOCATED]) == whole - whole // 8
+    assert res.loc[(1, "last"), C.PEAK_ALLOCATED] == res.loc[(1, "each"), C.PEAK_ALLOCATED]
+
+
+@pytest.mark.parametrize("block,expected", [
+    ("parallel: {data_parallel: 8, zero_stage: 3, gradient_accumulation: 4, gradient_sync: sometimes}\n",
+     "10:86: parallel.gradient_sync: the string 'sometimes' is not one of: each, last"),
+    ("parallel: {data_parallel: 8, zero_stage: 3, gradient_accumulation: 4, gradient_sync: last, deepspeed: true}\n",
+     "10:86: parallel.gradient_sync: gradient_sync last (FSDP's no_sync) is modelled for FSDP without offload; "
+     "DeepSpeed ZeRO-2/3 reduces every micro-batch (use gradient_sync each)"),
+])
+def test_gradient_sync_refusals_name_the_key(tmp_path, block, expected):
+    assert problems(tmp_path, HEAD + block) == [expected]

@@ -68,13 +68,16 @@ def test_sharded_fine_tunes_are_their_ranks_traced_step(case):
         assert abs(est["phases"][phase] - m["peak_bytes"]) <= tol * m["peak_bytes"], phase
 
 
-ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation", 1) > 1]
+ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation", 1) > 1
+         and c["inputs"].get("gradient_sync", "each") == "each"]
+UNSYNCED = [c for c in CASES if c["inputs"].get("gradient_sync") == "last"]
 
 
-def _twin(case):
-    """The same case without accumulation."""
-    return next(c for c in CASES if c["case_id"] == case["case_id"].replace(
-        f"-accum{case['inputs']['gradient_accumulation']}-", "-"))
+def _twin(case, accum: str = ""):
+    """The same case without accumulation (or with `accum`, "-accum4-" say, in its place)."""
+    n = case["inputs"]["gradient_accumulation"]
+    name = case["case_id"].replace(f"-accum{n}-", "-").replace(f"-accum{n}nosync-", accum or "-")
+    return next(c for c in CASES if c["case_id"] == name)
 
 
 # Qwen3 0.6B's LoRA adapters, rank 16 on every linear layer of its 28 layers (hidden 1024, 16 heads x 128 = 2048
@@ -100,3 +103,30 @@ def test_accumulation_under_fsdp_keeps_the_ranks_gradient_shards(case):
         est, est_twin = A.estimate_case(case), A.estimate_case(_twin(case))
     for phase in ("forward", "backward"):
         assert est["phases"][phase] - est_twin["phases"][phase] == shard, phase
+
+
+@pytest.mark.parametrize("case", UNSYNCED, ids=[c["case_id"] for c in UNSYNCED])
+def test_accumulation_synced_at_the_last_micro_batch_keeps_the_whole_unsharded_gradients(case):
+    """accelerate's no_sync under FSDP2 (set_requires_gradient_sync(False) before every micro-batch but the last):
+    the micro-batches keep the whole unsharded gradients, which the last one reduce-scatters, so the forward and
+    the backward's peak hold them beside what the step without accumulation holds: Llama 3.2 1B's bf16 gradients,
+    2,471,628,800 B, twice the shard that every micro-batch's sync keeps; Qwen3's fp32 adapter gradients,
+    40,370,176 B. The estimate: the hand model of FSDP keeps the unsharded gradients (parallel/plan.py), a model
+    planned from its code is traced from the last micro-batch with them kept (derive/step.py); every phase as
+    measured (test_every_phase_of_a_rank_within_16_kib, test_sharded_fine_tunes_are_their_ranks_traced_step)."""
+    whole = LLAMA_1B_BF16 if "finetune" not in case["inputs"] else QWEN3_ADAPTERS * 4
+    assert whole in (2_471_628_800, 40_370_176)
+    m, alone = case["measured"], _twin(case)["measured"]
+    synced = _twin(case, f"-accum{case['inputs']['gradient_accumulation']}-")["measured"]
+    assert m["phases"]["backward"]["categories"]["grad"] == whole
+    for phase in ("forward", "backward"):
+        assert m["phases"][phase]["peak_bytes"] - alone["phases"][phase]["peak_bytes"] == whole
+        assert m["phases"][phase]["peak_bytes"] - synced["phases"][phase]["peak_bytes"] == whole // 2
+    assert m["phases"]["optimizer"] == synced["phases"]["optimizer"]  # the step after the last sync: the shards
+    from nnmem_sweep.derive import stored_only
+
+    with stored_only():
+        est, est_synced = A.estimate_case(case), A.estimate_case(_twin(
+            case, f"-accum{case['inputs']['gradient_accumulation']}-"))
+    for phase in ("forward", "backward"):
+        assert est["phases"][phase] - est_synced["phases"][phase] == whole // 2, phase

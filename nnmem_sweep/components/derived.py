@@ -301,13 +301,19 @@ def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
 def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with zero_grad 'zeros' on every row that accumulates over several micro-batches (a column
     gradient_accumulation > 1): its gradients are kept through the later micro-batches, as zero_grad 'zeros' keeps
-    them (the plan traced with them kept); the other rows' zero_grad as they are ('set_to_none' where the column is
-    absent)."""
+    them (the plan traced with them kept); 'nosync' where such a row's gradients are FSDP shards synced only at the
+    last micro-batch (gradient_sync last, zero_stage 2 or 3 over data_parallel > 1: the plan traced with the whole
+    unsharded gradients kept); the other rows' zero_grad as they are ('set_to_none' where the column is absent)."""
     if C.GRADIENT_ACCUMULATION not in frame.columns:
         return frame
     kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
         np.full(len(frame), "set_to_none", dtype=object)
-    return frame.assign(**{C.ZERO_GRAD: np.where(ints(frame, C.GRADIENT_ACCUMULATION) > 1, "zeros", kept)})
+    accum = ints(frame, C.GRADIENT_ACCUMULATION) > 1
+    unsynced = np.zeros(len(frame), dtype=bool)
+    if C.GRADIENT_SYNC in frame.columns and C.DATA_PARALLEL in frame.columns and C.ZERO_STAGE in frame.columns:
+        unsynced = ((frame[C.GRADIENT_SYNC].astype(str).to_numpy() == "last") & (ints(frame, C.DATA_PARALLEL) > 1)
+                    & (ints(frame, C.ZERO_STAGE) >= 2))
+    return frame.assign(**{C.ZERO_GRAD: np.where(accum, np.where(unsynced, "nosync", "zeros"), kept)})
 
 
 def frame_inputs(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):

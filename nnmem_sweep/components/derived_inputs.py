@@ -110,10 +110,10 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
         for a_i, att in enumerate(a_names):
             for c_i, ck in enumerate(c_names):
                 plan = _plan(arch, "train", prec.name, att, ck, device, progress)
-                for z_i in range(nZ):  # the trace with the gradients kept: its own plan ("bf16+zeros")
-                    zeros = bool(z_names) and z_names[z_i] == "zeros"
+                for z_i in range(nZ):  # the trace with the gradients kept: its own plan ("bf16+zeros", "bf16+nosync")
+                    z = z_names[z_i] if z_names else "set_to_none"
                     recipes[((p_i * nA + a_i) * nC + c_i) * nZ + z_i] = \
-                        _plan(arch, "train", prec.name, att, ck, device, progress, "zeros") if zeros else plan
+                        plan if z == "set_to_none" else _plan(arch, "train", prec.name, att, ck, device, progress, z)
                 states["W"][p_i, :, :, a_i, c_i] = recipe_weights(arch, plan, prec)
                 states["G"][p_i, :, :, a_i, c_i] = plan.grad_bytes
         frozen = arch.derived.card.frozen

@@ -18,7 +18,7 @@ import contextlib
 
 from .card import ModelCard
 from .plans import DerivedPlan
-from .source import KEPT_GRADIENTS, TRACE_RECIPE, DerivationError, ModelSource
+from .source import KEPT_SUFFIXES, TRACE_RECIPE, DerivationError, ModelSource
 
 __all__ = ["ModelCard", "DerivedPlan", "ModelSource", "DerivationError", "get_card", "get_plan", "get_kv_layout",
            "shipping", "stored_only", "MISSING_EXTRA"]
@@ -136,7 +136,7 @@ def _what(source: ModelSource, mode: str, precision: str, attention: str, checkp
         checkpointing = "none"
     if source.kind == "module":  # no attention kernel choice
         attention = "none"
-    kept = KEPT_GRADIENTS if mode == "train" and zero_grad == "zeros" else ""
+    kept = KEPT_SUFFIXES.get(zero_grad, "") if mode == "train" else ""
     return (mode, TRACE_RECIPE[precision] + kept, attention, checkpointing, device)
 
 

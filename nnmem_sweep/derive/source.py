@@ -26,6 +26,11 @@ TRACE_RECIPE = {
 # The trace recipe's suffix for a training step whose gradients were kept from the step before (zero_grad "zeros":
 # optimizer.zero_grad(set_to_none=False)): step.run gives every trainable parameter a zeroed .grad first.
 KEPT_GRADIENTS = "+zeros"
+# ... and for a sharded step synced only at the last micro-batch (FSDP2's set_requires_gradient_sync(False) before,
+# accelerate's no_sync): step.run runs one unsynced micro-batch first, so the traced last one starts with the whole
+# unsharded gradients and reduce-scatters them
+UNSYNCED_GRADIENTS = "+nosync"
+KEPT_SUFFIXES = {"zeros": KEPT_GRADIENTS, "nosync": UNSYNCED_GRADIENTS}
 
 
 class DerivationError(ValueError):
@@ -121,12 +126,15 @@ def case(source: ModelSource, mode: str, recipe: str, attention: str, checkpoint
          batch: int = 2, seq_len: int = 64) -> dict[str, Any]:
     """The `measure` case (measure/build.py) of one probe: the same dict `nnmem-sweep measure` runs. A recipe
     ending in KEPT_GRADIENTS ("bf16+zeros") traces the step with the gradients kept from the step before."""
-    precision, kept = (recipe[:-len(KEPT_GRADIENTS)], True) if recipe.endswith(KEPT_GRADIENTS) else (recipe, False)
+    precision, kept = recipe, ""
+    for zero_grad, suffix in KEPT_SUFFIXES.items():
+        if recipe.endswith(suffix):
+            precision, kept = recipe[:-len(suffix)], zero_grad
     c: dict[str, Any] = {"mode": mode, "batch": batch, "seq_len": seq_len, "precision": precision,
                          "attention": attention, "checkpointing": checkpointing,
                          "optimizer": "none", "optimizer_impl": "foreach", "decode_tokens": 0}
     if kept:
-        c["zero_grad"] = "zeros"
+        c["zero_grad"] = kept
     if device == "cuda":
         c["dropout_impl"] = "native"  # CUDA's dropout keeps a 1-byte mask (workload/build.py native_dropout)
     if source.decoder_seq_len:

@@ -111,6 +111,11 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     from ..workload.steps import run_steps
 
     train = case["mode"] == "train"
+    unsynced = train and case.get("zero_grad") == "nosync"
+    if unsynced and not case.get("fsdp"):
+        raise ValueError("zero_grad 'nosync' traces a sharded step (FSDP2's set_requires_gradient_sync)")
+    if unsynced:  # the workload itself sets its gradients to None
+        case = {k: v for k, v in case.items() if k != "zero_grad"}
     if case.get("fsdp") and not getattr(model, "_nnmem_warm", False):
         _warm_up(model, case, cfg)
     with default_dtype(model_dtype(case["precision"])):  # inputs in the model's dtype, as measure makes them
@@ -125,6 +130,8 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
                 kept.append(p.grad)
+    if unsynced:
+        kept = _unsynced_gradients(model, w, case)
     rec = Recorder()
     rec.external(model.parameters(), PARAM)  # a sharded step's: the rank's local shards (trace._local)
     rec.external(qlora.quant_state_tensors(model), PARAM)  # QLoRA's 4-bit quant states: weights too
@@ -132,6 +139,8 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
         rec.external(w.reference.parameters(), PARAM)
         rec.external(w.reference.buffers(), BUFFER)  # its rotary tables too (MemTracker counts them)
     rec.external(kept, GRAD)
+    # held by FSDP alone from here: the traced micro-batch reduce-scatters the unsharded gradients and frees them
+    del kept
     rec.external(model.buffers(), BUFFER)
     rec.external([v for v in w.inputs.values() if isinstance(v, torch.Tensor)], INPUT)
     attention = contextlib.nullcontext()
@@ -159,6 +168,33 @@ class _NotRecorded:
 
     def saw_cache(self, cache) -> None:  # noqa: ANN001, ARG002
         pass
+
+
+def _unsynced_gradients(model: torch.nn.Module, w, case: dict[str, Any]) -> list[torch.Tensor]:  # noqa: ANN001
+    """One micro-batch of workload `w` with FSDP2's gradient sync off (set_requires_gradient_sync(False), accelerate's
+    no_sync), not recorded: every trainable parameter's whole unsharded gradient is then kept for the next
+    micro-batch. Returns them (read from the unsharded parameters: FSDPModule.unshard, then reshard) with the sync
+    back on, so that the traced micro-batch is the last one, which accumulates into them and reduce-scatters them."""
+    from dataclasses import replace
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from ..workload.build import run_contexts
+    from ..workload.steps import run_steps
+
+    model.set_requires_gradient_sync(False)
+    try:
+        with run_contexts(case, fake=True):
+            run_steps(replace(w, accum=1), _NotRecorded())
+    finally:
+        model.set_requires_gradient_sync(True)
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.unshard()
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    for m in units:
+        m.reshard()
+    return grads
 
 
 def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) -> None:

@@ -224,10 +224,15 @@ SHARDED_CASES: list[dict[str, Any]] = [
 ] + [  # gradient accumulation under FSDP2: every micro-batch reduce-scatters into the rank's kept gradient shards
     {**_fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 3), "gradient_accumulation": 4},
     {**_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
+] + [  # ... or only the last micro-batch's (accelerate's no_sync, its default): whole unsharded gradients until then
+    {**_fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 3), "gradient_accumulation": 4,
+     "gradient_sync": "last"},
+    {**_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:
-        _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}-train-", 1)
+        sync = "nosync" if _c.get("gradient_sync") == "last" else ""
+        _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}{sync}-train-", 1)
 CASES += SHARDED_CASES
 
 

@@ -14,7 +14,8 @@ from .cases import FINETUNE_DIR, SHARDED_DIR, case_by_id
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "preference", "fsdp")
+              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "gradient_sync", "preference",
+              "fsdp")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -51,11 +52,13 @@ ZEROS_METHOD = (" zero_grad 'zeros': optimizer.zero_grad(set_to_none=False) afte
 
 ACCUM_METHOD = (" Gradient accumulation: {n} forward and backward passes per optimizer step, the gradients of each "
                 "accumulating into the ones before.")
+NOSYNC_METHOD = (" FSDP2 set_requires_gradient_sync(False) before every micro-batch but the last (accelerate's "
+                 "no_sync): the unsharded gradients accumulate, and only the last micro-batch reduce-scatters them.")
 
 
-def method_text(kind: str, zero_grad: str = "set_to_none", accum: int = 1) -> str:
+def method_text(kind: str, zero_grad: str = "set_to_none", accum: int = 1, grad_sync: str = "each") -> str:
     return METHOD + KIND_METHOD.get(kind, "") + (ZEROS_METHOD if zero_grad == "zeros" else "") + \
-        (ACCUM_METHOD.format(n=accum) if accum > 1 else "")
+        (ACCUM_METHOD.format(n=accum) if accum > 1 else "") + (NOSYNC_METHOD if grad_sync == "last" else "")
 
 
 def versions(kind: str = "", peft: bool = False) -> dict[str, str]:
@@ -106,7 +109,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     rec["versions"] = versions(measured.get("input_kind", ""), peft="finetune" in case)
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
-                                int(case.get("gradient_accumulation", 1)))
+                                int(case.get("gradient_accumulation", 1)), case.get("gradient_sync", "each"))
     if case.get("fsdp"):
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP2's fully_shard per decoder block and at the root (reshard after forward: "

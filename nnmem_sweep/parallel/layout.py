@@ -41,11 +41,18 @@ class Layout:
     reduce_bucket: int = 0  # DeepSpeed reduce_bucket_size (elements; 0: not DeepSpeed)
     overlap_comm: bool = False  # DeepSpeed overlap_comm
     prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size (elements)
+    sync: str = "each"  # gradient_sync: each | last (columns.GRADIENT_SYNC)
 
     @property
     def deepspeed(self) -> bool:
         """A DeepSpeed ZeRO layout (its buffers counted: parallel/states.py deepspeed_buffers)."""
         return self.zero >= 1 and (self.reduce_bucket > 0 or self.prefetch_bucket > 0)
+
+    @property
+    def unsharded_grads_kept(self) -> bool:
+        """Whether the micro-batches before the last keep whole unsharded gradients: FSDP's sharded gradients
+        (zero_stage >= 2) synced only at the last micro-batch (accelerate's no_sync)."""
+        return self.sync == "last" and self.accum > 1 and self.zero >= 2
 
     @property
     def t_sp(self) -> int:
@@ -73,8 +80,10 @@ _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp",
            C.PIPELINE_PARALLEL: "pp", C.MICRO_BATCHES: "micro_batches", C.PIPELINE_SCHEDULE: "schedule",
            C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
            C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
-           C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket"}
-_STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD)
+           C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket",
+           C.GRADIENT_SYNC: "sync"}
+_STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD, C.GRADIENT_SYNC)
+GRADIENT_SYNCS = ("each", "last")
 
 
 _PARALLEL = frozenset(C.PARALLEL_AXES)
@@ -145,8 +154,14 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
                                          f"{lay.schedule!r}"))
     if lay.offload not in OFFLOADS:
         out.append((C.OFFLOAD, f"offload must be one of {', '.join(OFFLOADS)}, got {lay.offload!r}"))
+    if lay.sync not in GRADIENT_SYNCS:
+        out.append((C.GRADIENT_SYNC, f"gradient_sync must be one of {', '.join(GRADIENT_SYNCS)}, got {lay.sync!r}"))
     if out:
         return out
+    if lay.unsharded_grads_kept and (lay.deepspeed or lay.offload != "none"):
+        # accelerate skips no_sync under DeepSpeed ZeRO >= 2, which reduces every micro-batch's gradients itself
+        out.append((C.GRADIENT_SYNC, "gradient_sync last (FSDP's no_sync) is modelled for FSDP without offload; "
+                                     "DeepSpeed ZeRO-2/3 reduces every micro-batch (use gradient_sync each)"))
     if lay.offload == "optimizer+params" and lay.zero != 3:
         out.append((C.OFFLOAD, f"offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
                                f"partitions), got zero_stage {lay.zero}"))
@@ -174,6 +189,9 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
                 out.append((col, f"{col} {v} splits a transformer's layers; this model is a "
                                  f"{'layer list' if arch.kind == 'layers' else 'parameter count'} (use data_parallel, "
                                  "zero_stage, offload, gradient_accumulation)"))
+        if lay.unsharded_grads_kept:
+            out.append((C.GRADIENT_SYNC, "gradient_sync last (FSDP's no_sync) is modelled for transformers; this "
+                                         f"model is a {'layer list' if arch.kind == 'layers' else 'parameter count'}"))
         return out
     if arch.heads % lay.tp or arch.kv_heads % lay.tp:
         out.append((C.TENSOR_PARALLEL, f"tensor_parallel {lay.tp} must divide the {arch.heads} attention heads and "
@@ -221,6 +239,6 @@ def fsdp_only(parallel: dict) -> bool:
     if not parallel:
         return False
     if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
-           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION) for v in vs):
+           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) for v in vs):
         return False
     return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {0, 2, 3}

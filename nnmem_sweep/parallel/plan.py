@@ -13,6 +13,8 @@ components/infer_plan.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -39,16 +41,21 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
     """Per stage, {field: (nP, nO, nI, nL) consts} of parallel/states.RankStates (zero for the absent stage)."""
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
-    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host")
+    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept")
     vals = {(st, f): [] for st in (0, 1) for f in fields}
     for p in precs:
         for o in opts:
             for i in i_names:
                 for lay in layouts:
                     pair = par_states.rank_states(arch, p, o, i, lay)
+                    # the gradients a micro-batch finds kept from the one before: the rank's shards, or with FSDP's
+                    # no_sync (gradient_sync last) the whole unsharded gradients, as ZeRO-1 keeps them
+                    kept = par_states.rank_states(arch, p, o, i, replace(lay, zero=1)) \
+                        if lay.unsharded_grads_kept else pair
                     for st in (0, 1):
                         for f in fields:
-                            vals[st, f].append(getattr(pair[st], f) if (st == 0 or lay.pp > 1) else 0)
+                            v = getattr((kept if f == "kept" else pair)[st], "gradients" if f == "kept" else f)
+                            vals[st, f].append(v if (st == 0 or lay.pp > 1) else 0)
     return [{f: consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
 
 
@@ -144,7 +151,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         live = lift(consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
         states = {C.WEIGHTS: s_["weights"], C.MASTER_WEIGHTS: s_["master"], C.OPTIMIZER_STATE: s_["optimizer"]}
         g = s_["gradients"]
-        g_fwd = g * live[..., :1]  # gradients of earlier micro-batches while the next one runs forward
+        g_fwd = s_["kept"] * live[..., :1]  # gradients of earlier micro-batches while the next one runs forward
         saved = get(lambda t: t.saved)
         inputs = get(lambda t: t.inputs)
         fwd = get(lambda t: t.forward_temp)

@@ -84,6 +84,17 @@ def _stated(name: str) -> str:
     return text
 
 
+_UNSYNCED_TEXT = (
+    "Gradient accumulation under FSDP (zero_stage 2 or 3), per parallel.gradient_sync: each (the default: FSDP2's, "
+    "accelerate's sync_each_batch) reduce-scatters every micro-batch's gradients into the rank's gradient shards kept "
+    "from the micro-batch before, so each micro-batch after the first holds the shards through its forward and "
+    "backward; last (set_requires_gradient_sync(False) before every micro-batch but the last: accelerate's no_sync, "
+    "its default, as the Hugging Face Trainer runs it) keeps the whole unsharded gradients until the last "
+    "micro-batch reduce-scatters them, data_parallel times the shards. Measured on one rank with FSDPMemTracker "
+    "(tests/data/truth/sharded/*accum*: every phase exact, either way); a step planned from its own code is traced "
+    "at its last micro-batch with them kept. The earlier micro-batches of 'last' hold no more than the last one.")
+
+
 def _parallel_assumptions(sc: Scenario) -> list[str]:
     axes = axis_values(sc)
     items = ["Every figure is per GPU, on the most loaded rank (the first or the last pipeline stage, whichever holds "
@@ -98,12 +109,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                      "Checked against FSDPMemTracker on the same step (tests/data/truth/sharded: LoRA exact, QLoRA "
                      "within 0.2 %). QLoRA's quant state is whole on every rank, as with bitsandbytes under FSDP.")
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
-            items.append("Gradient accumulation under FSDP2: every micro-batch reduce-scatters its gradients into the "
-                         "rank's gradient shards kept from the micro-batch before (FSDP2's default, accelerate's "
-                         "sync_each_batch), so each micro-batch after the first holds them through its forward and "
-                         "backward (tests/data/truth/sharded/*accum*: exact). Skipping the reduce-scatter until the "
-                         "last micro-batch (set_requires_gradient_sync(False), accelerate's no_sync) keeps whole "
-                         "unsharded gradients instead: not modelled.")
+            items.append(_UNSYNCED_TEXT)
         return items
     if sc.mode == "train":
         items += [
@@ -122,6 +128,9 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
+        if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())) and \
+                any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())):
+            items.append(_UNSYNCED_TEXT)
         if sc.model.kind == "params" and any(int(z) == 3 for z in axes[C.ZERO_STAGE]):
             items.append(
                 f"ZeRO-3's gathered unit of this parameter-count model: {sc.model.largest_layer_params:,} parameters "

@@ -43,6 +43,7 @@ AXIS_LABELS = {
     "reduce_bucket_size": "DS reduce bucket",
     "overlap_comm": "DS overlap_comm",
     "prefetch_bucket_size": "DS prefetch bucket",
+    "gradient_sync": "grad sync",
 }
 
 COMPONENT_LABELS = {

@@ -381,7 +381,7 @@ def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Mod
                     decode_tokens=int(case.get("decode_tokens", 0) or 0),
                     loss_fn=module_loss if ("layers" in case or "module" in case) else None,
                     kind=input_kind(case, model), zero_grad=case.get("zero_grad", "set_to_none"),
-                    accum=int(case.get("gradient_accumulation", 1)))
+                    accum=int(case.get("gradient_accumulation", 1)), grad_sync=case.get("gradient_sync", "each"))
 
 
 def case_config(case: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -64,6 +64,11 @@ class Workload:
     kind: str = "causal_lm"  # inputs.KINDS: how inference runs (generate() for causal_lm / seq2seq)
     zero_grad: str = "set_to_none"  # ZERO_GRADS: set_to_none frees the grads after step(); zeros keeps them, zeroed
     accum: int = 1  # gradient accumulation: micro-batches (forward and backward) per optimizer step
+    # an FSDP2 model's gradient sync over the micro-batches (GRAD_SYNCS): "each" reduce-scatters every micro-batch's
+    # gradients into the kept shards (FSDP2's default, accelerate's sync_each_batch), "last" only the last one's
+    # (set_requires_gradient_sync(False) before: accelerate's no_sync, its default), the whole unsharded gradients
+    # accumulating until then
+    grad_sync: str = "each"
     reference: torch.nn.Module | None = None  # preference tuning's frozen reference model (workload/preference.py)
 
 
@@ -75,6 +80,7 @@ BACKWARD_RAN: list[bool] = []
 # default; DDP's gradient_as_bucket_view buckets stay allocated the same way): the gradients then live through the
 # next forward and backward accumulates into them in place.
 ZERO_GRADS = ("set_to_none", "zeros")
+GRAD_SYNCS = ("each", "last")
 
 
 class Phases(Protocol):
@@ -112,12 +118,16 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
     totals: dict[str, int] = {}
     if w.zero_grad not in ZERO_GRADS:
         raise ValueError(f"zero_grad {w.zero_grad!r} not in {ZERO_GRADS}")
+    if w.grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"grad_sync {w.grad_sync!r} not in {GRAD_SYNCS}")
     if w.mode == "train":
         w.model.train()
         for step in range(1, w.steps + 1):
             for micro in range(w.accum):  # the gradients of a micro-batch stay for the next to accumulate into
                 if micro:
                     rec.step_done()  # MemTracker's module records are per forward call
+                if w.grad_sync == "last":  # FSDPModule.set_requires_gradient_sync: accelerate's no_sync
+                    w.model.set_requires_gradient_sync(micro == w.accum - 1)
                 with rec.phase("forward", step):
                     with _autocast(w.autocast_dtype, device_type(w.model)):
                         if w.kind == "preference":  # the policy may run twice (its reference: adapters off)
