@@ -60,6 +60,7 @@ from .paths import file_sha256
 from .paths import umask
 from .testhook import PAUSE_ENV, RESUME_ENV, checkpoint  # noqa: F401  (the stages below; tests import them here)
 from .provenance import Provenance, collect, run_id, tool_commit
+from .tablefile import extension, write_table
 
 RUN_JSON = "run.json"
 TOOL = "nnmem-sweep"
@@ -321,6 +322,14 @@ class OutputSet:
 
     def write_text(self, name: str, text: str) -> Path:
         return self.write_bytes(name, text.encode("utf-8"))
+
+    def write_tables(self, tables, fmt: str = "csv") -> None:  # noqa: ANN001 - [(CSV file name, DataFrame)]
+        """A run's tables (runner.output_tables): results and max_batch as `fmt` (csv or parquet), the plans always
+        as CSV (a few rows each), every one through tablefile's one writer."""
+        for name, frame in tables:
+            own = fmt if name in ("results.csv", "max_batch.csv") else "csv"
+            with self.open(name.removesuffix(".csv") + extension(own)) as f:
+                write_table(frame, f, own)
 
     def _files(self) -> dict[str, tuple[str, int]]:
         """sha256 and size of every file in the staging folder: from the writer where it hashed them, else read."""

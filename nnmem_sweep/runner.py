@@ -7,7 +7,7 @@ Library entry points:
   folder's previous one (outputs.py); infer scenarios of transformers add the serving plan (serving.py):
   max_concurrency.csv and max_context.csv; a `cluster:` block cluster_options.csv. `run_to_folder` locks the
   folder first, then runs and writes.
-- `plan_tables(sc)`, `output_tables(result)` and `write_tables(result, dest, fmt)`, which run --stream (stream.py)
+- `plan_tables(sc)`, `output_tables(result)` and `write_tables(result, dest, fmt)` (OutputSet.write_tables), which run --stream (stream.py)
   and the report share.
 The estimator itself, `estimate_frame` (importable from here too, as run_scenario uses it) and `estimate_point`,
 lives in estimate.py.
@@ -29,7 +29,7 @@ from .grid import MAX_ROWS, checked_size
 from .outputs import OutputSet
 from .replays import reserved
 from .scenario import Scenario
-from .tablefile import csv_bytes, extension, write_table
+from .tablefile import extension
 
 @dataclass
 class RunResult:
@@ -113,15 +113,9 @@ def output_tables(result: RunResult) -> list[tuple[str, pd.DataFrame]]:
 
 
 def write_tables(result: RunResult, dest: OutputSet, fmt: str = "csv") -> None:
-    """The run's tables into an open output set: results and max_batch as `fmt` (csv or parquet), the plans always
-    as CSV (a few rows each). Every CSV through tablefile's one writer."""
-    ext = extension(fmt)
-    for name, frame in output_tables(result):
-        if name in ("results.csv", "max_batch.csv"):
-            with dest.open(name.removesuffix(".csv") + ext) as f:
-                write_table(frame, f, fmt)
-        else:
-            dest.write_bytes(name, csv_bytes(frame))
+    """The run's tables into an open output set (OutputSet.write_tables: results and max_batch as `fmt`, the plans
+    as CSV)."""
+    dest.write_tables(output_tables(result), fmt)
 
 
 def write_outputs(result: RunResult, out_dir: Path, fmt: str = "csv") -> list[Path]:
@@ -138,5 +132,6 @@ def run_to_folder(sc: Scenario, out_dir: Path, *, fmt: str = "csv", max_rows: in
     extension(fmt)
     checked_size(sc, max_rows)
     with OutputSet(out_dir, sc, command="run") as s:
-        write_tables(run_scenario(sc, max_rows=max_rows, progress=progress, bands=False), s, fmt)
+        result = run_scenario(sc, max_rows=max_rows, progress=progress, bands=False)
+        s.write_tables(output_tables(result), fmt)
     return s.paths
