@@ -7,8 +7,8 @@ Library entry points:
   folder's previous one (outputs.py); infer scenarios of transformers add the serving plan (serving.py):
   max_concurrency.csv and max_context.csv; a `cluster:` block cluster_options.csv. `run_to_folder` locks the
   folder first, then runs and writes.
-- `plan_tables(sc)`, `output_tables(result)` and `write_tables(result, dest, fmt)` (OutputSet.write_tables), which run --stream (stream.py)
-  and the report share.
+- `plan_tables(sc)`, `output_tables(result)` and `write_tables(result, dest, fmt)` (OutputSet.write_tables), which
+  run --stream (stream.py) and the report share.
 The estimator itself, `estimate_frame` (importable from here too, as run_scenario uses it) and `estimate_point`,
 lives in estimate.py.
 """
