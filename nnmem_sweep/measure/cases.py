@@ -228,6 +228,8 @@ SHARDED_CASES: list[dict[str, Any]] = [
     {**_fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 3), "gradient_accumulation": 4,
      "gradient_sync": "last"},
     {**_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
+    {**_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 4, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
+    {**_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:
