@@ -159,7 +159,8 @@ def test_a_row_that_accumulates_replays_its_plan_with_the_gradients_kept():
     """A row with gradient_accumulation > 1 replays the plan traced with its gradients kept (zero_grad 'zeros'), as
     its estimate reads it; it replayed the plan without them before. Qwen3 0.6B LoRA over 2 FSDP ranks with 4
     micro-batches: the replayed sequence's peak of live bytes is its twin's without accumulation plus the kept
-    adapter gradient shards, 20,185,088 B (tests/test_sharded_truth.py)."""
+    adapter gradient shards, 20,185,088 B, or synced at the last micro-batch only, the whole unsharded adapter
+    gradients, 40,370,176 B (tests/test_sharded_truth.py)."""
     pytest.importorskip("transformers", reason="the [measure] extra is not installed")
     import json
     from pathlib import Path
@@ -171,10 +172,13 @@ def test_a_row_that_accumulates_replays_its_plan_with_the_gradients_kept():
     folder = Path("tests/data/truth/sharded")
     peaks = []
     for name in ("qwen3-0.6b-lora-r16-all-fsdp2z3-accum4-train-bf16-adamw-b2-s1024",
-                 "qwen3-0.6b-lora-r16-all-fsdp2z3-train-bf16-adamw-b2-s1024"):
+                 "qwen3-0.6b-lora-r16-all-fsdp2z3-train-bf16-adamw-b2-s1024",
+                 "qwen3-0.6b-lora-r16-all-fsdp2z3-accum4nosync-train-bf16-adamw-b2-s1024"):
         case = json.loads((folder / f"{name}.json").read_text())
         with stored_only():  # the truth cases' shipped plans (the CPU's kernels)
             ((note, seq),) = row_sequences(A.architecture_of(case), "train", A.case_frame(case), device="cpu")
         assert seq is not None, note
         peaks.append(int(np.cumsum(seq[:, 1]).max()))
     assert peaks[0] - peaks[1] == 20_185_088
+    # synced at the last micro-batch only (gradient_sync last): the whole unsharded adapter gradients, twice the shards
+    assert peaks[2] - peaks[1] == 40_370_176

@@ -126,7 +126,8 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
             for micro in range(w.accum):  # the gradients of a micro-batch stay for the next to accumulate into
                 if micro:
                     rec.step_done()  # MemTracker's module records are per forward call
-                if w.grad_sync == "last":  # FSDPModule.set_requires_gradient_sync: accelerate's no_sync
+                if w.grad_sync == "last" and hasattr(w.model, "set_requires_gradient_sync"):
+                    # FSDPModule.set_requires_gradient_sync: accelerate's no_sync (an unsharded model: nothing)
                     w.model.set_requires_gradient_sync(micro == w.accum - 1)
                 with rec.phase("forward", step):
                     with _autocast(w.autocast_dtype, device_type(w.model)):
