@@ -158,6 +158,8 @@ def test_layout_labels_and_values():
     assert [AXIS_LABELS[a] for a in (C.DATA_PARALLEL, C.ZERO_STAGE, C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL,
                                      C.PIPELINE_PARALLEL)] == ["DP", "ZeRO", "TP", "SP", "PP"]
     assert (axis_value(C.SEQUENCE_PARALLEL, True), axis_value(C.FP32_GRAD_ACCUMULATION, False)) == ("on", "off")
+    assert [axis_value(C.GRADIENT_SYNC, v) for v in ("each", "last")] == [
+        "every micro-batch", "last micro-batch only (no_sync)"]
 
 
 def test_inference_layouts_name_tp_pp_dp_only():

@@ -103,7 +103,12 @@ def axis_value(axis: str, value: Any) -> str:
         return "on" if value else "off"
     if axis in ("seq_len", "cache_tokens", "decode_tokens", "batch"):
         return thousands(value)
+    if axis == "gradient_sync":  # parallel.gradient_sync, in the words of the frameworks that set it
+        return GRADIENT_SYNC_WORDS.get(str(value), str(value))
     return str(value)
+
+
+GRADIENT_SYNC_WORDS = {"each": "every micro-batch", "last": "last micro-batch only (no_sync)"}
 
 
 def article(name: str) -> str:
