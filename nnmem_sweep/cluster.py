@@ -139,6 +139,8 @@ def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFram
     f[C.FP32_GRAD_ACCUMULATION] = bool(search.fixed.get(C.FP32_GRAD_ACCUMULATION, False))
     for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):
         f[axis] = search.fixed.get(axis, C.PARALLEL_DEFAULTS[axis])
+    sync = str(search.fixed.get(C.GRADIENT_SYNC, C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC]))
+    f[C.GRADIENT_SYNC] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=[sync])
     # layouts the model cannot take (heads not divisible by t, ...) are dropped before estimating
     key = tp * 1000 + pp
     ok = np.ones(len(f), dtype=bool)
@@ -303,7 +305,8 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
                   host_memory_bytes: int, parallel: dict | None = None
                   ) -> tuple[ClusterSearch | None, list[tuple[str, str]]]:
     """The `cluster:` block (already schema-valid) -> (ClusterSearch, problems as (key path, message)).
-    `parallel`: the scenario's parallel axes, whose first fp32_grad_accumulation value the search keeps."""
+    `parallel`: the scenario's parallel axes, whose first fp32_grad_accumulation and gradient_sync values the search
+    keeps."""
     bad: list[tuple[str, str]] = []
     if mode != "train":
         return None, [("cluster", "the cluster search applies to train mode only (serving: see the serving plan's "
@@ -335,6 +338,11 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
         chosen = (target or {}).get(axis)
         fixed[axis] = chosen if chosen in values else (values[0] if values else None)
     fixed[C.FP32_GRAD_ACCUMULATION] = bool(((parallel or {}).get(C.FP32_GRAD_ACCUMULATION) or (False,))[0])
+    # how the accumulation steps sync their gradients (FSDP's no_sync keeps them whole: parallel.gradient_sync)
+    fixed[C.GRADIENT_SYNC] = str(((parallel or {}).get(C.GRADIENT_SYNC) or (C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC],))[0])
+    if fixed[C.GRADIENT_SYNC] != C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC] and model.kind != "transformer":
+        bad.append((f"parallel.{C.GRADIENT_SYNC}", "the cluster search keeps gradients unsharded (gradient_sync "
+                                                   "last) for transformers only"))
     for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):  # DeepSpeed's buffers, as the scenario says
         fixed[axis] = ((parallel or {}).get(axis) or (C.PARALLEL_DEFAULTS[axis],))[0]
     search = ClusterSearch(global_batch=global_batch, seq_len=int(seq), max_gpus=int(given.get("max_gpus",

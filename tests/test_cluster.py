@@ -214,3 +214,37 @@ def test_the_report_has_a_cost_column_only_when_some_gpu_has_a_price(tmp_path):
         html = (tmp_path / "report.html").read_text()
         section = html[html.index('<section id="cluster">'):]
         assert ('<th class="num">cost</th>' in section) is priced
+
+
+def test_gradient_sync_last_keeps_the_accumulated_gradients_whole_in_every_sharded_option():
+    """`parallel: {gradient_sync: last}` (accelerate's no_sync) reaches the search: an option that accumulates over
+    micro-batches with ZeRO-2/3 keeps the whole bf16 gradients of Llama 3.1 8B (8,030,261,248 parameters) instead
+    of the rank's 1/dp shard; an option without accumulation, or at ZeRO-0/1, is the same step either way."""
+    def options(sync: str) -> pd.DataFrame:
+        sc = parse_scenario_text(textwrap.dedent(f"""\
+            name: sync
+            model: {{preset: llama-3.1-8b}}
+            mode: train
+            grid: {{batch: 1, seq_len: 2048, precision: bf16, optimizer: adamw, checkpointing: full}}
+            gpus: [h100-sxm]
+            parallel: {{gradient_sync: {sync}}}
+            cluster: {{global_batch: 64, micro_batch: [1, 2], tensor_parallel: [1], pipeline_parallel: [1],
+                       max_gpus: 32}}
+            """))
+        return K.candidates(sc.cluster, sc, sc.gpus[0]).pipe(
+            lambda f: estimate_frame(sc.model, "train", f, sc.overheads, sc.headroom))
+
+    each, last = options("each"), options("last")
+    whole = 8_030_261_248 * 2
+    dp = each[C.DATA_PARALLEL].to_numpy(dtype=np.int64)
+    unsynced = (each[C.GRADIENT_ACCUMULATION].to_numpy() > 1) & (each[C.ZERO_STAGE].to_numpy() >= 2) & (dp > 1)
+    assert unsynced.any() and (~unsynced).any()
+    shard = -(-whole // dp)
+    # the rank's gradients at its peak: whole where the micro-batches keep them unsynced, the shard where ZeRO-2/3
+    # syncs each (the peak then falls in the forward or the backward's first moments, which hold them)
+    assert (last[C.GRADIENTS].to_numpy()[unsynced] == whole).all()
+    assert (each[C.GRADIENTS].to_numpy()[unsynced] == shard[unsynced]).all()
+    extra = (last[C.PEAK_ALLOCATED] - each[C.PEAK_ALLOCATED]).to_numpy()
+    # the peak grows by at most what the kept gradients grow (a peak elsewhere, the optimizer step's, can be passed)
+    assert ((extra[unsynced] > 0) & (extra[unsynced] <= (whole - shard)[unsynced])).all()
+    assert (extra[~unsynced] == 0).all()
