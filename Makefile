@@ -69,10 +69,12 @@ accuracy: $(STAMP)
 # validation/gpu/<gpu>/<date>/ (GPU_OUT=DIR elsewhere), within BUDGET seconds. Needs only torch, transformers, peft
 # and pyyaml: the venv's python when there is one, else the machine's python3 (a CUDA image), nothing installed.
 # DRY=1: every point at a tiny size on the CPU (checks the kit, not memory; make test runs it too).
+# POINTS=validation/gpu-fsdp.yaml (one rank of FSDP2 steps) or validation/gpu-lora.yaml: another points file.
 KITPY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 BUDGET  ?= 420
+POINTS  ?= validation/gpu.yaml
 gpu-check:
-	PYTHONPATH=. PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit validation/gpu.yaml --budget $(BUDGET) \
+	PYTHONPATH=. PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit $(POINTS) --budget $(BUDGET) \
 		$(if $(DRY),--dry-run) $(if $(GPU_OUT),--out $(GPU_OUT))
 
 clean:
