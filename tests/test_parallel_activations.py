@@ -171,7 +171,13 @@ def test_per_rank_memory_never_grows_with_more_gpus(dp, zero, t, sp, p, m, ckpt,
     cols = {C.DATA_PARALLEL: dp, C.ZERO_STAGE: zero, C.TENSOR_PARALLEL: t, C.SEQUENCE_PARALLEL: sp,
             C.PIPELINE_PARALLEL: p, C.MICRO_BATCHES: m, C.CHECKPOINTING: ckpt, C.BATCH: b}
     here = peak(**cols)
-    assert peak(**{**cols, C.DATA_PARALLEL: dp * 2}) <= here
+    more_dp = peak(**{**cols, C.DATA_PARALLEL: dp * 2})
+    if dp == 1 and zero == 0 and t == 1 and p == 1:
+        # one rank to two at zero_stage 0: PyTorch's DDP wraps the model, and its allreduce buckets hold the bf16
+        # gradients once more (8,030,261,248 parameters; tests/test_parallel_ddp.py)
+        assert more_dp - here == 8_030_261_248 * 2
+    else:
+        assert more_dp <= here
     if t < 8:
         assert peak(**{**cols, C.TENSOR_PARALLEL: t * 2, C.SEQUENCE_PARALLEL: True}) <= here
     if p < 32:
@@ -197,13 +203,17 @@ def test_params_model_shards_its_states_with_zero_and_keeps_its_activations():
     assert estimate_components(arch, "train", f)[C.PEAK_ALLOCATED].tolist() == [288_000_000, 228_000_000]
 
 
+CNN_PARAMS = 3_050
+
+
 def test_layer_net_gradients_shrink_with_zero_2():
     from test_properties import CNN  # 3,050 params; its last backward moment holds every layer's gradient
 
     f = frame(3, **{C.BATCH: 8, C.SEQ_LEN: 1, C.PRECISION: "fp32", C.OPTIMIZER: "sgd-momentum",
                     C.DATA_PARALLEL: [1, 2, 2], C.ZERO_STAGE: [0, 0, 2]})
     got = estimate_components(CNN, "train", f)
-    assert got[C.PEAK_ALLOCATED][0] == got[C.PEAK_ALLOCATED][1]  # plain data parallel: a full replica
+    # plain data parallel: a full replica, beside DDP's allreduce buckets (the fp32 gradients once more)
+    assert got[C.PEAK_ALLOCATED][1] - got[C.PEAK_ALLOCATED][0] == CNN_PARAMS * 4
     assert got[C.GRADIENTS][2] * 2 <= got[C.GRADIENTS][0] + 2  # ⌈each moment's gradients / 2⌉
     with pytest.raises(Exception, match="tensor_parallel 2 splits a transformer"):
         estimate_components(CNN, "train", f.assign(**{C.TENSOR_PARALLEL: 2}))

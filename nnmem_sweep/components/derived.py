@@ -173,6 +173,7 @@ def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: 
     peak and phase codes (0 forward, 1 backward, 2 optimizer)."""
     best = _Best(len(b))
     W, M, S, T, G = (states[x][state_idx] for x in ("W", "M", "S", "T", "G"))
+    B = states["B"][state_idx] if "B" in states else np.zeros_like(W)  # DDP's buckets (_read)
     for key, plan in recipes.items():
         for r, rows in _regions(plan, b, s, keys == key):
             (bu, su), inv = _distinct(b[rows], s[rows])
@@ -195,9 +196,10 @@ def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: 
             at_step = end_total > top  # a tie keeps the earlier moment, as np.argmax does
             comps = {c: np.where(at_step, ends[c], comps_u[c][inv] if moments else 0) for c in _PARTS}
             comps[C.WEIGHTS] += W[rows]
+            comps[C.TEMPORARY] += B[rows]
             comps[C.MASTER_WEIGHTS], comps[C.OPTIMIZER_STATE] = M[rows], S[rows]
             phase = np.where(at_step, 2, phase_u[inv] if moments else 2).astype(np.int8)
-            best.offer(rows, np.maximum(top, end_total) + W[rows] + M[rows] + S[rows], comps, phase)
+            best.offer(rows, np.maximum(top, end_total) + W[rows] + M[rows] + S[rows] + B[rows], comps, phase)
     return best.result()
 
 
@@ -262,13 +264,14 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
         nS = len(p_names) * len(o_names) * len(i_names) * nA * nC
         recipes, parts = {}, []
         for j, rank in enumerate(ranks):  # one GPU, or one rank of an FSDP2 layout: its own traced plans
-            a_j = arch if rank is None else sharded(arch, *rank)
+            a_j = arch if rank in (None, DDP) else sharded(arch, *rank)
             rec_j, st_j = cached(a_j, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
                                        z_names),
                                  lambda a_j=a_j: train_inputs(a_j, precs, o_names, i_names, a_names, c_names, device,
                                                               progress=derive.progress_shown(), z_names=z_names))
             recipes.update({k + j * nK: v for k, v in rec_j.items()})
-            parts.append(st_j)
+            # B: DDP's allreduce buckets, the trainable gradients once more (parallel/states.py ddp_bucket_bytes)
+            parts.append({**st_j, "B": st_j["G"].copy() if rank == DDP else np.zeros_like(st_j["G"])})
         states = {x: np.concatenate([p[x] for p in parts]) for x in parts[0]}
         return recipes, states, key + l_code * nK, state + l_code * nS, b, s, None
     if mode != "infer":
@@ -283,19 +286,23 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
     return recipes, W, key, key, b, s, dec
 
 
+DDP = "ddp"  # a layout of _rank_layouts: every rank runs the whole step, wrapped in PyTorch's DDP
+
+
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
-    """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, one rank, or
-    zero_stage 0: every rank runs the whole step), else (world, zero_stage) of an FSDP2 layout (peak.one_gpu
-    passes only these two parallel columns through for a derived model)."""
+    """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
+    DDP for data-parallel ranks at zero_stage 0 (every rank runs the whole step, beside DDP's buckets), else (world,
+    zero_stage) of an FSDP2 layout (peak.one_gpu passes only these two parallel columns through for a derived
+    model)."""
     n = len(frame)
     if C.DATA_PARALLEL not in frame.columns:
         return np.zeros(n, dtype=np.int64), [None]
     d = ints(frame, C.DATA_PARALLEL)
     z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
-    one = (d < 2) | (z < 2)
-    pair = np.where(one, 0, d * 4 + z)
+    pair = np.where(d < 2, 0, np.where(z < 2, 1, d * 4 + z))
     uniq, inv = np.unique(pair, return_inverse=True)
-    return inv.astype(np.int64).reshape(-1), [None if u == 0 else (int(u // 4), int(u % 4)) for u in uniq]
+    return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else (int(u // 4), int(u % 4))
+                                              for u in uniq]
 
 
 def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
@@ -381,7 +388,7 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
             bi, x = b[idx], _features(b[idx], phase_s[idx])
             if mode == "train":
                 W, M, S, T, G = (states[v][state[idx]] for v in ("W", "M", "S", "T", "G"))
-                base = W + M + S
+                base = W + M + S + (states["B"][state[idx]] if "B" in states else 0)
                 if ms is None:
                     vals = [base + G + T + np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")),
                                                      dtype=np.int64) @ x]

@@ -89,6 +89,21 @@ def _with_deepspeed_buffers(phases: list, precs, layouts, sizes: tuple, dims: tu
     return out
 
 
+def _with_ddp_buckets(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
+    """PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes: the whole gradients once more) added to the
+    temporaries of every phase: they are made when the model is wrapped and live as long as it."""
+    ddp = [par_states.ddp_bucket_bytes(arch, lay, p) for p in precs for lay in layouts]
+    if not any(ddp):
+        return phases
+    always = lift(consts(ddp, (len(precs), len(layouts))), dims, sizes)
+    out = []
+    for name, comps in phases:
+        comps = dict(comps)
+        comps[C.TEMPORARY] = comps[C.TEMPORARY] + always if C.TEMPORARY in comps else always
+        out.append((name, comps))
+    return out
+
+
 def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
     """FSDP2's parameters moment by moment (states.fsdp_weight_deltas) added to the weights of each phase: the
     forward, the backward's first moment (the loss's), its later moments, the optimizer step."""
@@ -126,6 +141,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             phases = layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
                                       grads_share=s0["gradients"])
         phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 3))
+        phases = _with_ddp_buckets(arch, phases, precs, layouts, sizes, (0, 3))
         plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
         plan.host = _host_table(st, sizes, dims)
         plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
@@ -171,6 +187,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
     phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 5))
+    phases = _with_ddp_buckets(arch, phases, precs, layouts, sizes, (0, 5))
     phases = _with_fsdp_units(arch, phases, precs, layouts, sizes, (0, 5))
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)

@@ -193,6 +193,28 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
     return 0, lay.reduce_bucket * prec.weight_bytes
 
 
+TORCH_DDP_BUCKETS = source(
+    "torch-ddp-api", "PyTorch DistributedDataParallel, gradient_as_bucket_view (default False): \"When set to True, "
+    "gradients will be views pointing to different offsets of allreduce communication buckets. This can reduce peak "
+    "memory usage, where the saved memory size will be equal to the total gradients size.\"",
+    "https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html")
+
+
+@formula("parallel.ddp_buckets", "G: the rank's whole gradients once more, in every phase (DDP's allreduce buckets)",
+         TORCH_DDP_BUCKETS, where="Reducer: every parameter that requires a gradient gets a slot in a flat bucket "
+         "(bucket_cap_mb each), allocated when the model is wrapped; with gradient_as_bucket_view False (the "
+         "default) the .grad tensors are separate from the buckets",
+         note="Measured on the CPU (tests/test_parallel_ddp.py: DistributedDataParallel over a gloo group, "
+              "MemTracker): the step's peak grows by exactly the gradients' bytes. Counted for layouts over "
+              "data_parallel alone at zero_stage 0 (PyTorch's DDP); Megatron's DDP (tensor or pipeline parallel, "
+              "fp32 main grads) reduces from its own gradient buffer, ZeRO and FSDP have no DDP buckets")
+def ddp_bucket_bytes(arch: Architecture, lay, prec: Precision) -> int:
+    """DDP's allreduce buckets on one rank: the whole gradients' bytes where PyTorch's DDP runs the layout."""
+    if lay.dp < 2 or lay.zero != 0 or lay.splits_model or lay.fp32_grads:
+        return 0
+    return gradients_bytes(arch, prec)
+
+
 def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
     """ZeRO-3 under DeepSpeed: the module in use (at most the rank's largest tensor) and what is prefetched."""
     return (sp.largest_tensor + lay.prefetch_bucket) * prec.weight_bytes
@@ -298,10 +320,11 @@ TORCH_DDP = source("torch-ddp", "PyTorch DistributedDataParallel (bucket_cap_mb=
 
 
 @formula("parallel.assumptions.communication_buffers",
-         "not counted: NCCL buffers; DDP/ZeRO gradient buckets (25 MB); pipeline send/receive beyond one b·s_l·h "
-         "tensor", NCCL_DOCS, TORCH_DDP,
+         "not counted: NCCL buffers; the gradient buckets of an offloaded ZeRO step; pipeline send/receive beyond "
+         "one b·s_l·h tensor", NCCL_DOCS, TORCH_DDP,
          where="NCCL_BUFFSIZE (4 MiB per channel and peer) lives outside the caching allocator, like the CUDA "
-               "context (the overheads cover it); buckets are views of or small next to the gradients",
+               "context (the overheads cover it); PyTorch DDP's buckets are counted (parallel.ddp_buckets), "
+               "DeepSpeed's reduce buckets with parallel.deepspeed",
          note="Also assumed: data-parallel ranks hold the same bytes (the most loaded rank is a first or last "
               "pipeline stage); ZeRO partitions are even (ceil division); tensor-parallel shards round up where t "
               "does not divide a dimension; expert parallelism routes tokens evenly (activations as without it); "
