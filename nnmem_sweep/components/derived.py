@@ -289,6 +289,18 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
 DDP = "ddp"  # a layout of _rank_layouts: every rank runs the whole step, wrapped in PyTorch's DDP
 
 
+def _ddp_rows(frame: pd.DataFrame, bucket_view: bool) -> np.ndarray:
+    """Rows whose ranks run PyTorch's DDP (data_parallel > 1 at zero_stage 0), with or without its
+    gradient_as_bucket_view (columns.DDP_BUCKET_VIEW)."""
+    n = len(frame)
+    if C.DATA_PARALLEL not in frame.columns:
+        return np.zeros(n, dtype=bool)
+    z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
+    view = frame[C.DDP_BUCKET_VIEW].astype(str).str.lower().to_numpy() == "true" if C.DDP_BUCKET_VIEW in \
+        frame.columns else np.zeros(n, dtype=bool)
+    return (ints(frame, C.DATA_PARALLEL) >= 2) & (z == 0) & (view if bucket_view else ~view)
+
+
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
     DDP for data-parallel ranks at zero_stage 0 (every rank runs the whole step, beside DDP's buckets), else (world,
@@ -299,7 +311,8 @@ def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
         return np.zeros(n, dtype=np.int64), [None]
     d = ints(frame, C.DATA_PARALLEL)
     z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
-    pair = np.where(d < 2, 0, np.where(z < 2, 1, d * 4 + z))
+    # bucket views: one GPU's step with its gradients kept (with_kept_gradients), no second copy
+    pair = np.where(d < 2, 0, np.where(z < 2, np.where(_ddp_rows(frame, bucket_view=False), 1, 0), d * 4 + z))
     uniq, inv = np.unique(pair, return_inverse=True)
     return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else (int(u // 4), int(u % 4))
                                               for u in uniq]
@@ -310,12 +323,17 @@ def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
     gradient_accumulation > 1): its gradients are kept through the later micro-batches, as zero_grad 'zeros' keeps
     them (the plan traced with them kept); 'nosync' where such a row's gradients are FSDP shards synced only at the
     last micro-batch (gradient_sync last, zero_stage 2 or 3 over data_parallel > 1: the plan traced with the whole
-    unsharded gradients kept); the other rows' zero_grad as they are ('set_to_none' where the column is absent)."""
-    if C.GRADIENT_ACCUMULATION not in frame.columns:
+    unsharded gradients kept); 'zeros' too on the rows of PyTorch's DDP with gradient_as_bucket_view (ddp_bucket_view:
+    the gradients are views of buckets that stay allocated between steps); the other rows' zero_grad as they are
+    ('set_to_none' where the column is absent)."""
+    if C.GRADIENT_ACCUMULATION not in frame.columns and not _ddp_rows(frame, bucket_view=True).any():
         return frame
     kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
         np.full(len(frame), "set_to_none", dtype=object)
-    accum = ints(frame, C.GRADIENT_ACCUMULATION) > 1
+    accum = ints(frame, C.GRADIENT_ACCUMULATION) > 1 if C.GRADIENT_ACCUMULATION in frame.columns else \
+        np.zeros(len(frame), dtype=bool)
+    # DDP with gradient_as_bucket_view: the gradients are views of buckets that stay allocated between steps
+    accum = accum | _ddp_rows(frame, bucket_view=True)
     unsynced = np.zeros(len(frame), dtype=bool)
     if C.GRADIENT_SYNC in frame.columns and C.DATA_PARALLEL in frame.columns and C.ZERO_STAGE in frame.columns:
         unsynced = ((frame[C.GRADIENT_SYNC].astype(str).to_numpy() == "last") & (ints(frame, C.DATA_PARALLEL) > 1)

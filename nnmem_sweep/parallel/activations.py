@@ -101,8 +101,9 @@ def first_stage_layer_micro_batches(arch: Architecture, lay: Layout) -> tuple[in
 
 
 def grads_live_in_forward(lay: Layout, in_flight: int) -> bool:
-    """Gradients of earlier micro-batches are live while the next ones run forward (accumulation, pipelines)."""
-    return lay.accum > 1 or lay.micro_batches > in_flight
+    """Gradients of earlier micro-batches are live while the next ones run forward (accumulation, pipelines), or
+    of the step before (DDP's gradient_as_bucket_view: the gradients are views of buckets that stay allocated)."""
+    return lay.accum > 1 or lay.micro_batches > in_flight or (lay.ddp and lay.bucket_view)
 
 
 def stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
@@ -110,7 +111,7 @@ def stage_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     """(first stage, last stage or None without pipeline, in-flight micro-batches of each) as Terms over s_l.
     Data parallelism, ZeRO, offload and accumulation do not change them: cached without."""
     return _stage_activations(arch, p, attention, checkpointing, replace(
-        lay, dp=1, zero=0, offload="none", accum=1, fp32_grads=False), device)
+        lay, dp=1, zero=0, offload="none", accum=1, fp32_grads=False, sync="each", bucket_view=False), device)
 
 
 @lru_cache(maxsize=4096)

@@ -42,6 +42,13 @@ class Layout:
     overlap_comm: bool = False  # DeepSpeed overlap_comm
     prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size (elements)
     sync: str = "each"  # gradient_sync: each | last (columns.GRADIENT_SYNC)
+    bucket_view: bool = False  # ddp_bucket_view: DDP's gradient_as_bucket_view
+
+    @property
+    def ddp(self) -> bool:
+        """PyTorch's DDP runs the layout: data-parallel ranks alone at zero_stage 0 (Megatron's own DDP with TP, PP
+        or fp32 main grads; ZeRO and FSDP shard instead)."""
+        return self.dp >= 2 and self.zero == 0 and not self.splits_model and not self.fp32_grads
 
     @property
     def deepspeed(self) -> bool:
@@ -81,7 +88,7 @@ _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp",
            C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
            C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
            C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket",
-           C.GRADIENT_SYNC: "sync"}
+           C.GRADIENT_SYNC: "sync", C.DDP_BUCKET_VIEW: "bucket_view"}
 _STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD, C.GRADIENT_SYNC)
 GRADIENT_SYNCS = ("each", "last")
 
@@ -239,6 +246,7 @@ def fsdp_only(parallel: dict) -> bool:
     if not parallel:
         return False
     if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
-           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) for v in vs):
+           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
+           for v in vs):
         return False
     return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {0, 2, 3}

@@ -207,10 +207,14 @@ TORCH_DDP_BUCKETS = source(
          note="Measured on the CPU (tests/test_parallel_ddp.py: DistributedDataParallel over a gloo group, "
               "MemTracker): the step's peak grows by exactly the gradients' bytes. Counted for layouts over "
               "data_parallel alone at zero_stage 0 (PyTorch's DDP); Megatron's DDP (tensor or pipeline parallel, "
-              "fp32 main grads) reduces from its own gradient buffer, ZeRO and FSDP have no DDP buckets")
+              "fp32 main grads) reduces from its own gradient buffer, ZeRO and FSDP have no DDP buckets. With "
+              "parallel.ddp_bucket_view (gradient_as_bucket_view=True) the buckets are the gradients, which then "
+              "stay allocated from one step to the next, as zero_grad(set_to_none=False) keeps them")
 def ddp_bucket_bytes(arch: Architecture, lay, prec: Precision) -> int:
-    """DDP's allreduce buckets on one rank: the whole gradients' bytes where PyTorch's DDP runs the layout."""
-    if lay.dp < 2 or lay.zero != 0 or lay.splits_model or lay.fp32_grads:
+    """DDP's allreduce buckets on one rank: the whole gradients' bytes where PyTorch's DDP runs the layout and the
+    .grad tensors are not views of the buckets (ddp_bucket_view; then the gradients stay allocated between steps,
+    parallel/activations.py grads_live_in_forward)."""
+    if not lay.ddp or lay.bucket_view:
         return 0
     return gradients_bytes(arch, prec)
 

@@ -44,6 +44,7 @@ AXIS_LABELS = {
     "overlap_comm": "DS overlap_comm",
     "prefetch_bucket_size": "DS prefetch bucket",
     "gradient_sync": "grad sync",
+    "ddp_bucket_view": "DDP bucket view",
 }
 
 COMPONENT_LABELS = {
