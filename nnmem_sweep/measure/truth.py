@@ -14,8 +14,8 @@ from .cases import FINETUNE_DIR, SHARDED_DIR, case_by_id
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
-              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "gradient_sync", "preference",
-              "fsdp")
+              "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "gradient_sync",
+              "preference", "fsdp")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
