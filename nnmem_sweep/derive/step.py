@@ -139,7 +139,8 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
         rec.external(w.reference.parameters(), PARAM)
         rec.external(w.reference.buffers(), BUFFER)  # its rotary tables too (MemTracker counts them)
     rec.external(kept, GRAD)
-    # held by FSDP alone from here: the traced micro-batch reduce-scatters the unsharded gradients and frees them
+    # no reference of ours beyond this point: FSDP alone holds a 'nosync' step's unsharded gradients, which the
+    # traced micro-batch reduce-scatters and frees
     del kept
     rec.external(model.buffers(), BUFFER)
     rec.external([v for v in w.inputs.values() if isinstance(v, torch.Tensor)], INPUT)
