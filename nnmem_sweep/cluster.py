@@ -54,6 +54,10 @@ OPTIONS_PER_GPU = 5  # GPU counts listed per GPU type in the report (all are in 
 _CKPT_ORDER = {"none": 0, "selective": 1, "full": 2}
 RANK_BY = ("gpus", "cost_per_token")
 
+# parallel axes every candidate takes from the scenario's first value: DeepSpeed's buffers, and how the accumulation
+# steps sync their gradients (FSDP's no_sync keeps them whole: parallel.gradient_sync)
+KEPT_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_SYNC)
+
 # cluster_options.csv
 GPUS = "gpus"
 NODES = "nodes"
@@ -137,10 +141,8 @@ def candidates(search: ClusterSearch, sc: Scenario, gpu: GPUSpec) -> pd.DataFram
     f[C.OFFLOAD] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=["none"])
     f[C.GRADIENT_ACCUMULATION] = np.where(pp > 1, 1, acc)
     f[C.FP32_GRAD_ACCUMULATION] = bool(search.fixed.get(C.FP32_GRAD_ACCUMULATION, False))
-    for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):
+    for axis in KEPT_AXES:
         f[axis] = search.fixed.get(axis, C.PARALLEL_DEFAULTS[axis])
-    sync = str(search.fixed.get(C.GRADIENT_SYNC, C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC]))
-    f[C.GRADIENT_SYNC] = pd.Categorical.from_codes(np.zeros(len(f), dtype=np.int8), categories=[sync])
     # layouts the model cannot take (heads not divisible by t, ...) are dropped before estimating
     key = tp * 1000 + pp
     ok = np.ones(len(f), dtype=bool)
@@ -338,13 +340,11 @@ def parse_cluster(given: dict, sc_grid: dict, target: dict, model, mode: str, gp
         chosen = (target or {}).get(axis)
         fixed[axis] = chosen if chosen in values else (values[0] if values else None)
     fixed[C.FP32_GRAD_ACCUMULATION] = bool(((parallel or {}).get(C.FP32_GRAD_ACCUMULATION) or (False,))[0])
-    # how the accumulation steps sync their gradients (FSDP's no_sync keeps them whole: parallel.gradient_sync)
-    fixed[C.GRADIENT_SYNC] = str(((parallel or {}).get(C.GRADIENT_SYNC) or (C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC],))[0])
+    for axis in KEPT_AXES:  # as the scenario says
+        fixed[axis] = ((parallel or {}).get(axis) or (C.PARALLEL_DEFAULTS[axis],))[0]
     if fixed[C.GRADIENT_SYNC] != C.PARALLEL_DEFAULTS[C.GRADIENT_SYNC] and model.kind != "transformer":
         bad.append((f"parallel.{C.GRADIENT_SYNC}", "the cluster search keeps gradients unsharded (gradient_sync "
                                                    "last) for transformers only"))
-    for axis in (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET):  # DeepSpeed's buffers, as the scenario says
-        fixed[axis] = ((parallel or {}).get(axis) or (C.PARALLEL_DEFAULTS[axis],))[0]
     search = ClusterSearch(global_batch=global_batch, seq_len=int(seq), max_gpus=int(given.get("max_gpus",
                            DEFAULT_MAX_GPUS)), gpus_per_node=gpus_per_node, tensor_parallel=tps,
                            pipeline_parallel=pps, micro_batch=micro,

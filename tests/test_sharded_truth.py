@@ -83,6 +83,20 @@ def _twin(case, accum: str = ""):
     return next(c for c in CASES if c["case_id"] == name)
 
 
+def _holds_beside_its_twin(case, kept: int) -> None:
+    """The forward and backward peaks are the twin's without accumulation plus `kept` bytes, measured and estimated
+    (the shipped plans, no tracing here)."""
+    from nnmem_sweep.derive import stored_only
+
+    twin = _twin(case)
+    with stored_only():
+        est, est_twin = A.estimate_case(case), A.estimate_case(twin)
+    for phase in ("forward", "backward"):
+        measured = case["measured"]["phases"][phase]["peak_bytes"] - twin["measured"]["phases"][phase]["peak_bytes"]
+        assert measured == kept, phase
+        assert est["phases"][phase] - est_twin["phases"][phase] == kept, phase
+
+
 # Qwen3 0.6B's LoRA adapters, rank 16 on every linear layer of its 28 layers (hidden 1024, 16 heads x 128 = 2048
 # for q, 8 x 128 = 1024 for k and v, MLP 3072): r·(in + out) per target
 QWEN3_ADAPTERS = 28 * 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 3 * (1024 + 3072))  # 10,092,544
@@ -96,16 +110,8 @@ def test_accumulation_under_fsdp_keeps_the_ranks_gradient_shards(case):
     adds the same bytes (the rank's step traced with its shards kept, or the hand model of FSDP)."""
     shard = LLAMA_1B_BF16 // 2 if "finetune" not in case["inputs"] else QWEN3_ADAPTERS * 4 // 2
     assert shard in (1_235_814_400, 20_185_088)
-    m, twin = case["measured"], _twin(case)["measured"]
-    assert m["phases"]["backward"]["categories"]["grad"] == shard
-    for phase in ("forward", "backward"):
-        assert m["phases"][phase]["peak_bytes"] - twin["phases"][phase]["peak_bytes"] == shard
-    from nnmem_sweep.derive import stored_only
-
-    with stored_only():
-        est, est_twin = A.estimate_case(case), A.estimate_case(_twin(case))
-    for phase in ("forward", "backward"):
-        assert est["phases"][phase] - est_twin["phases"][phase] == shard, phase
+    assert case["measured"]["phases"]["backward"]["categories"]["grad"] == shard
+    _holds_beside_its_twin(case, shard)
 
 
 @pytest.mark.parametrize("case", UNSYNCED, ids=[c["case_id"] for c in UNSYNCED])
@@ -123,14 +129,7 @@ def test_accumulation_synced_at_the_last_micro_batch_keeps_the_whole_unsharded_g
         LLAMA_1B_BF16 if case["inputs"]["model"] == "llama-3.2-1b" else QWEN3_BF16
     assert whole in (2_471_628_800, 40_370_176, 1_192_099_840)
     world = case["inputs"]["fsdp"]["world"]
-    m, alone = case["measured"], _twin(case)["measured"]
+    m = case["measured"]
     assert m["phases"]["backward"]["categories"]["grad"] == whole
     assert m["phases"]["optimizer"]["categories"]["grad"] == whole // world  # the shards, reduce-scattered
-    for phase in ("forward", "backward"):
-        assert m["phases"][phase]["peak_bytes"] - alone["phases"][phase]["peak_bytes"] == whole
-    from nnmem_sweep.derive import stored_only
-
-    with stored_only():
-        est, est_alone = A.estimate_case(case), A.estimate_case(_twin(case))
-    for phase in ("forward", "backward"):
-        assert est["phases"][phase] - est_alone["phases"][phase] == whole, phase
+    _holds_beside_its_twin(case, whole)

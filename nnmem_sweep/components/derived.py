@@ -172,8 +172,7 @@ def train_rows(b: np.ndarray, s: np.ndarray, recipes: dict, states: dict, keys: 
     S, T_opt, G); keys: per row the recipe code; state_idx: per row the state code. Returns the component arrays,
     peak and phase codes (0 forward, 1 backward, 2 optimizer)."""
     best = _Best(len(b))
-    W, M, S, T, G = (states[x][state_idx] for x in ("W", "M", "S", "T", "G"))
-    B = states["B"][state_idx] if "B" in states else np.zeros_like(W)  # DDP's buckets (_read)
+    W, M, S, T, G, B = (states[x][state_idx] for x in ("W", "M", "S", "T", "G", "B"))  # B: DDP's buckets (_read)
     for key, plan in recipes.items():
         for r, rows in _regions(plan, b, s, keys == key):
             (bu, su), inv = _distinct(b[rows], s[rows])
@@ -271,7 +270,7 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
                                                               progress=derive.progress_shown(), z_names=z_names))
             recipes.update({k + j * nK: v for k, v in rec_j.items()})
             # B: DDP's allreduce buckets, the trainable gradients once more (parallel/states.py ddp_bucket_bytes)
-            parts.append({**st_j, "B": st_j["G"].copy() if rank == DDP else np.zeros_like(st_j["G"])})
+            parts.append({**st_j, "B": st_j["G"].copy()} if rank == DDP else st_j)
         states = {x: np.concatenate([p[x] for p in parts]) for x in parts[0]}
         return recipes, states, key + l_code * nK, state + l_code * nS, b, s, None
     if mode != "infer":
@@ -289,30 +288,34 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
 DDP = "ddp"  # a layout of _rank_layouts: every rank runs the whole step, wrapped in PyTorch's DDP
 
 
-def _ddp_rows(frame: pd.DataFrame, bucket_view: bool) -> np.ndarray:
-    """Rows whose ranks run PyTorch's DDP (data_parallel > 1 at zero_stage 0), with or without its
-    gradient_as_bucket_view (columns.DDP_BUCKET_VIEW)."""
-    n = len(frame)
-    if C.DATA_PARALLEL not in frame.columns:
-        return np.zeros(n, dtype=bool)
-    z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
-    view = frame[C.DDP_BUCKET_VIEW].astype(str).str.lower().to_numpy() == "true" if C.DDP_BUCKET_VIEW in \
-        frame.columns else np.zeros(n, dtype=bool)
-    return (ints(frame, C.DATA_PARALLEL) >= 2) & (z == 0) & (view if bucket_view else ~view)
+def _axis(frame: pd.DataFrame, col: str) -> np.ndarray:
+    """A parallel column's values per row, its default (columns.PARALLEL_DEFAULTS) where the frame has none; the
+    bool axes as bools (a CSV gives them back as text)."""
+    if col not in frame.columns:
+        return np.full(len(frame), C.PARALLEL_DEFAULTS[col])
+    if col in C.PARALLEL_BOOL_AXES:
+        return frame[col].astype(str).str.lower().to_numpy() == "true"
+    if isinstance(C.PARALLEL_DEFAULTS[col], int):
+        return ints(frame, col)
+    return frame[col].astype(str).to_numpy()
+
+
+def _ddp_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Rows whose ranks run PyTorch's DDP: data_parallel > 1 at zero_stage 0 (parallel/layout.py Layout.ddp; a
+    derived model takes no other parallel axis)."""
+    return (_axis(frame, C.DATA_PARALLEL) >= 2) & (_axis(frame, C.ZERO_STAGE) == 0)
 
 
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
-    DDP for data-parallel ranks at zero_stage 0 (every rank runs the whole step, beside DDP's buckets), else (world,
-    zero_stage) of an FSDP2 layout (peak.one_gpu passes only these two parallel columns through for a derived
-    model)."""
-    n = len(frame)
-    if C.DATA_PARALLEL not in frame.columns:
-        return np.zeros(n, dtype=np.int64), [None]
-    d = ints(frame, C.DATA_PARALLEL)
-    z = ints(frame, C.ZERO_STAGE) if C.ZERO_STAGE in frame.columns else np.zeros(n, dtype=np.int64)
-    # bucket views: one GPU's step with its gradients kept (with_kept_gradients), no second copy
-    pair = np.where(d < 2, 0, np.where(z < 2, np.where(_ddp_rows(frame, bucket_view=False), 1, 0), d * 4 + z))
+    DDP for data-parallel ranks at zero_stage 0 with DDP's buckets beside the gradients (with bucket views: one GPU's
+    step with its gradients kept, with_kept_gradients), else (world, zero_stage) of an FSDP2 layout (peak.one_gpu
+    passes only these parallel columns through for a derived model)."""
+    d, z = _axis(frame, C.DATA_PARALLEL), _axis(frame, C.ZERO_STAGE)
+    pair = np.zeros(len(frame), dtype=np.int64)  # 0: one GPU
+    pair[_ddp_rows(frame) & ~_axis(frame, C.DDP_BUCKET_VIEW)] = 1
+    fsdp = (d >= 2) & (z >= 2)
+    pair[fsdp] = d[fsdp] * 4 + z[fsdp]
     uniq, inv = np.unique(pair, return_inverse=True)
     return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else (int(u // 4), int(u % 4))
                                               for u in uniq]
@@ -326,19 +329,16 @@ def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
     unsharded gradients kept); 'zeros' too on the rows of PyTorch's DDP with gradient_as_bucket_view (ddp_bucket_view:
     the gradients are views of buckets that stay allocated between steps); the other rows' zero_grad as they are
     ('set_to_none' where the column is absent)."""
-    if C.GRADIENT_ACCUMULATION not in frame.columns and not _ddp_rows(frame, bucket_view=True).any():
-        return frame
-    kept = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
-        np.full(len(frame), "set_to_none", dtype=object)
-    accum = ints(frame, C.GRADIENT_ACCUMULATION) > 1 if C.GRADIENT_ACCUMULATION in frame.columns else \
-        np.zeros(len(frame), dtype=bool)
     # DDP with gradient_as_bucket_view: the gradients are views of buckets that stay allocated between steps
-    accum = accum | _ddp_rows(frame, bucket_view=True)
-    unsynced = np.zeros(len(frame), dtype=bool)
-    if C.GRADIENT_SYNC in frame.columns and C.DATA_PARALLEL in frame.columns and C.ZERO_STAGE in frame.columns:
-        unsynced = ((frame[C.GRADIENT_SYNC].astype(str).to_numpy() == "last") & (ints(frame, C.DATA_PARALLEL) > 1)
-                    & (ints(frame, C.ZERO_STAGE) >= 2))
-    return frame.assign(**{C.ZERO_GRAD: np.where(accum, np.where(unsynced, "nosync", "zeros"), kept)})
+    kept = (_axis(frame, C.GRADIENT_ACCUMULATION) > 1) | (_ddp_rows(frame) & _axis(frame, C.DDP_BUCKET_VIEW))
+    if not kept.any():
+        return frame
+    # parallel/layout.py Layout.unsharded_grads_kept, on sharded ranks
+    unsynced = (_axis(frame, C.GRADIENT_SYNC) == "last") & (_axis(frame, C.DATA_PARALLEL) > 1) & \
+        (_axis(frame, C.ZERO_STAGE) >= 2)
+    given = frame[C.ZERO_GRAD].astype(str).to_numpy() if C.ZERO_GRAD in frame.columns else \
+        np.full(len(frame), "set_to_none", dtype=object)
+    return frame.assign(**{C.ZERO_GRAD: np.where(kept, np.where(unsynced, "nosync", "zeros"), given)})
 
 
 def frame_inputs(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"):
@@ -406,7 +406,7 @@ def frame_phase_totals(arch, mode: str, frame: pd.DataFrame, device: str = "cuda
             bi, x = b[idx], _features(b[idx], phase_s[idx])
             if mode == "train":
                 W, M, S, T, G = (states[v][state[idx]] for v in ("W", "M", "S", "T", "G"))
-                base = W + M + S + (states["B"][state[idx]] if "B" in states else 0)
+                base = W + M + S + states["B"][state[idx]]
                 if ms is None:
                     vals = [base + G + T + np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")),
                                                      dtype=np.int64) @ x]

@@ -96,7 +96,7 @@ def trainable_states(arch, prec: Precision, opt, impl: str) -> tuple[int, int, i
 
 def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple, a_names: tuple,
                  c_names: tuple, device: str, progress: bool = False, z_names: tuple = ()):
-    """(recipes {code: plan}, states {W, M, S, T, G: arrays over state codes}) for the names of a training frame.
+    """(recipes {code: plan}, states {W, M, S, T, G, B: arrays over state codes}) for the names of a training frame.
     Recipe code = (p, a, c[, z]) row-major (z: the zero_grad names when the frame has the column; "zeros" traces
     the step with the gradients kept); state code = (p, o, i, a, c) row-major (W' and G depend on the trace)."""
     nZ = max(len(z_names), 1)
@@ -105,7 +105,8 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                      for z in z_names or ("set_to_none",)], progress)
     recipes = {}
     shape = (nP, nO, nI, nA, nC)
-    states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G")}
+    # B: DDP's allreduce buckets, none on one GPU (components/derived.py _read sets them for DDP's ranks)
+    states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G", "B")}
     for p_i, prec in enumerate(precs):
         for a_i, att in enumerate(a_names):
             for c_i, ck in enumerate(c_names):

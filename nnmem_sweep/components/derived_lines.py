@@ -66,7 +66,7 @@ def frame_batch_lines(arch, mode: str, frame: pd.DataFrame, device: str = "cuda"
         rows = np.flatnonzero(rows_sel)
         ps, sr = phase_s[rows], s[rows]
         if mode == "train":
-            base = sum(states[v][state[rows]] for v in ("W", "M", "S", "B") if v in states)
+            base = sum(states[v][state[rows]] for v in ("W", "M", "S", "B"))
             if ms is None:  # the optimizer step: one line
                 f0, f1 = _in_b(ps)
                 end = np.asarray(_coef(r.end, ("buffer", "input", "act", "temp", "kv")), dtype=np.int64)

@@ -13,8 +13,6 @@ components/infer_plan.py.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 
@@ -48,13 +46,10 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
             for i in i_names:
                 for lay in layouts:
                     pair = par_states.rank_states(arch, p, o, i, lay)
-                    # the gradients a micro-batch finds kept from the one before: the rank's shards, or with FSDP's
-                    # no_sync (gradient_sync last) the whole unsharded gradients, as ZeRO-1 keeps them
-                    kept = par_states.rank_states(arch, p, o, i, replace(lay, zero=1)) \
-                        if lay.unsharded_grads_kept else pair
+                    kept = par_states.kept_gradients(arch, p, o, i, lay)
                     for st in (0, 1):
                         for f in fields:
-                            v = getattr((kept if f == "kept" else pair)[st], "gradients" if f == "kept" else f)
+                            v = kept[st] if f == "kept" else getattr(pair[st], f)
                             vals[st, f].append(v if (st == 0 or lay.pp > 1) else 0)
     return [{f: consts(vals[st, f], (nP, nO, nI, nL)) for f in fields} for st in (0, 1)]
 
@@ -69,11 +64,13 @@ def _host_table(st, sizes, dims) -> np.ndarray:
     return np.ascontiguousarray(lift(host, dims, sizes)[..., 0]).reshape(-1)
 
 
-def _with_deepspeed_buffers(phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
-    """DeepSpeed's reduce buckets (states.deepspeed_buffers) added to the temporaries: ZeRO-1/2's through the
-    backward from its second moment (the first is the loss's, before any parameter has a gradient), ZeRO-3's in
-    every phase. `dims`: the plan dimensions of precision and layout."""
-    ds = [par_states.deepspeed_buffers(lay, p) for p in precs for lay in layouts]
+def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
+    """The communication buffers added to the temporaries: DeepSpeed's reduce buckets (states.deepspeed_buffers),
+    ZeRO-1/2's through the backward from its second moment (the first is the loss's, before any parameter has a
+    gradient), ZeRO-3's in every phase; PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes) in every phase,
+    made when the model is wrapped. `dims`: the plan dimensions of precision and layout."""
+    ds = [(bwd, always + par_states.ddp_bucket_bytes(arch, lay, p))
+          for p in precs for lay in layouts for bwd, always in [par_states.deepspeed_buffers(lay, p)]]
     if not any(a or b for a, b in ds):
         return phases
     shape = (len(precs), len(layouts))
@@ -85,21 +82,6 @@ def _with_deepspeed_buffers(phases: list, precs, layouts, sizes: tuple, dims: tu
         previous = name
         comps = dict(comps)
         comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
-        out.append((name, comps))
-    return out
-
-
-def _with_ddp_buckets(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
-    """PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes: the whole gradients once more) added to the
-    temporaries of every phase: they are made when the model is wrapped and live as long as it."""
-    ddp = [par_states.ddp_bucket_bytes(arch, lay, p) for p in precs for lay in layouts]
-    if not any(ddp):
-        return phases
-    always = lift(consts(ddp, (len(precs), len(layouts))), dims, sizes)
-    out = []
-    for name, comps in phases:
-        comps = dict(comps)
-        comps[C.TEMPORARY] = comps[C.TEMPORARY] + always if C.TEMPORARY in comps else always
         out.append((name, comps))
     return out
 
@@ -140,8 +122,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         else:
             phases = layer_net_train(arch, precs, device, states, s0["gradients"], s0["step_temp"], sizes,
                                       grads_share=s0["gradients"])
-        phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 3))
-        phases = _with_ddp_buckets(arch, phases, precs, layouts, sizes, (0, 3))
+        phases = _with_buffers(arch, phases, precs, layouts, sizes, (0, 3))
         plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, "layout"), sizes, phases)
         plan.host = _host_table(st, sizes, dims)
         plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)
@@ -186,8 +167,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         ]
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
-    phases = _with_deepspeed_buffers(phases, precs, layouts, sizes, (0, 5))
-    phases = _with_ddp_buckets(arch, phases, precs, layouts, sizes, (0, 5))
+    phases = _with_buffers(arch, phases, precs, layouts, sizes, (0, 5))
     phases = _with_fsdp_units(arch, phases, precs, layouts, sizes, (0, 5))
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)

@@ -219,6 +219,27 @@ def ddp_bucket_bytes(arch: Architecture, lay, prec: Precision) -> int:
     return gradients_bytes(arch, prec)
 
 
+ACCELERATE_NO_SYNC = source(
+    "accelerate-no-sync", "Hugging Face accelerate 1.15, Accelerator.accumulate: no_sync on every micro-batch but "
+    "the last unless GradientAccumulationPlugin(sync_each_batch=True); under FSDP2 no_sync is "
+    "set_requires_gradient_sync(False), which keeps each parameter's unsharded gradient until a synced backward",
+    "https://huggingface.co/docs/accelerate/concept_guides/gradient_synchronization")
+
+
+@formula("parallel.kept_gradients", "G_kept = G (the rank's gradients); with gradient_sync last at zero_stage >= 2: "
+         "the whole unsharded gradients, as at zero_stage 1",
+         ACCELERATE_NO_SYNC, where="the gradients a micro-batch finds kept from the one before, through its forward "
+               "and backward (accumulation, pipelines)",
+         note="Measured with FSDPMemTracker on the fake process group (tests/data/truth/sharded/*nosync*): Llama "
+              "3.2 1B over 2 and 4 ranks, FULL_SHARD and SHARD_GRAD_OP, holds its whole 2,471,628,800 B of bf16 "
+              "gradients at the forward and backward peaks; every phase within 16 KiB of this estimate")
+def kept_gradients(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, lay: Layout) -> tuple[int, int]:
+    """(first stage, last stage) gradient bytes a micro-batch finds kept from the one before (grads_live_in_forward
+    says when there are any)."""
+    states = rank_states(arch, prec, opt, impl, replace(lay, zero=1) if lay.unsharded_grads_kept else lay)
+    return states[0].gradients, states[1].gradients
+
+
 def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
     """ZeRO-3 under DeepSpeed: the module in use (at most the rank's largest tensor) and what is prefetched."""
     return (sp.largest_tensor + lay.prefetch_bucket) * prec.weight_bytes
