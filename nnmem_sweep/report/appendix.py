@@ -157,7 +157,7 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
                  "Segments made are those the recording made; at the end are all it ends with, those made before "
                  "it too. Segments made can outnumber those at the end: the GPU kit empties the cache once its "
                  "model is built, and a failed cudaMalloc releases every cached segment before it retries (select_n's "
-                 "offloading run, near its GPU's capacity); the replay must release the same segments. A recording "
+                 "offloading run: 39 failed cudaMalloc calls); the replay must release the same segments. A recording "
                  "on several CUDA streams is replayed with a pool per stream."}
     runs = ev.get("gpu_runs")
     if runs is None:
