@@ -34,6 +34,7 @@ from .errors import UsageError
 from .models.hf import architecture_from_hf
 from .models.resolve import resolve_model
 from .peak import estimate_components, named_phase_totals
+from .parallel import deepspeed as DS
 from .units import format_bytes
 
 CASE = "case"
@@ -62,8 +63,8 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
 
 def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False) -> list[dict[str, Any]]:
     """Every *.json case in `truth_dir` and its subfolders, sorted by case id; without `derived`, only the
-    hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP2, truth/sharded/) only with
-    `sharded`, and then only those."""
+    hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP2, truth/sharded/; of DeepSpeed's
+    ZeRO engine, truth/deepspeed/) only with `sharded`, and then only those."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -74,7 +75,7 @@ def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = Fals
         except json.JSONDecodeError as e:
             raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)) and \
-                bool(rec["inputs"].get("fsdp")) == sharded:
+                bool(rec["inputs"].get("fsdp") or rec["inputs"].get("deepspeed")) == sharded:
             cases.append(rec)
     return sorted(cases, key=lambda r: r["case_id"])
 
@@ -148,7 +149,16 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         # one rank of an FSDP2 step: the layout the estimate reads (parallel/)
         **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])]}
            if i.get("fsdp") else {}),
+        # one rank of a DeepSpeed ZeRO step: the layout and DeepSpeed's bucket settings (parallel/deepspeed.py)
+        **(_deepspeed_axes(i["deepspeed"]) if i.get("deepspeed") else {}),
     })
+
+
+def _deepspeed_axes(spec: dict[str, Any]) -> dict[str, list]:
+    settings = {k: v for k, v in spec.items() if k in DS.KEYS}
+    axes = DS.axes(settings, None)
+    return {C.DATA_PARALLEL: [int(spec["world"])], C.ZERO_STAGE: [int(spec["zero_stage"])],
+            **{k: [v] for k, v in axes.items()}}
 
 
 # torch.optim keeps each parameter's `step` as a 0-d fp32 tensor on the host unless the optimizer is fused or
@@ -191,7 +201,7 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
         t = int(np.asarray(total)[0])
         phases[name] = max(phases.get(name, -1), t + host if t >= 0 else t)
     out["phases"] = phases
-    if i.get("fsdp"):  # one rank's figures at its peak; a rank's state totals are not compared (yet)
+    if i.get("fsdp") or i.get("deepspeed"):  # one rank's figures at its peak; its state totals are not compared (yet)
         out.update(weights=None, gradients=None, optimizer=None)
         return out
     prec = get_precision(i["precision"])
@@ -268,8 +278,8 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
                     "estimated_phase": est["peak_phase"], "estimate_error": ""})
         # the transient part at the peak: measured act + temp + other (inputs) vs the estimate's
         # activations + kv_cache + temporary (the model states are compared on their own below)
-        cats = m["categories_at_peak"]
-        row["transient_measured_bytes"] = int(cats["act"] + cats["temp"] + cats["other"])
+        cats = m.get("categories_at_peak")  # none for a DeepSpeed rank (recorded, not MemTracker's categories)
+        row["transient_measured_bytes"] = int(cats["act"] + cats["temp"] + cats["other"]) if cats else -1
         row["transient_estimated_bytes"] = int(est[C.ACTIVATIONS] + est[C.KV_CACHE] + est[C.TEMPORARY])
         for ph in PHASES[i["mode"]]:
             mp = m["phases"].get(ph, {}).get("peak_bytes")
@@ -343,7 +353,7 @@ def accuracy_cli(truth_dir: str | Path) -> int:
           "(target: median <= 3 %, max <= 8 %; weights, gradients, optimizer state within 0.1 %)")
     sharded = load_cases(truth_dir, sharded=True)
     if sharded:
-        print("\none rank of FSDP2-sharded steps (truth/sharded/; compared, not yet held to them: issue 22):")
+        print("\none rank of sharded steps (FSDP2, truth/sharded/; DeepSpeed ZeRO-1/2, truth/deepspeed/):")
         print(format_table(compare(sharded)))
     pub = published_compare.compare_published()
     print("\npublished real-GPU measurements (tests/data/published), estimated with the same configuration:")

@@ -240,6 +240,30 @@ for _c in SHARDED_CASES:
         _c["id"] = _c["id"].replace("-train-", f"-accum{_c['gradient_accumulation']}{sync}-train-", 1)
 CASES += SHARDED_CASES
 
+# One rank of a step under DeepSpeed's own ZeRO-1/2 engine (workload/zero_engine.py, measure/zero_step.py; issue 22),
+# bf16 with the fp32 partition and AdamW state over it (the recipe bf16-master), written under
+# tests/data/truth/deepspeed/ (DEEPSPEED_DIR). Llama 3.2 1B (tied head) at a long sequence (the activations' peak)
+# and a short one (the backward's end and the step), DeepSpeed's default reduce bucket and one smaller than the
+# embedding; Llama 3.1 8B (untied head), short, over 2 ranks, and long over 8.
+DEEPSPEED_DIR = "deepspeed"
+DEEPSPEED_TOLERANCE = {"peak": 0.005, "states": 0.001}  # one rank's peak: issue 22's 0.5 %
+
+
+def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000) -> dict[str, Any]:
+    case = _train(model, 2, seq, "bf16-master")
+    tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", ""))
+    return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": DEEPSPEED_TOLERANCE,
+            "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket}}
+
+
+DEEPSPEED_CASES: list[dict[str, Any]] = [
+    *[_zero("llama-3.2-1b", 1024, w, z) for w in (2, 4) for z in (1, 2)],
+    _zero("llama-3.2-1b", 64, 2, 2), _zero("llama-3.2-1b", 64, 2, 1, 10_000_000),
+    _zero("llama-3.2-1b", 64, 2, 2, 10_000_000),
+    _zero("llama-3.1-8b", 64, 2, 2), _zero("llama-3.1-8b", 1024, 8, 2),
+]
+CASES += DEEPSPEED_CASES
+
 
 # The families issue 12 plans from the model's own code (no hand reader in models/hf.py): real published configs
 # (the presets) where they trace in seconds, the big MoE models at their real widths with fewer layers / experts

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import atomic_write_text, safe_stem
-from .cases import FINETUNE_DIR, SHARDED_DIR, case_by_id
+from .cases import DEEPSPEED_DIR, FINETUNE_DIR, SHARDED_DIR, case_by_id
 
 # Keys of a case that describe its inputs (copied verbatim into the JSON).
 INPUT_KEYS = ("model", "mode", "batch", "seq_len", "precision", "optimizer", "optimizer_impl", "checkpointing",
               "attention", "decode_tokens", "dropout_impl", "head", "layers", "input_shape", "num_classes", "finetune",
               "module", "kwargs", "decoder_seq_len", "zero_grad", "gradient_accumulation", "gradient_sync",
-              "preference", "fsdp")
+              "preference", "fsdp", "deepspeed")
 
 METHOD = (
     "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode on the cpu device, extended to keep a "
@@ -118,6 +118,55 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     return rec
 
 
+DEEPSPEED_METHOD = (
+    "One rank of DeepSpeed's own engine (deepspeed.initialize with bf16, ZeRO stage and reduce_bucket_size as given, "
+    "DeepSpeed's other defaults; torch.optim.AdamW foreach handed to it) on rank 0 of PyTorch's fake process group "
+    "under FakeTensorMode on the cpu device (workload/zero_engine.py). Recorded by nnmem_sweep's Recorder "
+    "(derive/trace.py, MemTracker's counting of live untyped storages; MemTracker itself cannot follow the engine), "
+    "from the storages held after one untraced step (parameters, buffers, fp32 partitions, optimizer state), "
+    "through the second step's forward (loss only kept), engine.backward() and engine.step(). A FakeTensor holds "
+    "no values: DeepSpeed's overflow and norm checks run and are answered 'finite', as a bf16 run with finite "
+    "gradients answers them. Random init, no download; no attention mask (unpacked sequences).")
+
+
+def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
+    """Measure a DeepSpeed case (measure/zero_step.py) and return its JSON record. Each case in a process of its own:
+    DeepSpeed keeps its process groups at module level, past the fake group's lifetime."""
+    import multiprocessing
+
+    from ..derive.cache import installed
+    from ..workload.build import case_config
+    from .zero_step import measure
+
+    cfg, origin = case_config(case)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        measured = pool.apply(measure, (case, cfg))
+    return {"case_id": case["id"], "inputs": {k: case[k] for k in INPUT_KEYS if k in case},
+            "tolerance": case["tolerance"], "hf_config": cfg, "hf_config_origin": origin,
+            "params": measured.pop("params"), "measured": measured,
+            "versions": {**versions(), "deepspeed": installed("deepspeed")},
+            "device": "cpu (FakeTensorMode)", "method": DEEPSPEED_METHOD}
+
+
+DEEPSPEED_INSTALL = "pip install deepspeed==0.19.8 (DS_BUILD_OPS=0: no compiler, no CUDA needed)"
+
+
+def _with_deepspeed(ids: list[str], catalog: dict[str, dict[str, Any]], asked: bool) -> list[str]:
+    """`ids` as they can be measured here: the DeepSpeed cases need DeepSpeed, which the [measure] extra does not
+    install; asked for by name without it, one line; in a whole regeneration, left as committed (said on stderr)."""
+    from ..derive.cache import installed
+    from ..errors import UsageError
+
+    ds = [i for i in ids if "deepspeed" in catalog[i]]
+    if not ds or installed("deepspeed"):
+        return ids
+    if asked:
+        raise UsageError(f"{ds[0]} runs DeepSpeed's engine, which is not installed: {DEEPSPEED_INSTALL}")
+    print(f"{len(ds)} DeepSpeed case(s) left as committed (DeepSpeed not installed: {DEEPSPEED_INSTALL})",
+          file=sys.stderr)
+    return [i for i in ids if i not in ds]
+
+
 def regenerate(out_dir: Path, only: list[str]) -> int:
     from .build import measure_case
 
@@ -128,17 +177,22 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
 
         raise UsageError(f"unknown truth case(s): {', '.join(unknown)}; see nnmem_sweep/measure/cases.py")
     ids = only or list(catalog)
+    ids = _with_deepspeed(ids, catalog, asked=bool(only))
     out_dir = Path(out_dir)
     for i, cid in enumerate(ids, 1):
         t0 = time.perf_counter()
-        measured = measure_case(catalog[cid], fake=True)
-        rec = case_record(catalog[cid], measured)
         case = catalog[cid]
-        folder = out_dir / SHARDED_DIR if "fsdp" in case else \
+        if "deepspeed" in case:
+            rec = deepspeed_record(case)
+            measured = rec["measured"]
+        else:
+            measured = measure_case(case, fake=True)
+            rec = case_record(case, measured)
+        folder = out_dir / SHARDED_DIR if "fsdp" in case else out_dir / DEEPSPEED_DIR if "deepspeed" in case else \
             out_dir / FINETUNE_DIR if ("finetune" in case or "preference" in case) else out_dir
         path = folder / f"{safe_stem(cid)}.json"
         atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
         print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "
-              f"({measured['attention_kernel']} attention) {time.perf_counter() - t0:.1f} s -> {path}",
+              f"({measured.get('attention_kernel', 'sdpa')} attention) {time.perf_counter() - t0:.1f} s -> {path}",
               file=sys.stderr, flush=True)
     return 0

@@ -39,7 +39,8 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
     """Per stage, {field: (nP, nO, nI, nL) consts} of parallel/states.RankStates (zero for the absent stage)."""
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
-    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept")
+    fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept", "gradients_in_step",
+              "norm_temp", "norm_gradients")
     vals = {(st, f): [] for st in (0, 1) for f in fields}
     for p in precs:
         for o in opts:
@@ -163,8 +164,12 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
-            ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["step_temp"]})),
+            ("optimizer", dict(states, **{C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
+                                          C.TEMPORARY: s_["step_temp"]})),
         ]
+        if any(lay.deepspeed for lay in layouts):  # DeepSpeed's gradient norm, before its step (states.py)
+            phases.append(("optimizer", dict(states, **{C.GRADIENTS: s_["norm_gradients"], C.ACTIVATIONS: inputs,
+                                                        C.TEMPORARY: s_["norm_temp"]})))
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
     phases = _with_buffers(arch, phases, precs, layouts, sizes, (0, 5))

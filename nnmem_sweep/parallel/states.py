@@ -138,6 +138,13 @@ class RankStates:
     optimizer: int
     step_temp: int  # the optimizer step's temporaries
     host: int  # offloaded to host memory by this rank
+    step_gradients: int = -1  # the gradients the optimizer step holds (-1: `gradients`; deepspeed_step_gradients)
+    norm_temp: int = 0  # DeepSpeed's gradient norm before the step (deepspeed_norm_temp), beside `norm_gradients`
+    norm_gradients: int = 0  # the 16-bit gradient partition DeepSpeed holds from the backward's end to the step
+
+    @property
+    def gradients_in_step(self) -> int:
+        return self.gradients if self.step_gradients < 0 else self.step_gradients
 
 
 def _share(total_bytes: int, n: int, psi: int) -> int:
@@ -191,6 +198,39 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
     if lay.zero in (1, 2):
         return (2 if lay.overlap_comm else 1) * lay.reduce_bucket * prec.weight_bytes, 0
     return 0, lay.reduce_bucket * prec.weight_bytes
+
+
+@formula("parallel.deepspeed_step_gradients",
+         "ZeRO-1/2 without offload: n_z · m in the optimizer step (the rank's gradient partition in the master "
+         "dtype, in place of the 16-bit gradients)", DEEPSPEED_ZERO,
+         where="n_z = the rank's partition (parallel.zero_sharded_params), m = bytes of a master weight (fp32); "
+         "stage_1_and_2.py step(): single_grad_partition = flat_grad_partition.to(fp32 partition's dtype), kept as "
+         "the fp32 partition's .grad through optimizer.step(), the 16-bit partition released before it",
+         note="Measured on DeepSpeed 0.19.8's own engine (tests/data/truth/deepspeed/): ZeRO-1 holds the same "
+              "bytes as ZeRO-2 from the backward's end, each rank's 16-bit gradient partition, then its fp32 copy "
+              "in the step. The 16-bit buffer also covers the whole of the tensor that straddles the partition's "
+              "end (19,372,032 B for Llama 3.2 1B over 2 ranks), not counted.")
+def deepspeed_step_gradients(lay, prec: Precision, n_z: int) -> int:
+    """Bytes of gradients a DeepSpeed ZeRO-1/2 rank holds in its optimizer step; -1 where the layout is not one."""
+    return n_z * prec.master_bytes if _deepspeed_partition_step(lay, prec) else -1
+
+
+def _deepspeed_partition_step(lay, prec: Precision) -> bool:
+    """DeepSpeed ZeRO-1/2 stepping an fp32 partition on the GPU (stage_1_and_2.py step, no offload)."""
+    return lay.deepspeed and lay.zero in (1, 2) and lay.offload == "none" and prec.master_bytes > 0
+
+
+@formula("parallel.deepspeed_norm_temp",
+         "ZeRO-1/2 without offload: 8 · min(largest tensor, n_z), beside the 16-bit gradient partition, before the "
+         "step", DEEPSPEED_ZERO,
+         where="stage_1_and_2.py get_grad_norm_direct: torch.linalg.vector_norm(g.data.to(get_norm_dtype())) per "
+         "gradient of the partition, get_norm_dtype() fp64 where the device has it (zero/utils.py); "
+         "zero_optimization.compute_grad_norm defaults to true",
+         note="Measured on DeepSpeed 0.19.8's engine: Llama 3.2 1B over 4 ranks peaks in the step at the fp64 copy "
+              "of the embedding's gradient, 262,668,288 x 8 B, not at the fp32 update. Beside it the rank's 16-bit "
+              "gradient partition, under ZeRO-1 as under ZeRO-2")
+def deepspeed_norm_temp(lay, prec: Precision, sp: StageParams, n_z: int) -> int:
+    return 8 * min(sp.largest_tensor, n_z) if _deepspeed_partition_step(lay, prec) else 0
 
 
 TORCH_DDP_BUCKETS = source(
@@ -333,7 +373,9 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
             host += w
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
-                      host=host)
+                      host=host, step_gradients=deepspeed_step_gradients(lay, prec, n_o),
+                      norm_temp=deepspeed_norm_temp(lay, prec, sp, n_o),
+                      norm_gradients=_share(gradients_bytes(arch, prec), n_o, psi))
 
 
 NCCL_DOCS = source("nccl-env", "NVIDIA NCCL documentation, Environment Variables (NCCL_BUFFSIZE: 4 MiB per channel "

@@ -1,0 +1,83 @@
+"""Measure one rank of a DeepSpeed ZeRO-1/2 training step (workload/zero_engine.py) under FakeTensorMode.
+
+PyTorch's MemTracker cannot follow DeepSpeed's engine (it refuses to track the ZeRO optimizer, and its module hooks
+see the engine's forward as a second iteration), so the step is recorded by the Recorder the derive package traces
+with (derive/trace.py): every storage's allocation and free, counted as MemTracker counts them (the bytes of each
+live untyped storage, views once). The recording starts after one untraced step, from the storages the rank then
+holds (registered by kind: parameters, buffers, fp32 master partitions, optimizer state), so the figures are the
+steady step's, as the other truth cases' second step; deepspeed.initialize()'s own transient (the flattening) is
+not part of it.
+
+Per phase (forward: the engine's forward to the loss; backward: engine.backward(); optimizer: engine.step(), which
+reduces what is left, steps the fp32 partition and all-gathers the 16-bit parameters), the peak of the live bytes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The measured record of a DeepSpeed case (case["deepspeed"]: workload/zero_engine.py KEYS)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..derive.trace import Recorder
+    from ..workload import zero_engine as Z
+    from ..workload.build import build_model, build_optimizer, default_dtype, make_workload, model_dtype, run_contexts
+
+    world, _ = Z.check(case["deepspeed"])
+    # the model in bf16 (DeepSpeed's bf16 mode; the case's recipe, bf16-master, names the fp32 partition and state)
+    plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}
+    with Z.comm(world), FakeTensorMode(allow_non_fake_inputs=True):
+        torch.manual_seed(0)
+        with default_dtype(model_dtype(plain["precision"])):
+            model = build_model(plain, cfg, True)
+            params = sum(p.numel() for p in model.parameters())
+            inputs = make_workload(plain, cfg, model, None).inputs
+        optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
+        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), True)
+        with run_contexts(plain, fake=True), Z.answered_finite(zero):
+            _step(engine, inputs, None)  # the first step makes the optimizer state (module docstring)
+            rec = Recorder()
+            held = Z.held_tensors(engine, zero, optimizer)
+            for kind, tensors in held.items():
+                rec.external(tensors, kind)
+            with rec:
+                _step(engine, inputs, rec)
+                rec.mark("end")
+        totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
+    return {"params": params, **_phases(rec.trace(), totals)}
+
+
+def _step(engine, inputs: dict[str, Any], rec) -> None:  # noqa: ANN001
+    mark = rec.mark if rec is not None else (lambda name: None)
+    mark("forward")
+    out = engine(**inputs)
+    loss = out.loss
+    del out  # only the loss is kept into backward, as transformers' Trainer does
+    mark("backward")
+    engine.backward(loss)
+    del loss
+    mark("optimizer")
+    engine.step()
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in tensors}
+    return sum(seen.values())
+
+
+def _phases(tr, totals: dict[str, int]) -> dict[str, Any]:
+    live = np.cumsum(tr.events[:, 1])
+    order = ["forward", "backward", "optimizer", "end"]
+    phases = {}
+    for name, nxt in zip(order, order[1:]):
+        i, j = tr.marks[name], tr.marks[nxt]
+        before = int(live[i - 1]) if i else 0
+        phases[name] = {"peak_bytes": int(max(before, live[i:j].max() if j > i else before)),
+                        "start_bytes": before}
+    peak_phase = max(phases, key=lambda p: phases[p]["peak_bytes"])
+    return {"peak_bytes": phases[peak_phase]["peak_bytes"], "peak_phase": peak_phase, "phases": phases,
+            "totals": totals}

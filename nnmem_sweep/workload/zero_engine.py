@@ -1,0 +1,117 @@
+"""One rank of a DeepSpeed ZeRO-1/2 training step, as DeepSpeed's own engine runs it (issue 22): the model and a
+torch optimizer handed to deepspeed.initialize() with bf16 on, on rank 0 of PyTorch's fake process group
+(workload/fsdp.py fake_process_group; DeepSpeed's comm layer on its "fake" backend), so under FakeTensorMode one
+rank of a billion-parameter model costs nothing and the collectives move nothing.
+
+What DeepSpeed then holds is its own: the 16-bit parameters flattened into one buffer per group (the model's
+tensors become views of it), the rank's fp32 partition of them (the master weights the optimizer steps), the
+optimizer's state over that partition, the reduce bucket(s) of `reduce_bucket_size` elements through the backward,
+the rank's gradient partition from the end of the backward to the step, and the step's fp32 copy of it.
+
+One accommodation of fake tensors, stated where the truth is written: a FakeTensor holds no values, so DeepSpeed's
+overflow check (which runs as it does, allocating what it allocates) is answered "finite"; a bf16 run's check
+answers the same for finite gradients. ZeRO-3 (stage3.py) does not run under FakeTensorMode in DeepSpeed 0.19.8
+("Detected a disagreement on list length" while partitioning): not measured here.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+STAGES = (1, 2)
+KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients")
+
+
+def check(spec: dict[str, Any]) -> tuple[int, int]:
+    unknown = sorted(set(spec) - set(KEYS))
+    if unknown:
+        raise ValueError(f"deepspeed: unknown setting {unknown[0]!r} (read: {', '.join(KEYS)})")
+    world, stage = int(spec.get("world", 0)), int(spec.get("zero_stage", 2))
+    if world < 2:
+        raise ValueError(f"deepspeed: world must be at least 2, got {world}")
+    if stage not in STAGES:
+        raise ValueError(f"deepspeed: zero_stage must be 1 or 2 (ZeRO-3 does not run under FakeTensorMode), "
+                         f"got {stage}")
+    return world, stage
+
+
+def ds_config(spec: dict[str, Any], batch: int) -> dict[str, Any]:
+    """The ds_config of `spec`: bf16, the stage and the bucket settings given (DeepSpeed's defaults otherwise)."""
+    zero: dict[str, Any] = {"stage": int(spec.get("zero_stage", 2))}
+    for key in ("reduce_bucket_size", "overlap_comm", "contiguous_gradients"):
+        if key in spec:
+            zero[key] = spec[key]
+    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+
+
+@contextlib.contextmanager
+def comm(world: int) -> Iterator[None]:
+    """PyTorch's fake process group of `world` ranks with DeepSpeed's comm layer on it (rank 0)."""
+    import os
+
+    from .fsdp import fake_process_group
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29533"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with fake_process_group(world):
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="fake")
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: dict[str, Any], batch: int,
+               fake: bool):
+    """(engine, ZeRO optimizer) for `model` (call inside comm(world) and, when fake, the FakeTensorMode)."""
+    import deepspeed
+
+    from .build import replacing_module_to
+
+    check(spec)
+    with replacing_module_to() if fake else contextlib.nullcontext():
+        engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(spec, batch))
+    return engine, zero
+
+
+@contextlib.contextmanager
+def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
+    """Module docstring: under FakeTensorMode, DeepSpeed's overflow check and its norm check run as they do (what
+    they allocate is recorded) and are answered "finite", what a real bf16 step with finite gradients answers."""
+    import deepspeed.runtime.zero.stage_1_and_2 as S12
+
+    check_overflow, check_norm = zero.has_overflow, S12.is_invalid_grad_norm
+
+    def has_overflow(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        check_overflow(*args, **kwargs)
+        return False
+
+    def is_invalid_grad_norm(norm):  # noqa: ANN001, ANN202
+        if isinstance(norm, torch.Tensor):
+            (~torch.isfinite(norm) | (norm < 0)).any()
+        return False
+
+    zero.has_overflow, S12.is_invalid_grad_norm = has_overflow, is_invalid_grad_norm
+    try:
+        yield
+    finally:
+        zero.has_overflow, S12.is_invalid_grad_norm = check_overflow, check_norm
+
+
+def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
+    """What a rank holds between steps, by kind: the model's parameters (views of DeepSpeed's flat 16-bit buffers)
+    and buffers, the fp32 partitions (master weights) and the optimizer's state over them."""
+    return {"param": list(engine.module.parameters()), "buffer": list(engine.module.buffers()),
+            "master": list(zero.single_partition_of_fp32_groups),
+            "opt": [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]}

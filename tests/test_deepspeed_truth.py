@@ -1,0 +1,126 @@
+"""One rank of DeepSpeed's own ZeRO-1/2 engine (issue 22; tests/data/truth/deepspeed/: DeepSpeed 0.19.8 on PyTorch's
+fake process group under FakeTensorMode, recorded by derive/trace.py's Recorder: measure/zero_step.py) against the
+hand model of the same layout (data_parallel = the ranks, zero_stage, parallel.deepspeed's reduce_bucket_size;
+precision bf16-master: bf16 parameters and gradients, the fp32 partition and AdamW state over it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nnmem_sweep import accuracy as A
+
+TRUTH = Path(__file__).parent / "data" / "truth"
+CASES = [c for c in A.load_cases(TRUTH, sharded=True) if c["inputs"].get("deepspeed")]
+IDS = [c["case_id"] for c in CASES]
+EMBEDDING_1B = 128_256 * 2_048  # Llama 3.2 1B's (tied) embedding, elements
+
+
+def _case(world: int, stage: int, seq: int, bucket: int = 500_000_000, model: str = "llama-3.2-1b"):
+    return next(c for c in CASES if c["inputs"]["model"] == model and c["inputs"]["seq_len"] == seq
+                and c["inputs"]["deepspeed"] == {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket})
+
+
+def test_the_deepspeed_cases_are_committed_with_their_release():
+    layouts = {(c["inputs"]["deepspeed"]["world"], c["inputs"]["deepspeed"]["zero_stage"]) for c in CASES}
+    assert {(2, 1), (2, 2), (4, 1), (4, 2), (8, 2)} <= layouts
+    assert {c["versions"]["deepspeed"] for c in CASES} == {"0.19.8"}  # a figure holds for its stack
+    assert all(c["inputs"]["precision"] == "bf16-master" for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_ranks_peak_within_half_a_percent_in_its_phase(case):
+    est, m = A.estimate_case(case), case["measured"]
+    assert est["peak_phase"] == m["peak_phase"]
+    assert abs(est["peak_bytes"] - m["peak_bytes"]) <= 0.005 * m["peak_bytes"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_step_within_half_a_percent_and_the_forward_within_64_kib(case):
+    """The step: the rank's fp32 gradient partition beside the update's temporaries, or the fp64 copy of its largest
+    gradient for the norm (parallel/states.py deepspeed_step_gradients, deepspeed_norm_temp); what the estimate
+    leaves out is the rest of the tensor that straddles the partition's end (19-34 MB here)."""
+    est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
+    assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 0.005 * m["optimizer"]["peak_bytes"]
+    assert abs(est["forward"] - m["forward"]["peak_bytes"]) <= 64 * 1024
+
+
+LONG = [c for c in CASES if c["inputs"]["seq_len"] >= 1024]
+
+
+@pytest.mark.parametrize("case", LONG, ids=[c["case_id"] for c in LONG])
+def test_the_backward_at_the_activations_peak_within_64_kib(case):
+    """With the reduce bucket counted through the backward (5e8 elements x 2 B)."""
+    est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
+    assert abs(est["backward"] - m["backward"]["peak_bytes"]) <= 64 * 1024
+
+
+SHORT = [c for c in CASES if c["inputs"]["seq_len"] < 1024]
+
+
+@pytest.mark.parametrize("case", SHORT, ids=[c["case_id"] for c in SHORT])
+def test_the_backwards_end_is_within_5_percent_and_below_the_step(case):
+    """Not modelled to the byte: what DeepSpeed holds as the last gradients arrive (the embedding's, its copy into the
+    bucket or its reduction on its own when larger than the bucket, a tied head's accumulation) differs from one GPU's
+    by one to three embedding gradients. Measured -4.3 % to +4.0 %; in every measured case the step is higher, in the
+    measurement and in the estimate, so the peak does not depend on it."""
+    est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
+    assert abs(est["backward"] - m["backward"]["peak_bytes"]) <= 0.05 * m["backward"]["peak_bytes"]
+    assert m["backward"]["peak_bytes"] < m["optimizer"]["peak_bytes"] and est["backward"] < est["optimizer"]
+
+
+def test_zero1_holds_what_zero2_holds_from_the_backwards_end():
+    """DeepSpeed 0.19.8's ZeRO-1 keeps each rank's gradient partition, as ZeRO-2 does, once the backward is over
+    (the hand model of ZeRO-1 keeps the whole gradients until then)."""
+    for world in (2, 4):
+        z1, z2 = _case(world, 1, 1024)["measured"], _case(world, 2, 1024)["measured"]
+        assert z1["phases"]["optimizer"] == z2["phases"]["optimizer"]
+        # the 16-bit partition, 2 B a parameter over `world` ranks, and the rest of the tensor across its end
+        held = z1["phases"]["optimizer"]["start_bytes"] - z1["phases"]["forward"]["start_bytes"]
+        partition = 1_235_814_400 * 2 // world
+        assert partition < held < partition + 2 * 16_777_216 * 2
+
+
+def test_over_four_ranks_the_step_peaks_at_the_embeddings_gradient_in_fp64():
+    """get_grad_norm_direct converts each gradient of the partition to fp64 (zero/utils.py get_norm_dtype): over 4
+    ranks the embedding's 262,668,288 elements x 8 B outweigh the fp32 update."""
+    opt = _case(4, 2, 1024)["measured"]["phases"]["optimizer"]
+    assert abs(opt["peak_bytes"] - opt["start_bytes"] - 8 * EMBEDDING_1B) <= 16
+
+
+def test_the_states_between_steps_are_the_flat_parameters_and_the_fp32_partition():
+    m = _case(8, 2, 1024, model="llama-3.1-8b")["measured"]["totals"]
+    psi = 8_030_261_248
+    assert m["param_bytes"] == 2 * psi  # every rank keeps the whole bf16 model under ZeRO-1/2
+    assert m["master_bytes"] == 4 * psi // 8
+    assert m["opt_bytes"] == 2 * 4 * psi // 8 + 4  # AdamW's two moments and its step count
+
+
+def test_the_engines_settings_are_checked_and_become_a_ds_config():
+    from nnmem_sweep.workload import zero_engine as Z
+
+    spec = {"world": 4, "zero_stage": 1, "reduce_bucket_size": 10_000_000}
+    cfg = Z.ds_config(spec, 2)
+    assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 10_000_000}
+    assert cfg["bf16"] == {"enabled": True} and cfg["train_micro_batch_size_per_gpu"] == 2
+    for bad, words in (({"world": 1}, "world must be at least 2"), ({"world": 2, "zero_stage": 3}, "ZeRO-3"),
+                       ({"world": 2, "bucket": 1}, "unknown setting 'bucket'")):
+        with pytest.raises(ValueError, match=words):
+            Z.check(bad)
+
+
+def test_regenerating_a_deepspeed_case_without_deepspeed_is_one_line(capsys):
+    from nnmem_sweep.derive.cache import installed
+    from nnmem_sweep.errors import UsageError
+    from nnmem_sweep.measure.truth import regenerate
+
+    if installed("deepspeed"):
+        pytest.skip("DeepSpeed is installed here: the case would be measured")
+    with pytest.raises(UsageError, match=r"runs DeepSpeed's engine, which is not installed: pip install deepspeed"):
+        regenerate(Path("unused"), [IDS[0]])
+
+
+def test_make_accuracy_compares_them_within_their_tolerance():
+    table = A.compare(CASES)
+    assert len(table) == len(CASES) and table["within_tolerance"].all()
+    assert (table["measured_phase"] == table["estimated_phase"]).all()
