@@ -107,11 +107,15 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if mode != "train":
         ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
         return model
-    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
-        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, or "
-                           "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3): "
+    deepspeed = L.deepspeed_dp_only(parallel)
+    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel) and not deepspeed:
+        ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, "
+                           "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3), or under "
+                           "DeepSpeed ZeRO-1/2 over data_parallel ranks (parallel.deepspeed): "
                            f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
         return model
+    if deepspeed:
+        return _under_deepspeed(data, model, ft, ck)
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
         try:
@@ -132,6 +136,28 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
         return model
+
+
+def _under_deepspeed(data: dict, model, ft, ck: Checker):
+    """LoRA under DeepSpeed's engine (ZeRO-1/2 over data-parallel ranks, parallel/states.py _adapter_states): the
+    hand model of the adapters, which the bf16 engine casts to the model's dtype."""
+    if not FM.hand_modelled(model, ft):
+        ck.add("finetune", f"finetune {ft.method} under DeepSpeed is modelled for LoRA on the hand-modelled families "
+                           f"({', '.join(FM.LORA_FAMILIES)}); {model.name} is planned from its own code, which is "
+                           "traced sharded as FSDP shards it (zero_stage 2 or 3 without parallel.deepspeed)", key=True)
+        return model
+    given = data["finetune"].get("adapter_dtype") if isinstance(data["finetune"], dict) else None
+    if given == "fp32":
+        ck.add("finetune.adapter_dtype", "DeepSpeed's bf16 engine casts the whole model to the model's dtype, the "
+                                         "adapters too: adapter_dtype fp32 does not run under it (use model)")
+        return model
+    ft = dataclasses.replace(ft, adapter_dtype="model")
+    try:
+        F.adapter_params(model, ft)
+    except (UsageError, ValueError) as e:
+        ck.add("finetune", str(e), key=True)
+        return model
+    return dataclasses.replace(model, finetune=ft)
 
 
 def check_preference(data: dict, mode: str, model, ck: Checker):

@@ -77,7 +77,7 @@ def test_lora_changes_states_not_the_frozen_weights():
 
 @pytest.mark.parametrize("extra,where,message", [
     ("mode: infer\n", "finetune", "fine-tuning applies to train mode only"),
-    ("parallel: {tensor_parallel: 2}\n", "finetune", "(zero_stage 2 or 3): tensor_parallel is not modelled for "
+    ("parallel: {tensor_parallel: 2}\n", "finetune", "(parallel.deepspeed): tensor_parallel is not modelled for "
      "adapters yet"),
 ])
 def test_finetune_that_cannot_be_modelled_is_one_located_error(extra, where, message):

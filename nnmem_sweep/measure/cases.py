@@ -244,13 +244,16 @@ CASES += SHARDED_CASES
 # bf16 with the fp32 partition and AdamW state over it (the recipe bf16-master), written under
 # tests/data/truth/deepspeed/ (DEEPSPEED_DIR). Llama 3.2 1B (tied head) at a long sequence (the activations' peak)
 # and a short one (the backward's end and the step), DeepSpeed's default reduce bucket and one smaller than the
-# embedding; Llama 3.1 8B (untied head), short, over 2 ranks, and long over 8.
+# embedding; Llama 3.1 8B (untied head), short, over 2 ranks, and long over 8; LoRA of Llama 3.2 1B.
 DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TOLERANCE = {"peak": 0.005, "states": 0.001}  # one rank's peak: issue 22's 0.5 %
 
 
-def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000) -> dict[str, Any]:
-    case = _train(model, 2, seq, "bf16-master")
+def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
+          lora: tuple[str, ...] = ()) -> dict[str, Any]:
+    # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
+    case = _lora(model, 2, seq, "bf16-master", 16, lora, alpha=32, adapter_dtype="model") if lora else \
+        _train(model, 2, seq, "bf16-master")
     tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", ""))
     return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": DEEPSPEED_TOLERANCE,
             "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket}}
@@ -261,6 +264,10 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("llama-3.2-1b", 64, 2, 2), _zero("llama-3.2-1b", 64, 2, 1, 10_000_000),
     _zero("llama-3.2-1b", 64, 2, 2, 10_000_000),
     _zero("llama-3.1-8b", 64, 2, 2), _zero("llama-3.1-8b", 1024, 8, 2),
+    # LoRA: the frozen base whole on every rank, the adapters' states partitioned, the reduce bucket whole
+    _zero("llama-3.2-1b", 1024, 2, 2, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, lora=QV),
+    _zero("llama-3.2-1b", 64, 4, 1, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, 10_000_000, lora=QV),
+    _zero("llama-3.2-1b", 1024, 4, 2, lora=ALL_LINEAR),
 ]
 CASES += DEEPSPEED_CASES
 

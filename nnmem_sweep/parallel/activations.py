@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from ..catalog.precisions import Precision
 from ..citations import formula, source
-from ..components import activations as act
+from ..components import activations as act, finetune as F
 from ..components.activations import KORTHIKANTI_2022, TrainActivations
 from ..components.terms import Term
 from ..components.weights import param_summary
@@ -117,6 +117,10 @@ def stage_activations(arch: Architecture, p: Precision, attention: str, checkpoi
 @lru_cache(maxsize=4096)
 def _stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
                        device: str = "cuda") -> tuple[TrainActivations, TrainActivations | None, int, int]:
+    if arch.finetune is not None and arch.finetune.adapters:  # LoRA over data-parallel ranks (DeepSpeed ZeRO-1/2)
+        if lay.splits_model:
+            raise ValueError("adapters are modelled over data-parallel ranks alone")
+        return F.train_activations(arch, p, attention, checkpointing, arch.finetune, device), None, 1, 1
     base = act.train_activations(arch, p, attention, checkpointing, device)
     if not lay.splits_model:
         return base, None, 1, 1

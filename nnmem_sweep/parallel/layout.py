@@ -250,3 +250,14 @@ def fsdp_only(parallel: dict) -> bool:
            for v in vs):
         return False
     return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {0, 2, 3}
+
+
+def deepspeed_dp_only(parallel: dict) -> bool:
+    """A `parallel:` block that is DeepSpeed ZeRO-1/2 over data-parallel ranks alone (its reduce bucket given, nothing
+    else off its default): the layouts LoRA under DeepSpeed is modelled for (states.py _adapter_states)."""
+    if not parallel or any(int(b) <= 0 for b in parallel.get(C.REDUCE_BUCKET, (0,))):
+        return False
+    if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
+           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET) for v in vs):
+        return False
+    return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {1, 2}

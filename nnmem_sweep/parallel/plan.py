@@ -186,9 +186,11 @@ def prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: st
     the rank's seq_len); the plan has one more axis, the frame's unique layouts."""
     l_code, layouts = par_layout.frame_layouts(frame)
     par_layout.check(arch, layouts, mode)
-    if arch.finetune is not None and arch.finetune.adapters:
-        raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU only, not with "
-                         "parallel: axes")
+    if arch.finetune is not None and arch.finetune.adapters and not all(
+            lay.deepspeed and lay.zero in (1, 2) and not lay.splits_model and lay.offload == "none" and lay.accum == 1
+            for lay in layouts):
+        raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU, or over data_parallel "
+                         "ranks as DeepSpeed ZeRO-1/2 runs it, not with these parallel axes")
     if arch.kind != "transformer":
         names = names[:3]
         axis_codes = axis_codes[:3]

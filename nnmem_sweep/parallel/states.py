@@ -21,6 +21,8 @@ from functools import lru_cache
 from ..catalog.optimizers import Optimizer
 from ..catalog.precisions import ZERO_2019, Precision
 from ..citations import formula, source
+from ..components import finetune as F
+from ..components.finetune_method import adapter_shapes
 from ..components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from ..components.weights import gradients_bytes, master_weights_bytes, param_summary, transformer_tensors, weights_bytes
 from ..models.arch import Architecture
@@ -229,8 +231,8 @@ def _deepspeed_partition_step(lay, prec: Precision) -> bool:
          note="Measured on DeepSpeed 0.19.8's engine: Llama 3.2 1B over 4 ranks peaks in the step at the fp64 copy "
               "of the embedding's gradient, 262,668,288 x 8 B, not at the fp32 update. Beside it the rank's 16-bit "
               "gradient partition, under ZeRO-1 as under ZeRO-2")
-def deepspeed_norm_temp(lay, prec: Precision, sp: StageParams, n_z: int) -> int:
-    return 8 * min(sp.largest_tensor, n_z) if _deepspeed_partition_step(lay, prec) else 0
+def deepspeed_norm_temp(lay, prec: Precision, largest_tensor: int, n_z: int) -> int:
+    return 8 * min(largest_tensor, n_z) if _deepspeed_partition_step(lay, prec) else 0
 
 
 TORCH_DDP_BUCKETS = source(
@@ -346,6 +348,8 @@ def rank_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, 
 
 
 def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
+    if arch.finetune is not None and arch.finetune.adapters:
+        return _adapter_states(arch, prec, opt, impl, lay)
     psi = param_summary(arch).total
     n = sp.held
     nz = zero_params(sp, lay)
@@ -374,8 +378,33 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
                       host=host, step_gradients=deepspeed_step_gradients(lay, prec, n_o),
-                      norm_temp=deepspeed_norm_temp(lay, prec, sp, n_o),
+                      norm_temp=deepspeed_norm_temp(lay, prec, sp.largest_tensor, n_o),
                       norm_gradients=_share(gradients_bytes(arch, prec), n_o, psi))
+
+
+@formula("parallel.deepspeed_adapters",
+         "LoRA under DeepSpeed ZeRO-1/2: W = Ψ_base · w + Ψ_A · w on every rank;  M, S, T over the rank's partition "
+         "n_A = ⌈Ψ_A / d⌉ of the adapters;  gradients as ZeRO-1/2 keep them, of the adapters only",
+         DEEPSPEED_ZERO, where="the engine (bf16) casts the whole model, adapters included, to bf16 and flattens "
+                               "the trainable parameters alone into its partitioned groups; the frozen base is a "
+                               "plain module parameter, whole on every rank",
+         note="Measured on DeepSpeed 0.19.8 (tests/data/truth/deepspeed/, Llama 3.2 1B, LoRA r16 on q and v). The "
+              "reduce bucket is allocated whole however few the adapters: 5e8 elements x 2 B for 1,703,936 trainable "
+              "parameters by default")
+def _adapter_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, lay: Layout) -> RankStates:
+    ft = arch.finetune
+    psi_a = F.adapter_params(arch, ft)
+    n = _ceil(psi_a, lay.dp) if lay.zero >= 1 else psi_a  # the rank's partition of the adapters
+    g_all = F.gradients_bytes(arch, prec, ft)
+    largest = max(k for k, _ in adapter_shapes(arch, ft))
+    return RankStates(
+        weights=F.weights_bytes(arch, prec, ft), gathered=0, master=_share(F.master_weights_bytes(arch, prec, ft),
+                                                                          n, psi_a),
+        gradients=_share(g_all, n, psi_a) if lay.zero >= 2 else g_all,
+        optimizer=_share(F.optimizer_state_bytes(arch, prec, opt, impl, ft), n, psi_a),
+        step_temp=_share(F.optimizer_step_temporary_bytes(arch, prec, opt, impl, ft), n, psi_a), host=0,
+        step_gradients=deepspeed_step_gradients(lay, prec, n), norm_temp=deepspeed_norm_temp(lay, prec, largest, n),
+        norm_gradients=_share(g_all, n, psi_a))
 
 
 NCCL_DOCS = source("nccl-env", "NVIDIA NCCL documentation, Environment Variables (NCCL_BUFFSIZE: 4 MiB per channel "

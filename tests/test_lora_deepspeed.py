@@ -1,0 +1,57 @@
+"""LoRA under DeepSpeed's ZeRO-1/2 engine from a scenario (issue 22; parallel/states.py _adapter_states, measured in
+tests/test_deepspeed_truth.py): what runs, and what is refused in one located line."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from nnmem_sweep import columns as C
+from nnmem_sweep.config import parse_scenario_text
+from nnmem_sweep.errors import ScenarioError
+from nnmem_sweep.runner import run_scenario
+
+
+def _text(finetune: str, parallel: str, model: str = "{preset: llama-3.2-1b}") -> str:
+    return textwrap.dedent(f"""\
+        model: {model}
+        mode: train
+        finetune: {finetune}
+        grid: {{batch: 2, seq_len: 1024, precision: bf16-master, optimizer: adamw, checkpointing: none}}
+        gpus: [h100-sxm]
+        parallel: {parallel}
+        """)
+
+
+def _rows(finetune: str, parallel: str):
+    return run_scenario(parse_scenario_text(_text(finetune, parallel), "lora-ds.yaml"), bands=False).results
+
+
+LORA = "{method: lora, rank: 16, alpha: 32, targets: [q_proj, v_proj]}"
+
+
+def test_lora_under_zero2_keeps_the_base_whole_and_shards_the_adapters_states():
+    rows = _rows(LORA, "{data_parallel: [2, 4], zero_stage: 2, deepspeed: true}")
+    adapters = 1_703_936
+    two, four = rows.iloc[0], rows.iloc[1]
+    assert two[C.WEIGHTS] == four[C.WEIGHTS] == 2 * (1_235_814_400 + adapters)  # adapters cast to bf16
+    assert (two[C.MASTER_WEIGHTS], four[C.MASTER_WEIGHTS]) == (4 * adapters // 2, 4 * adapters // 4)
+    assert two[C.OPTIMIZER_STATE] == 2 * two[C.MASTER_WEIGHTS]
+    # the measured case of this layout (tests/data/truth/deepspeed/...-qv-adaptermodel-ds2z2-...-s1024): 8,261,341,460 B
+    assert abs(two[C.PEAK_ALLOCATED] - 8_261_341_460) <= 64 * 1024
+
+
+@pytest.mark.parametrize("finetune, parallel, where, words", [
+    ("{method: qlora, rank: 16}", "{data_parallel: 2, zero_stage: 2, deepspeed: true}", "finetune",
+     "under DeepSpeed is modelled for LoRA on the hand-modelled families"),
+    ("{method: lora, rank: 16, adapter_dtype: fp32}", "{data_parallel: 2, zero_stage: 2, deepspeed: true}",
+     "finetune.adapter_dtype", "casts the whole model to the model's dtype"),
+    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}", "finetune", "not modelled for adapters yet"),
+    (LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true, gradient_accumulation: 4}", "finetune",
+     "not modelled for adapters yet"),
+])
+def test_what_lora_under_deepspeed_does_not_cover_is_one_located_line(finetune, parallel, where, words):
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario_text(_text(finetune, parallel), "lora-ds.yaml")
+    assert any(p.key_path == where and words in p.message for p in e.value.problems), \
+        [(p.key_path, p.message) for p in e.value.problems]
