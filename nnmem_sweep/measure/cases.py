@@ -218,6 +218,10 @@ def _fsdp(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
 SHARDED_CASES: list[dict[str, Any]] = [
     _fsdp(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt=ck), w, z)
     for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
+] + [  # a short sequence: the backward's peak past the loss, in the blocks' backward or at its end
+    _fsdp(_train("llama-3.2-1b", 2, 128, "bf16"), w, z) for w in (2, 4) for z in (2, 3)
+] + [  # ... and an untied head's (Llama 3.1 8B: the root holds the embedding and the head)
+    _fsdp(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
 ] + [
     _fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 3),
     _fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"), 4, 3),

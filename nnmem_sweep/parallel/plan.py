@@ -87,22 +87,45 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
     return out
 
 
-def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
+def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple, n_end: int) -> list:
     """FSDP2's parameters moment by moment (states.fsdp_weight_deltas) added to the weights of each phase: the
-    forward, the backward's first moment (the loss's), its later moments, the optimizer step."""
+    forward, the backward's first moment (the loss's), its later moments, the optimizer step; at the last `n_end`
+    backward moments (the embedding's) what FSDP2 holds there instead (states.fsdp_backward_end)."""
     d = [par_states.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
     if not any(any(x) for x in d):
         return phases
     shape = (len(precs), len(layouts))
-    fwd, first, later, step = (lift(consts([x[k] for x in d], shape), dims, sizes) for k in range(4))
+
+    def table(rows: list) -> list:
+        return [lift(consts([x[k] for x in rows], shape), dims, sizes) for k in range(len(rows[0]))]
+
+    fwd, first, later, step = table(d)
+    end_w, end_g, end_t1, end_t2, blocks_t = table([par_states.fsdp_backward_end(arch, p, lay)
+                                                    for p in precs for lay in layouts])
+    last_bwd = max(i for i, (name, _) in enumerate(phases) if name == "backward")
+    late_w, late_g, late_t = table([par_states.fsdp_last_block(arch, p, lay) for p in precs for lay in layouts])
     out, previous = [], ""
-    for name, comps in phases:
-        delta = {"forward": fwd, "optimizer": step}.get(name)
-        if name == "backward":
-            delta = later if previous == "backward" else first
-        previous = name
+    for i, (name, comps) in enumerate(phases):
+        if i == last_bwd - n_end + 1 and late_w.any():  # FULL_SHARD's last block, before the embedding's moments
+            top = phases[i - 1][1]  # the top layer's moment: its temporaries stand for the block's
+            late = dict(comps)
+            late[C.WEIGHTS] = comps[C.WEIGHTS] + late_w
+            late[C.GRADIENTS] = late_g
+            late[C.TEMPORARY] = top[C.TEMPORARY] + late_t
+            out.append(("backward", late))
         comps = dict(comps)
-        comps[C.WEIGHTS] = comps[C.WEIGHTS] + delta
+        if name == "backward" and last_bwd - n_end < i <= last_bwd:  # the embedding's moments
+            comps[C.WEIGHTS] = comps[C.WEIGHTS] + end_w
+            comps[C.GRADIENTS] = comps[C.GRADIENTS] + end_g
+            comps[C.TEMPORARY] = comps[C.TEMPORARY] + (end_t2 if i == last_bwd else end_t1)
+        else:
+            delta = {"forward": fwd, "optimizer": step}.get(name)
+            if name == "backward":
+                delta = later if previous == "backward" else first
+                if previous == "backward":  # the blocks' backward
+                    comps[C.TEMPORARY] = comps[C.TEMPORARY] + blocks_t
+            comps[C.WEIGHTS] = comps[C.WEIGHTS] + delta
+        previous = name
         out.append((name, comps))
     return out
 
@@ -173,7 +196,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
     phases = _with_buffers(arch, phases, precs, layouts, sizes, (0, 5))
-    phases = _with_fsdp_units(arch, phases, precs, layouts, sizes, (0, 5))
+    phases = _with_fsdp_units(arch, phases, precs, layouts, sizes, (0, 5), n_end)
     plan = Plan((C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING, "layout"), sizes, phases)
     plan.host = _host_table(st, sizes, sdims)
     plan.seq_divisor = np.array([lay.seq_divisor for lay in layouts], dtype=np.int64)

@@ -310,8 +310,8 @@ def fsdp_applies(arch: Architecture, lay) -> bool:
          "decoder layer's parameters; both in the weight dtype",
          note="Measured on Llama 3.2 1B over 2, 4 and 8 ranks: the parameters at the backward's peak are exactly "
               "these (3,707,443,200 B with SHARD_GRAD_OP on 2 ranks: the shard and the whole unsharded model; with "
-              "FULL_SHARD the shard, the root and one block's all-gather output). The later backward moments' two "
-              "blocks (the one in use, the one prefetched) are not yet pinned by a measured peak.")
+              "FULL_SHARD the shard, the root and one block's all-gather output). The moments past the blocks' "
+              "backward: parallel.fsdp2_backward_end.")
 def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
     """What FSDP2's parameters add to the ZeRO weights of rank_states at (forward end, the backward's first moment,
     its later moments, the optimizer step); zeros where fsdp_applies does not."""
@@ -327,6 +327,59 @@ def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, i
     root = (sp.held - arch.layers * sp.layer_params) * e
     gathered = zero3_gathered_bytes(sp, prec)
     return root + block - gathered, root + block - gathered, root + 2 * block - gathered, -gathered
+
+
+@formula("parallel.fsdp2_backward_end",
+         "at the embedding's backward (both stages): parameters W/d + root, gradients the blocks' shards "
+         "(G − the root's shard), + 1 block (the last block's reduce-scatter input, held until the next "
+         "reduce-scatter) and, at the last moment, + root (the root's own reduce-scatter input); through the blocks' "
+         "backward, + a tied head's gradient (V·h·g) and the top block's gradient shard",
+         FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters; every block resharded after its "
+         "backward (reshard_after_backward, FSDP2's default under both strategies)",
+         note="Measured on Llama 3.2 1B over 2 and 4 ranks at 128 tokens (tests/data/truth/sharded/*-s128), where "
+              "the step peaks there: SHARD_GRAD_OP and FULL_SHARD hold the same bytes at that moment")
+def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int, int]:
+    """(weights, gradients, temporaries at the first end moment, at the last) FSDP2 adds at the end of the backward
+    to the ZeRO states of rank_states, and what it adds to the temporaries of the blocks' backward moments; zeros
+    where fsdp_applies does not."""
+    if not fsdp_applies(arch, lay):
+        return 0, 0, 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e = prec.weight_bytes
+    full = weights_bytes(arch, prec)
+    psi = param_summary(arch).total
+    shard = _share(full, zero_params(sp, lay), psi)
+    root_n = sp.held - arch.layers * sp.layer_params
+    root, block = root_n * e, sp.layer_params * e
+    weights = shard + root - full if lay.zero == 2 else root - zero3_gathered_bytes(sp, prec)
+    root_grad_shard = _share(gradients_bytes(arch, prec), _ceil(root_n, lay.dp), psi)
+    # through the blocks' backward: the head's weight gradient (the root's, unsharded until the root's reduce-scatter
+    # after the embedding's backward; tied, the one waiting for the embedding's), and the top block's gradient shard
+    # once the next block's backward runs
+    head = arch.vocab * arch.hidden * prec.grad_bytes if arch.head == "causal_lm" else 0
+    block_shard = _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), psi)
+    return weights, -root_grad_shard, block, root + block, head + block_shard
+
+
+@formula("parallel.fsdp2_last_block",
+         "FULL_SHARD at the last block's backward: W/d + root + 1 block, the other blocks' gradient shards, the "
+         "head's gradient + 3 blocks (the block's unsharded gradients, the reduce-scatter input before it, the "
+         "prefetched all-gather output) + one GPU's top-layer backward temporaries, the inputs",
+         FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
+         note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there, its "
+              "layer temporaries 23 MB below one GPU's (the estimate is high by them)")
+def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
+    """(weights, gradients, temporaries) of that moment beside the ZeRO states of rank_states and one GPU's top-layer
+    temporaries; None-like zeros where FULL_SHARD by FSDP2 does not apply."""
+    if not fsdp_applies(arch, lay) or lay.zero != 3:
+        return 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e, psi = prec.weight_bytes, param_summary(arch).total
+    root_n = sp.held - arch.layers * sp.layer_params
+    block = sp.layer_params * e
+    grads = (arch.layers - 1) * _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), psi)
+    head = arch.vocab * arch.hidden * prec.grad_bytes if arch.head == "causal_lm" else 0
+    return root_n * e + block - zero3_gathered_bytes(sp, prec), grads, head + 3 * block
 
 
 @formula("parallel.rank_states",
