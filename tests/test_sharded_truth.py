@@ -15,7 +15,8 @@ TRUTH = Path(__file__).parent / "data" / "truth"
 CASES = [c for c in A.load_cases(TRUTH, sharded=True) if c["inputs"].get("fsdp")]  # DeepSpeed's: test_deepspeed_truth
 # full fine-tunes of a hand-modelled family (Llama 3.2 1B), estimated by the hand model of FSDP
 HAND = ("llama-3.2-1b", "llama-3.1-8b")
-FULL = [c for c in CASES if not c["inputs"].get("finetune") and c["inputs"]["model"] in HAND]
+FSDP1 = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1]  # accelerate's default, FSDP2's estimate
+FULL = [c for c in CASES if not c["inputs"].get("finetune") and c["inputs"]["model"] in HAND and c not in FSDP1]
 LLAMA_1B_BF16 = 1_235_814_400 * 2  # Llama 3.2 1B's parameters in bf16
 QWEN3_BF16 = 596_049_920 * 2  # Qwen3 0.6B's parameters in bf16
 
@@ -40,17 +41,15 @@ def test_every_phase_of_a_rank_within_16_kib(case):
 
 @pytest.mark.parametrize("case", SHORT, ids=[c["case_id"] for c in SHORT])
 def test_a_short_sequence_peaks_past_the_loss_and_is_held_to_it(case):
-    """Past the loss (parallel/states.py fsdp_backward_end, fsdp_last_block). Llama 3.2 1B under FULL_SHARD peaks at
-    the embedding's backward: to the byte but 264 B. Llama 3.1 8B (untied head) under FULL_SHARD peaks at the last
-    block's backward: 0.83 % high (one GPU's top-layer temporaries stand for the block's, 105 MB more). SHARD_GRAD_OP
-    peaks in the second block's backward, every block but the top one still unsharded beside the head's gradient
-    and the top block's shard: 0.49-0.89 % low (the second block's unsharded gradients and the pending
-    reduce-scatter input, less the top block resharded and its activations freed, are not yet placed). Before,
-    SHARD_GRAD_OP kept every block unsharded to the end (1B: +16 % at 2 ranks, +11 % at 4) and FULL_SHARD's later
-    moments were two blocks without the gradients (8B: -12.9 %)."""
+    """Past the loss (parallel/states.py fsdp_backward_end, fsdp_second_block, fsdp_last_block). Llama 3.2 1B under
+    FULL_SHARD peaks at the embedding's backward: to the byte but 264 B. Llama 3.1 8B (untied head) under FULL_SHARD
+    peaks at the last block's backward, SHARD_GRAD_OP at the second block's, every block but the top one still
+    unsharded: 0.14-0.38 % high (one GPU's top-layer temporaries stand for the block's). Before, SHARD_GRAD_OP kept
+    every block unsharded to the end (1B: +16 % at 2 ranks, +11 % at 4) and FULL_SHARD's later moments carried no
+    gradients (8B: -12.9 %; 1B: -2.0 %, -6.0 %)."""
     est, stage = A.estimate_case(case), case["inputs"]["fsdp"]["zero_stage"]
     for phase, m in case["measured"]["phases"].items():
-        tol = 0.009 * m["peak_bytes"] if phase == "backward" else 16 * 1024
+        tol = 0.005 * m["peak_bytes"] if phase == "backward" else 16 * 1024
         if case["inputs"]["model"] == "llama-3.1-8b" and phase == "forward":
             # not placed yet: 8B's forward at 128 tokens, 558 MB (5.0 %) low under FULL_SHARD, 52 MB under
             # SHARD_GRAD_OP; below the backward in the measurement and in the estimate (asserted below)
@@ -90,7 +89,23 @@ def test_what_fsdp2_holds_at_the_backward_peak(case):
     assert params == shard + (LLAMA_1B_BF16 if stage == 2 else root)
 
 
-TRACED = [c for c in CASES if c not in FULL]  # adapters, and full fine-tunes of a family planned from its code
+@pytest.mark.parametrize("case", FSDP1, ids=[c["case_id"] for c in FSDP1])
+def test_fsdp1_as_accelerate_wraps_it_is_held_to_the_fsdp2_estimate(case):
+    """FSDP1 (FullyShardedDataParallel per block and at the root, use_orig_params False, limit_all_gathers: the
+    default of accelerate's FSDP plugin, so of the Trainer) estimated as FSDP2: at 1,024 tokens its backward and
+    step to 260 B (the peak), its forward one block lower (121,643,008 B: FSDP1 holds no block's all-gather output
+    at the forward's end); at 128 tokens 0.76 % low under SHARD_GRAD_OP (FSDP1 keeps every block unsharded to the
+    second block's backward) and 1.79 % high under FULL_SHARD (one block: no pending reduce-scatter input at the
+    embedding's backward). limit_all_gathers changes when blocks are freed on a GPU, not what is allocated."""
+    est, m = A.estimate_case(case), case["measured"]
+    assert est["peak_phase"] == m["peak_phase"]
+    long = case["inputs"]["seq_len"] >= 1024
+    assert abs(est["peak_bytes"] - m["peak_bytes"]) <= (16 * 1024 if long else 0.018 * m["peak_bytes"])
+    assert abs(est["phases"]["forward"] - m["phases"]["forward"]["peak_bytes"] - 121_643_008) <= 1024
+
+
+# adapters, and full fine-tunes of a family planned from its code
+TRACED = [c for c in CASES if c not in FULL and c not in FSDP1]
 
 
 @pytest.mark.parametrize("case", TRACED, ids=[c["case_id"] for c in TRACED])

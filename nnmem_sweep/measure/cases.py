@@ -215,11 +215,18 @@ def _fsdp(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
             "fsdp": {"world": world, "zero_stage": stage}}
 
 
+def _fsdp1(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
+    return {**case, "id": case["id"].replace("-train-", f"-fsdp1w{world}z{stage}-train-", 1),
+            "fsdp": {"world": world, "zero_stage": stage, "version": 1}}
+
+
 SHARDED_CASES: list[dict[str, Any]] = [
     _fsdp(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt=ck), w, z)
     for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
 ] + [  # a short sequence: the backward's peak past the loss, in the blocks' backward or at its end
     _fsdp(_train("llama-3.2-1b", 2, 128, "bf16"), w, z) for w in (2, 4) for z in (2, 3)
+] + [  # FSDP1, accelerate's default (workload/fsdp.py _shard_fsdp1), held to the FSDP2 estimate
+    _fsdp1(_train("llama-3.2-1b", 2, s, "bf16"), 2, z) for s in (1024, 128) for z in (2, 3)
 ] + [  # ... and an untied head's (Llama 3.1 8B: the root holds the embedding and the head)
     _fsdp(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
 ] + [

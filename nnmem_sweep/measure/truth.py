@@ -110,7 +110,14 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)), case.get("gradient_sync", "each"))
-    if case.get("fsdp"):
+    if case.get("fsdp", {}).get("version") == 1:
+        strategy = "FULL_SHARD" if case["fsdp"]["zero_stage"] == 3 else "SHARD_GRAD_OP"
+        rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
+                          "with FSDP1's FullyShardedDataParallel per decoder block and at the root (use_orig_params "
+                          f"False, limit_all_gathers True, {strategy}), as accelerate's FSDP plugin wraps it by "
+                          "default; measured with MemTracker, the optimizer over the rank's flat parameters "
+                          "(workload/fsdp.py _shard_fsdp1).")
+    elif case.get("fsdp"):
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP2's fully_shard per decoder block and at the root (reshard after forward: "
                           f"{'yes' if case['fsdp']['zero_stage'] == 3 else 'no'}), measured with FSDPMemTracker; the "

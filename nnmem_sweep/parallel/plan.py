@@ -26,6 +26,7 @@ from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
 from . import activations as par_act
+from . import fsdp as par_fsdp
 from . import layout as par_layout
 from . import states as par_states
 
@@ -87,11 +88,50 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
     return out
 
 
+def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
+                   bwd_start) -> list:
+    """FSDP2's moments in the blocks' backward, without checkpointing, each after the top layer's: SHARD_GRAD_OP's
+    second block (states.fsdp_second_block), FULL_SHARD's last block (states.fsdp_last_block). None where no layout
+    is FSDP2's. One GPU's top-layer temporaries stand for the block's, less their constant (that layer's first weight
+    gradient, here among the block's unsharded gradients)."""
+    second = [par_fsdp.fsdp_second_block(arch, p, lay) for p in precs for lay in layouts]
+    last = [par_fsdp.fsdp_last_block(arch, p, lay) for p in precs for lay in layouts]
+    if not any(any(x) for x in second + last) or "none" not in c_names or len(bwd_start) < 2:
+        return []
+    shape, nA, nC = (len(precs), len(layouts)), len(a_names), len(c_names)
+
+    def per_layout(rows: list, k: int) -> np.ndarray:
+        return lift(consts([x[k] for x in rows], shape), (0, 5), sizes)
+
+    flag = lift(consts([1 if c == "none" else 0 for c in c_names], (nC,)), (4,), sizes)[..., :1]
+
+    def per_combination(fn) -> np.ndarray:
+        return lift(terms_array([fn(p, a) if c == "none" else Term() for p in precs for a in a_names
+                                 for c in c_names], (len(precs), nA, nC)), (0, 3, 4), sizes)
+
+    layer = per_combination(lambda p, a: act.layer_saved(arch, p, a, device=device))
+    head = per_combination(lambda p, a: act.head_saved(arch, p, device))
+    layer_temp = np.array(bwd_start[1])
+    layer_temp[..., 0] = np.where(flag[..., 0] > 0, 0, layer_temp[..., 0])
+    out = []
+    if any(any(x) for x in second):  # the top layer's saved activations and the head's freed by then
+        out.append(("backward", dict(states, **{
+            C.WEIGHTS: states[C.WEIGHTS] + per_layout(second, 0) * flag, C.GRADIENTS: g_fwd,
+            C.ACTIVATIONS: saved - layer - head, C.TEMPORARY: layer_temp + per_layout(second, 1) * flag})))
+    if any(any(x) for x in last):  # every layer's saved activations freed but its own
+        out.append(("backward", dict(states, **{
+            C.WEIGHTS: states[C.WEIGHTS] + per_layout(last, 0) * flag,
+            C.GRADIENTS: g_fwd + per_layout(last, 1) * flag,
+            C.ACTIVATIONS: np.where(flag > 0, inputs + layer, saved),
+            C.TEMPORARY: layer_temp + per_layout(last, 2) * flag})))
+    return out
+
+
 def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple, n_end: int) -> list:
     """FSDP2's parameters moment by moment (states.fsdp_weight_deltas) added to the weights of each phase: the
     forward, the backward's first moment (the loss's), its later moments, the optimizer step; at the last `n_end`
     backward moments (the embedding's) what FSDP2 holds there instead (states.fsdp_backward_end)."""
-    d = [par_states.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
+    d = [par_fsdp.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
     if not any(any(x) for x in d):
         return phases
     shape = (len(precs), len(layouts))
@@ -100,19 +140,11 @@ def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tup
         return [lift(consts([x[k] for x in rows], shape), dims, sizes) for k in range(len(rows[0]))]
 
     fwd, first, later, step = table(d)
-    end_w, end_g, end_t1, end_t2, blocks_t = table([par_states.fsdp_backward_end(arch, p, lay)
+    end_w, end_g, end_t1, end_t2, blocks_t = table([par_fsdp.fsdp_backward_end(arch, p, lay)
                                                     for p in precs for lay in layouts])
     last_bwd = max(i for i, (name, _) in enumerate(phases) if name == "backward")
-    late_w, late_g, late_t = table([par_states.fsdp_last_block(arch, p, lay) for p in precs for lay in layouts])
     out, previous = [], ""
     for i, (name, comps) in enumerate(phases):
-        if i == last_bwd - n_end + 1 and late_w.any():  # FULL_SHARD's last block, before the embedding's moments
-            top = phases[i - 1][1]  # the top layer's moment: its temporaries stand for the block's
-            late = dict(comps)
-            late[C.WEIGHTS] = comps[C.WEIGHTS] + late_w
-            late[C.GRADIENTS] = late_g
-            late[C.TEMPORARY] = top[C.TEMPORARY] + late_t
-            out.append(("backward", late))
         comps = dict(comps)
         if name == "backward" and last_bwd - n_end < i <= last_bwd:  # the embedding's moments
             comps[C.WEIGHTS] = comps[C.WEIGHTS] + end_w
@@ -186,6 +218,8 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
+            *_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
+                            bwd_start),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
             ("optimizer", dict(states, **{C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),

@@ -13,7 +13,10 @@ allocates among its ranks, with FSDP2's CUDA streams and events, less NCCL's own
 local shards (LocalShardOptimizer): the same tensors and the same foreach kernels a DTensor step dispatches to, without
 DTensor's sharding propagation, whose fake ops a FakeTensorMode run would count as memory (tests/measure/test_fsdp.py).
 Frozen base weights (LoRA, QLoRA's 4-bit storage) are sharded like any parameter; QLoRA's quant state stays whole on
-every rank (it is module state, not a parameter), as with bitsandbytes under FSDP."""
+every rank (it is module state, not a parameter), as with bitsandbytes under FSDP.
+
+spec "version": 1 wraps the same units with FSDP1's FullyShardedDataParallel instead (_shard_fsdp1), as accelerate's
+FSDP plugin does by default: measured to compare with the FSDP2 estimate (tests/data/truth/sharded/*fsdp1*)."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +29,9 @@ STAGES = (2, 3)
 
 def check(spec: dict[str, Any]) -> tuple[int, int]:
     world, stage = int(spec.get("world", 0)), int(spec.get("zero_stage", 3))
+    if int(spec.get("version", 2)) not in (1, 2):
+        raise ValueError(f"fsdp: version must be 1 (FullyShardedDataParallel) or 2 (fully_shard), "
+                         f"got {spec['version']}")
     if world < 2:
         raise ValueError(f"fsdp: world must be at least 2, got {world}")
     if stage not in STAGES:
@@ -66,6 +72,8 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     world, stage = check(spec)
+    if int(spec.get("version", 2)) == 1:
+        return _shard_fsdp1(model, stage)
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
     device = next(model.parameters()).device.type
@@ -75,6 +83,20 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
         fully_shard(block, mesh=mesh, reshard_after_forward=stage == 3)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def _shard_fsdp1(model: torch.nn.Module, stage: int) -> torch.nn.Module:
+    """FSDP1 as accelerate's FSDP plugin runs it by default (fsdp_version 1, a FullyShardedDataParallel unit per
+    decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True). Its
+    flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = ShardingStrategy.FULL_SHARD if stage == 3 else ShardingStrategy.SHARD_GRAD_OP
+    block = type(_blocks(model)[0])
+    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({block}), sharding_strategy=strategy,
+                                    use_orig_params=False, limit_all_gathers=True,
+                                    device_id=next(model.parameters()).device)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,10 @@ def input_kind(case: dict[str, Any], model: torch.nn.Module) -> str:
     """The input kind of a built model (see the module docstring)."""
     if "layers" in case or "module" in case:
         return "module"
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):  # FSDP1's root unit (workload/fsdp.py): the head is the module's
+        model = model.module
     if hasattr(model, "get_base_model"):  # a peft wrapper (LoRA): the head is the wrapped model's
         model = model.get_base_model()
     config = model.config

@@ -1,0 +1,116 @@
+"""FSDP2's parameters, gradients and buffers moment by moment on one rank (issue 22), beside the ZeRO states of
+states.rank_states: what fully_shard holds unsharded from forward to backward, in the blocks' backward and at the
+embedding's, measured on one rank of the fake process group (tests/data/truth/sharded/). plan.py adds them to the
+phases of a layout sharded by FSDP over data-parallel ranks alone."""
+from __future__ import annotations
+
+from ..catalog.precisions import Precision
+from ..citations import formula, source
+from ..components.weights import gradients_bytes, param_summary, weights_bytes
+from ..models.arch import Architecture
+from .states import _ceil, _share, stage_params, zero3_gathered_bytes, zero_params
+
+FSDP2 = source("torch-fsdp2", "PyTorch FSDP2 (torch.distributed.fsdp.fully_shard): each wrapped module's parameters "
+               "sharded (Shard(0)) at rest, all-gathered for its forward and again for its backward unless "
+               "reshard_after_forward=False, the root module's kept unsharded from its forward to its backward "
+               "(reshard_after_forward None), the next block prefetched; measured: tests/data/truth/sharded "
+               "(FSDPMemTracker, fake process group)",
+               "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
+
+
+def fsdp_applies(arch: Architecture, lay) -> bool:
+    """FSDP2's own moment-by-moment parameters (fsdp_weight_deltas) for a transformer sharded by FSDP over data
+    parallel ranks alone (not DeepSpeed's ZeRO, not with TP/PP, where the ZeRO paper's states stand)."""
+    return (arch.kind == "transformer" and lay.zero in (2, 3) and lay.dp >= 2 and not lay.deepspeed
+            and lay.tp == 1 and lay.pp == 1 and lay.offload == "none")
+
+
+@formula("parallel.fsdp2_unsharded_parameters",
+         "SHARD_GRAD_OP (2): W/d at rest and in the step, W/d + W from forward to backward (+ 1 block's all-gather "
+         "output at the loss);  FULL_SHARD (3): W/d + root + 1 block at the loss (forward and backward), + 2 blocks "
+         "in the rest of the backward, W/d in the step",
+         FSDP2, where="root = the parameters outside the decoder blocks (embedding, final norm, head); a block = one "
+         "decoder layer's parameters; both in the weight dtype",
+         note="Measured on Llama 3.2 1B over 2, 4 and 8 ranks: the parameters at the backward's peak are exactly "
+              "these (3,707,443,200 B with SHARD_GRAD_OP on 2 ranks: the shard and the whole unsharded model; with "
+              "FULL_SHARD the shard, the root and one block's all-gather output). The moments past the blocks' "
+              "backward: parallel.fsdp2_backward_end.")
+def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
+    """What FSDP2's parameters add to the ZeRO weights of rank_states at (forward end, the backward's first moment,
+    its later moments, the optimizer step); zeros where fsdp_applies does not."""
+    if not fsdp_applies(arch, lay):
+        return 0, 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e = prec.weight_bytes
+    full = weights_bytes(arch, prec)
+    shard = _share(full, zero_params(sp, lay), param_summary(arch).total)
+    block = sp.layer_params * e  # one block's all-gather output: the last block's, for its backward, at the loss
+    if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
+        return shard + block, shard, shard, shard - full
+    root = (sp.held - arch.layers * sp.layer_params) * e
+    gathered = zero3_gathered_bytes(sp, prec)
+    return root + block - gathered, root + block - gathered, root + 2 * block - gathered, -gathered
+
+
+@formula("parallel.fsdp2_backward_end",
+         "at the embedding's backward (both stages): parameters W/d + root, gradients the blocks' shards "
+         "(G − the root's shard), + 1 block (the last block's reduce-scatter input, held until the next "
+         "reduce-scatter) and, at the last moment, + root (the root's own reduce-scatter input); through the blocks' "
+         "backward, + a tied head's gradient (V·h·g) and the top block's gradient shard",
+         FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters; every block resharded after its "
+         "backward (reshard_after_backward, FSDP2's default under both strategies)",
+         note="Measured on Llama 3.2 1B over 2 and 4 ranks at 128 tokens (tests/data/truth/sharded/*-s128), where "
+              "the step peaks there: SHARD_GRAD_OP and FULL_SHARD hold the same bytes at that moment")
+def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int, int]:
+    """(weights, gradients, temporaries at the first end moment, at the last) FSDP2 adds at the end of the backward
+    to the ZeRO states of rank_states, and what it adds to the temporaries of the blocks' backward moments; zeros
+    where fsdp_applies does not."""
+    if not fsdp_applies(arch, lay):
+        return 0, 0, 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e = prec.weight_bytes
+    full = weights_bytes(arch, prec)
+    psi = param_summary(arch).total
+    shard = _share(full, zero_params(sp, lay), psi)
+    root_n = sp.held - arch.layers * sp.layer_params
+    root, block = root_n * e, sp.layer_params * e
+    weights = shard + root - full if lay.zero == 2 else root - zero3_gathered_bytes(sp, prec)
+    root_grad_shard = _share(gradients_bytes(arch, prec), _ceil(root_n, lay.dp), psi)
+    # through the blocks' backward: the head's weight gradient (the root's, unsharded until the root's reduce-scatter
+    # after the embedding's backward; tied, the one waiting for the embedding's), and the top block's gradient shard
+    # once the next block's backward runs
+    head = arch.vocab * arch.hidden * prec.grad_bytes if arch.head == "causal_lm" else 0
+    block_shard = _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), psi)
+    return weights, -root_grad_shard, block, root + block, head + block_shard
+
+
+@formula("parallel.fsdp2_second_block",
+         "SHARD_GRAD_OP at the second block's backward (no checkpointing): the blocks' moment less the top block "
+         "(resharded after its backward) and its saved activations, + 2 blocks (the top block's reduce-scatter "
+         "input, held until the next one, and the block's own unsharded gradients)",
+         FSDP2, where="block as in parallel.fsdp2_unsharded_parameters",
+         note="Measured on Llama 3.2 1B over 2 and 4 ranks and Llama 3.1 8B over 8 at 128 tokens, where the step "
+              "peaks there with every block but the top one unsharded")
+def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int]:
+    """(weights, temporaries) that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise."""
+    if not fsdp_applies(arch, lay) or lay.zero != 2:
+        return 0, 0
+    block = stage_params(arch, lay.tp, lay.pp, lay.ep)[0].layer_params * prec.weight_bytes
+    return -block, 2 * block
+
+
+@formula("parallel.fsdp2_last_block",
+         "FULL_SHARD at the last block's backward (no checkpointing): the blocks' moment less one block of "
+         "parameters (W/d + root + 1 block), + the other blocks' gradient shards, + 3 blocks (the block's unsharded "
+         "gradients, the reduce-scatter input before it, the prefetched all-gather output); of the activations the "
+         "inputs and one layer's saved",
+         FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
+         note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there")
+def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
+    """(weights, gradients, temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise."""
+    if not fsdp_applies(arch, lay) or lay.zero != 3:
+        return 0, 0, 0
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    block = sp.layer_params * prec.weight_bytes
+    shard = _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), param_summary(arch).total)
+    return -block, (arch.layers - 2) * shard, 3 * block
