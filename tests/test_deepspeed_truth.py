@@ -24,7 +24,7 @@ def _case(world: int, stage: int, seq: int, bucket: int = 500_000_000, model: st
 
 def test_the_deepspeed_cases_are_committed_with_their_release():
     layouts = {(c["inputs"]["deepspeed"]["world"], c["inputs"]["deepspeed"]["zero_stage"]) for c in CASES}
-    assert {(2, 1), (2, 2), (4, 1), (4, 2), (8, 2)} <= layouts
+    assert {(2, 1), (2, 2), (4, 1), (4, 2), (8, 2), (2, 3)} <= layouts
     assert {c["versions"]["deepspeed"] for c in CASES} == {"0.19.8"}  # a figure holds for its stack
     assert all(c["inputs"]["precision"] == "bf16-master" for c in CASES)
 
@@ -36,7 +36,11 @@ def test_a_ranks_peak_within_half_a_percent_in_its_phase(case):
     assert abs(est["peak_bytes"] - m["peak_bytes"]) <= 0.005 * m["peak_bytes"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+ZERO12 = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] < 3]
+ZERO3 = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] == 3]
+
+
+@pytest.mark.parametrize("case", ZERO12, ids=[c["case_id"] for c in ZERO12])
 def test_the_step_within_half_a_percent_and_the_forward_within_64_kib(case):
     """The step: the rank's fp32 gradient partition beside the update's temporaries, or the fp64 copy of its largest
     gradient for the norm (parallel/states.py deepspeed_step_gradients, deepspeed_norm_temp); what the estimate
@@ -46,7 +50,7 @@ def test_the_step_within_half_a_percent_and_the_forward_within_64_kib(case):
     assert abs(est["forward"] - m["forward"]["peak_bytes"]) <= 64 * 1024
 
 
-LONG = [c for c in CASES if c["inputs"]["seq_len"] >= 1024]
+LONG = [c for c in ZERO12 if c["inputs"]["seq_len"] >= 1024]
 
 
 @pytest.mark.parametrize("case", LONG, ids=[c["case_id"] for c in LONG])
@@ -56,7 +60,7 @@ def test_the_backward_at_the_activations_peak_within_64_kib(case):
     assert abs(est["backward"] - m["backward"]["peak_bytes"]) <= 64 * 1024
 
 
-SHORT = [c for c in CASES if c["inputs"]["seq_len"] < 1024 and not c["inputs"].get("finetune")]
+SHORT = [c for c in ZERO12 if c["inputs"]["seq_len"] < 1024 and not c["inputs"].get("finetune")]
 LORA = [c for c in CASES if c["inputs"].get("finetune")]
 
 
@@ -88,6 +92,21 @@ def test_lora_ranks_hold_the_whole_base_and_their_share_of_the_adapters():
     assert m["param_bytes"] == 2 * (1_235_814_400 + adapters)  # base and adapters in bf16 on every rank
     assert m["master_bytes"] == 4 * adapters // 2
     assert m["opt_bytes"] == 2 * 4 * adapters // 2 + 4
+
+
+def test_zero3_its_step_to_the_byte_its_forward_and_backward_not_yet():
+    """DeepSpeed's ZeRO-3 (real tensors: it does not partition fake ones), Llama 3.2 1B over 2 ranks at 128 tokens.
+    Its step, the peak, holds the 16-bit gradient partition beside the fp32 copy and no gathered parameters
+    (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward and backward hold more
+    than the estimate, which the report says for a ZeRO-3 row: DeepSpeed keeps gathered parameters alive up to
+    stage3_max_live_parameters (1e9 by default) and its gradient buffers (3.4 % and 11.2 % here)."""
+    (case,) = ZERO3
+    est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
+    assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 16 * 1024
+    for phase, gap in (("forward", 0.034), ("backward", 0.112)):
+        assert est[phase] < m[phase]["peak_bytes"] and (m[phase]["peak_bytes"] - est[phase]) / m[phase]["peak_bytes"] \
+            == pytest.approx(gap, abs=0.001), phase
+    assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
 
 
 def test_zero1_holds_what_zero2_holds_from_the_backwards_end():
@@ -124,7 +143,7 @@ def test_the_engines_settings_are_checked_and_become_a_ds_config():
     cfg = Z.ds_config(spec, 2)
     assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 10_000_000}
     assert cfg["bf16"] == {"enabled": True} and cfg["train_micro_batch_size_per_gpu"] == 2
-    for bad, words in (({"world": 1}, "world must be at least 2"), ({"world": 2, "zero_stage": 3}, "ZeRO-3"),
+    for bad, words in (({"world": 1}, "world must be at least 2"), ({"world": 2, "zero_stage": 4}, "1, 2 or 3"),
                        ({"world": 2, "bucket": 1}, "unknown setting 'bucket'")):
         with pytest.raises(ValueError, match=words):
             Z.check(bad)

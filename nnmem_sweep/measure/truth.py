@@ -136,6 +136,17 @@ DEEPSPEED_METHOD = (
     "gradients answers them. Random init, no download; no attention mask (unpacked sequences).")
 
 
+DEEPSPEED_METHOD_REAL = (
+    "One rank of DeepSpeed's own engine (deepspeed.initialize with bf16, ZeRO stage and reduce_bucket_size as given, "
+    "DeepSpeed's other defaults; torch.optim.AdamW foreach handed to it) on rank 0 of PyTorch's fake process group "
+    "with real tensors on the cpu device (ZeRO-3 does not partition fake ones), rank 0 holding its partition only "
+    "(workload/zero_engine.py). Recorded by nnmem_sweep's Recorder (derive/trace.py, MemTracker's counting of live "
+    "untyped storages; MemTracker itself cannot follow the engine), from the storages held after one untraced step "
+    "(persistent parameters, the 16-bit partitions, buffers, fp32 partitions, optimizer state), through the second "
+    "step's forward (loss only kept), engine.backward() and engine.step(). Random init (seed 0), no download; no "
+    "attention mask (unpacked sequences).")
+
+
 def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
     """Measure a DeepSpeed case (measure/zero_step.py) and return its JSON record. Each case in a process of its own:
     DeepSpeed keeps its process groups at module level, past the fake group's lifetime."""
@@ -146,13 +157,15 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
     from .zero_step import measure
 
     cfg, origin = case_config(case)
+    fake = int(case["deepspeed"]["zero_stage"]) < 3
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         measured = pool.apply(measure, (case, cfg))
     return {"case_id": case["id"], "inputs": {k: case[k] for k in INPUT_KEYS if k in case},
             "tolerance": case["tolerance"], "hf_config": cfg, "hf_config_origin": origin,
             "params": measured.pop("params"), "measured": measured,
             "versions": {**versions(), "deepspeed": installed("deepspeed")},
-            "device": "cpu (FakeTensorMode)", "method": DEEPSPEED_METHOD}
+            "device": "cpu (FakeTensorMode)" if fake else "cpu (real tensors)",
+            "method": DEEPSPEED_METHOD if fake else DEEPSPEED_METHOD_REAL}
 
 
 DEEPSPEED_INSTALL = "pip install deepspeed==0.19.8 (DS_BUILD_OPS=0: no compiler, no CUDA needed)"

@@ -13,6 +13,7 @@ reduces what is left, steps the fp32 partition and all-gathers the 16-bit parame
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -27,18 +28,19 @@ def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     from ..workload import zero_engine as Z
     from ..workload.build import build_model, build_optimizer, default_dtype, make_workload, model_dtype, run_contexts
 
-    world, _ = Z.check(case["deepspeed"])
+    world, stage = Z.check(case["deepspeed"])
+    fake = stage < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
     # the model in bf16 (DeepSpeed's bf16 mode; the case's recipe, bf16-master, names the fp32 partition and state)
     plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}
-    with Z.comm(world), FakeTensorMode(allow_non_fake_inputs=True):
+    with Z.comm(world), FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         torch.manual_seed(0)
         with default_dtype(model_dtype(plain["precision"])):
-            model = build_model(plain, cfg, True)
+            model = build_model(plain, cfg, fake)
             params = sum(p.numel() for p in model.parameters())
             inputs = make_workload(plain, cfg, model, None).inputs
         optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
-        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), True)
-        with run_contexts(plain, fake=True), Z.answered_finite(zero):
+        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake)
+        with run_contexts(plain, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
             _step(engine, inputs, None)  # the first step makes the optimizer state (module docstring)
             rec = Recorder()
             held = Z.held_tensors(engine, zero, optimizer)

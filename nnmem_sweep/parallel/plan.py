@@ -41,7 +41,7 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
     fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept", "gradients_in_step",
-              "norm_temp", "norm_gradients")
+              "norm_temp", "norm_gradients", "step_released")
     vals = {(st, f): [] for st in (0, 1) for f in fields}
     for p in precs:
         for o in opts:
@@ -221,7 +221,8 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                             bwd_start),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
-            ("optimizer", dict(states, **{C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
+            ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
+                                          C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),
         ]
         if any(lay.deepspeed for lay in layouts):  # DeepSpeed's gradient norm, before its step (states.py)

@@ -143,6 +143,7 @@ class RankStates:
     step_gradients: int = -1  # the gradients the optimizer step holds (-1: `gradients`; deepspeed_step_gradients)
     norm_temp: int = 0  # DeepSpeed's gradient norm before the step (deepspeed_norm_temp), beside `norm_gradients`
     norm_gradients: int = 0  # the 16-bit gradient partition DeepSpeed holds from the backward's end to the step
+    step_released: int = 0  # gathered parameters DeepSpeed's ZeRO-3 no longer holds in the step
 
     @property
     def gradients_in_step(self) -> int:
@@ -204,7 +205,8 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
 
 @formula("parallel.deepspeed_step_gradients",
          "ZeRO-1/2 without offload: n_z · m in the optimizer step (the rank's gradient partition in the master "
-         "dtype, in place of the 16-bit gradients)", DEEPSPEED_ZERO,
+         "dtype, in place of the 16-bit gradients);  ZeRO-3: n_z · (m + g), both, and no gathered parameters",
+         DEEPSPEED_ZERO,
          where="n_z = the rank's partition (parallel.zero_sharded_params), m = bytes of a master weight (fp32); "
          "stage_1_and_2.py step(): single_grad_partition = flat_grad_partition.to(fp32 partition's dtype), kept as "
          "the fp32 partition's .grad through optimizer.step(), the 16-bit partition released before it",
@@ -213,7 +215,10 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
               "in the step. The 16-bit buffer also covers the whole of the tensor that straddles the partition's "
               "end (19,372,032 B for Llama 3.2 1B over 2 ranks), not counted.")
 def deepspeed_step_gradients(lay, prec: Precision, n_z: int) -> int:
-    """Bytes of gradients a DeepSpeed ZeRO-1/2 rank holds in its optimizer step; -1 where the layout is not one."""
+    """Bytes of gradients a DeepSpeed ZeRO rank holds in its optimizer step; -1 where the layout is not DeepSpeed's
+    (ZeRO-3: the 16-bit partition stays beside the fp32 copy, measured on DeepSpeed 0.19.8)."""
+    if lay.deepspeed and lay.zero == 3 and lay.offload == "none" and prec.master_bytes > 0:
+        return n_z * (prec.master_bytes + prec.grad_bytes)
     return n_z * prec.master_bytes if _deepspeed_partition_step(lay, prec) else -1
 
 
@@ -336,6 +341,7 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
                       host=host, step_gradients=deepspeed_step_gradients(lay, prec, n_o),
+                      step_released=gathered if lay.deepspeed and lay.zero == 3 and lay.offload == "none" else 0,
                       norm_temp=deepspeed_norm_temp(lay, prec, sp.largest_tensor, n_o),
                       norm_gradients=_share(gradients_bytes(arch, prec), n_o, psi))
 

@@ -1,4 +1,4 @@
-"""One rank of a DeepSpeed ZeRO-1/2 training step, as DeepSpeed's own engine runs it (issue 22): the model and a
+"""One rank of a DeepSpeed ZeRO training step, as DeepSpeed's own engine runs it (issue 22): the model and a
 torch optimizer handed to deepspeed.initialize() with bf16 on, on rank 0 of PyTorch's fake process group
 (workload/fsdp.py fake_process_group; DeepSpeed's comm layer on its "fake" backend), so under FakeTensorMode one
 rank of a billion-parameter model costs nothing and the collectives move nothing.
@@ -11,7 +11,8 @@ the rank's gradient partition from the end of the backward to the step, and the 
 One accommodation of fake tensors, stated where the truth is written: a FakeTensor holds no values, so DeepSpeed's
 overflow check (which runs as it does, allocating what it allocates) is answered "finite"; a bf16 run's check
 answers the same for finite gradients. ZeRO-3 (stage3.py) does not run under FakeTensorMode in DeepSpeed 0.19.8
-("Detected a disagreement on list length" while partitioning): not measured here.
+("Detected a disagreement on list length" while partitioning): it runs with real tensors on the CPU, rank 0 holding
+its partition only (a 1B model's ZeRO-3 rank fits this machine's memory; an 8B one does not).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-STAGES = (1, 2)
+STAGES = (1, 2, 3)
 KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients")
 
 
@@ -32,8 +33,7 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
     if world < 2:
         raise ValueError(f"deepspeed: world must be at least 2, got {world}")
     if stage not in STAGES:
-        raise ValueError(f"deepspeed: zero_stage must be 1 or 2 (ZeRO-3 does not run under FakeTensorMode), "
-                         f"got {stage}")
+        raise ValueError(f"deepspeed: zero_stage must be 1, 2 or 3, got {stage}")
     return world, stage
 
 
@@ -110,8 +110,12 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
 
 
 def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
-    """What a rank holds between steps, by kind: the model's parameters (views of DeepSpeed's flat 16-bit buffers)
-    and buffers, the fp32 partitions (master weights) and the optimizer's state over them."""
-    return {"param": list(engine.module.parameters()), "buffer": list(engine.module.buffers()),
-            "master": list(zero.single_partition_of_fp32_groups),
+    """What a rank holds between steps, by kind: the model's parameters (ZeRO-1/2: views of DeepSpeed's flat 16-bit
+    buffers; ZeRO-3: the persistent ones whole, the others' partitions in its flat 16-bit groups) and buffers, the
+    fp32 partitions (master weights) and the optimizer's state over them."""
+    stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
+    params = list(engine.module.parameters()) + (list(zero.fp16_partitioned_groups_flat) if stage3 else [])
+    master = zero.fp32_partitioned_groups_flat if stage3 else zero.single_partition_of_fp32_groups
+    return {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
+            "master": [t for t in master if isinstance(t, torch.Tensor)],
             "opt": [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]}
