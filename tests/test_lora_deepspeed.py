@@ -55,3 +55,13 @@ def test_what_lora_under_deepspeed_does_not_cover_is_one_located_line(finetune, 
         parse_scenario_text(_text(finetune, parallel), "lora-ds.yaml")
     assert any(p.key_path == where and words in p.message for p in e.value.problems), \
         [(p.key_path, p.message) for p in e.value.problems]
+
+
+def test_the_cluster_search_with_adapters_is_refused_where_it_is_written():
+    """It searches full fine-tunes' layouts (tensor, pipeline, data parallelism); it used to pass validation and
+    fail while running."""
+    text = _text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true}") + "cluster: {global_batch: 64}\n"
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario_text(text, "lora-ds.yaml")
+    (p,) = e.value.problems
+    assert (p.key_path, p.line) == ("cluster", 7) and "plans full fine-tunes" in p.message
