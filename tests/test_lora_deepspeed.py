@@ -65,3 +65,15 @@ def test_the_cluster_search_with_adapters_is_refused_where_it_is_written():
         parse_scenario_text(text, "lora-ds.yaml")
     (p,) = e.value.problems
     assert (p.key_path, p.line) == ("cluster", 7) and "plans full fine-tunes" in p.message
+
+
+def test_the_report_says_what_deepspeed_does_to_the_adapters():
+    from nnmem_sweep.report.assumptions import assumptions
+
+    sc = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true}"), "lora-ds.yaml")
+    (items,) = [g["items"] for g in assumptions(sc)["groups"] if g["title"] == "Fine-tuning"]
+    text = " ".join(items)
+    assert "DeepSpeed's bf16 engine casts the whole model" in text and "the frozen base whole" in text
+    one_gpu = parse_scenario_text(_text(LORA, "{gradient_accumulation: 2}"), "lora.yaml")
+    (items,) = [g["items"] for g in assumptions(one_gpu)["groups"] if g["title"] == "Fine-tuning"]
+    assert "DeepSpeed" not in " ".join(items)

@@ -187,11 +187,16 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
         return []
     name = "QLoRA" if ft.method == "qlora" else "LoRA"
     targets = F.trained(sc.model, ft)[0]
+    deepspeed = any(axis_values(sc).get(C.REDUCE_BUCKET, ()))
     dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
-             if ft.adapter_dtype == "fp32" else "the model's dtype (autocast_adapter_dtype=False)")
+             if ft.adapter_dtype == "fp32" else "the model's dtype (DeepSpeed's bf16 engine casts the whole model)"
+             if deepspeed else "the model's dtype (autocast_adapter_dtype=False)")
     items = [
         f"{name} (Hu et al. 2021): the base weights are frozen, so they have no gradients, master copy or optimizer "
-        f"state; the optimizer is given the adapters only.",
+        f"state; the optimizer is given the adapters only." + (
+            " Under DeepSpeed ZeRO-1/2 every rank holds the frozen base whole and its partition of the adapters' "
+            "fp32 copy and optimizer state; the reduce bucket is allocated whole however few the adapters "
+            "(measured on DeepSpeed 0.19.8's engine, tests/data/truth/deepspeed)." if deepspeed else ""),
         f"Adapters A (rank × in) and B (out × rank), without bias, on {targets} of every layer, in {dtype}.",
         "Activations of the frozen base are still stored where the backward pass to the adapters needs them: a "
         "frozen linear saves no input of its own, a frozen RMSNorm keeps its fp32 input, and nothing before the "
