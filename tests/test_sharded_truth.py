@@ -51,9 +51,10 @@ def test_a_short_sequence_peaks_past_the_loss_and_is_held_to_it(case):
     for phase, m in case["measured"]["phases"].items():
         tol = 0.005 * m["peak_bytes"] if phase == "backward" else 16 * 1024
         if case["inputs"]["model"] == "llama-3.1-8b" and phase == "forward":
-            # not placed yet: 8B's forward at 128 tokens, 558 MB (5.0 %) low under FULL_SHARD, 52 MB under
-            # SHARD_GRAD_OP; below the backward in the measurement and in the estimate (asserted below)
-            tol = 0.055 * m["peak_bytes"]
+            # 8B's forward at 128 tokens peaks in a block's forward: FULL_SHARD's first block (the root's and the
+            # block's all-gather outputs, fsdp_first_block) to 67 KB, SHARD_GRAD_OP's last block not placed (52 MB
+            # low); below the backward in the measurement and in the estimate (asserted below)
+            tol = 0.0025 * m["peak_bytes"]
         assert abs(est["phases"][phase] - m["peak_bytes"]) <= tol, phase
     assert est["peak_phase"] == case["measured"]["peak_phase"] == "backward"
 

@@ -88,6 +88,17 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
     return out
 
 
+def _first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) -> list:
+    """FULL_SHARD's first block's forward (fsdp.fsdp_first_block): the all-gather outputs beside the inputs and the
+    hidden states entering the block; none where no layout is FSDP2's FULL_SHARD."""
+    d = [par_fsdp.fsdp_first_block(arch, p, lay) for p in precs for lay in layouts]
+    if not any(d):
+        return []
+    temp = lift(consts(d, (len(precs), len(layouts))), (0, 5), sizes)
+    hidden = lift(terms_array([Term(tok=arch.hidden * p.residual_bytes) for p in precs], (len(precs),)), (0,), sizes)
+    return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: inputs + hidden, C.TEMPORARY: temp}))]
+
+
 def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                    bwd_start) -> list:
     """FSDP2's moments in the blocks' backward, without checkpointing, each after the top layer's: SHARD_GRAD_OP's
@@ -215,6 +226,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         bwd_end = [get(lambda t, j=j: t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term())
                    for j in range(n_end)]
         phases += [
+            *_first_block(arch, precs, layouts, sizes, states, g_fwd, inputs),
             ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
