@@ -1,6 +1,6 @@
 """One rank of FSDP2-sharded steps (issue 22; tests/data/truth/sharded/, FSDPMemTracker on PyTorch's fake process
 group, the optimizer over the rank's local shards: workload/fsdp.py) against the estimate of the same layout
-(data_parallel = the ranks, zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP; parallel/states.py fsdp_weight_deltas).
+(data_parallel = the ranks, zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP; parallel/fsdp.py fsdp_weight_deltas).
 The sharded fine-tunes (LoRA, QLoRA of a family planned from its own code) are planned from the rank's traced step
 (derive/, workload/fsdp.py)."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_every_phase_of_a_rank_within_16_kib(case):
 
 @pytest.mark.parametrize("case", SHORT, ids=[c["case_id"] for c in SHORT])
 def test_a_short_sequence_peaks_past_the_loss_and_is_held_to_it(case):
-    """Past the loss (parallel/states.py fsdp_backward_end, fsdp_second_block, fsdp_last_block). Llama 3.2 1B under
+    """Past the loss (parallel/fsdp.py fsdp_backward_end, fsdp_second_block, fsdp_last_block). Llama 3.2 1B under
     FULL_SHARD peaks at the embedding's backward: to the byte but 264 B. Llama 3.1 8B (untied head) under FULL_SHARD
     peaks at the last block's backward, SHARD_GRAD_OP at the second block's, every block but the top one still
     unsharded: 0.14-0.38 % high (one GPU's top-layer temporaries stand for the block's). Before, SHARD_GRAD_OP kept

@@ -1,12 +1,13 @@
-"""Measure one rank of a DeepSpeed ZeRO-1/2 training step (workload/zero_engine.py) under FakeTensorMode.
+"""Measure one rank of a DeepSpeed ZeRO training step (workload/zero_engine.py): ZeRO-1/2 under FakeTensorMode,
+ZeRO-3 with real tensors (it partitions only real ones; a 1B model's rank fits this machine's memory).
 
 PyTorch's MemTracker cannot follow DeepSpeed's engine (it refuses to track the ZeRO optimizer, and its module hooks
 see the engine's forward as a second iteration), so the step is recorded by the Recorder the derive package traces
 with (derive/trace.py): every storage's allocation and free, counted as MemTracker counts them (the bytes of each
 live untyped storage, views once). The recording starts after one untraced step, from the storages the rank then
-holds (registered by kind: parameters, buffers, fp32 master partitions, optimizer state), so the figures are the
-steady step's, as the other truth cases' second step; deepspeed.initialize()'s own transient (the flattening) is
-not part of it.
+holds (registered by kind: parameters, buffers, fp32 master partitions, optimizer state; zero_engine.held_tensors),
+so the figures are the steady step's, as the other truth cases' second step; deepspeed.initialize()'s own transient
+(the flattening) is not part of it.
 
 Per phase (forward: the engine's forward to the loss; backward: engine.backward(); optimizer: engine.step(), which
 reduces what is left, steps the fp32 partition and all-gathers the 16-bit parameters), the peak of the live bytes.

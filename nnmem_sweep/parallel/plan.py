@@ -102,7 +102,7 @@ def _first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) -> list:
 def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                    bwd_start) -> list:
     """FSDP2's moments in the blocks' backward, without checkpointing, each after the top layer's: SHARD_GRAD_OP's
-    second block (states.fsdp_second_block), FULL_SHARD's last block (states.fsdp_last_block). None where no layout
+    second block (fsdp.fsdp_second_block), FULL_SHARD's last block (fsdp.fsdp_last_block). None where no layout
     is FSDP2's. One GPU's top-layer temporaries stand for the block's, less their constant (that layer's first weight
     gradient, here among the block's unsharded gradients)."""
     second = [par_fsdp.fsdp_second_block(arch, p, lay) for p in precs for lay in layouts]
@@ -139,9 +139,9 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
 
 
 def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple, n_end: int) -> list:
-    """FSDP2's parameters moment by moment (states.fsdp_weight_deltas) added to the weights of each phase: the
+    """FSDP2's parameters moment by moment (fsdp.fsdp_weight_deltas) added to the weights of each phase: the
     forward, the backward's first moment (the loss's), its later moments, the optimizer step; at the last `n_end`
-    backward moments (the embedding's) what FSDP2 holds there instead (states.fsdp_backward_end)."""
+    backward moments (the embedding's) what FSDP2 holds there instead (fsdp.fsdp_backward_end)."""
     d = [par_fsdp.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
     if not any(any(x) for x in d):
         return phases
@@ -225,13 +225,14 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
                      for j in range(n_bwd)]
         bwd_end = [get(lambda t, j=j: t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term())
                    for j in range(n_end)]
+        fsdp_moments = stage == 0  # FSDP2 shards data-parallel ranks alone: one stage (fsdp.fsdp_applies)
         phases += [
-            *_first_block(arch, precs, layouts, sizes, states, g_fwd, inputs),
+            *(_first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) if fsdp_moments else []),
             ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
-            *_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
-                            bwd_start),
+            *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
+                             bwd_start) if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
             ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
                                           C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
