@@ -47,13 +47,18 @@ def test_deepspeed_true_is_its_defaults_as_axes():
         ((500_000_000,), (False,), (50_000_000,))
 
 
-def test_zero3_gathers_the_module_in_use_and_the_prefetch_not_two_blocks():
-    # Llama 3.2 1B: the largest tensor is the (tied) embedding, 128,256 x 2,048 = 262,668,288 elements; a DeepSpeed
-    # ZeRO-3 rank holds its shard (2,471,628,800 B of bf16 over 8 ranks) and that tensor and 5e7 prefetched elements
+def test_zero3_keeps_its_live_parameters_gathered_not_two_blocks():
+    # DeepSpeed ZeRO-3 keeps gathered parameters alive up to stage3_max_live_parameters (1e9 elements by default),
+    # measured on its engine (tests/test_deepspeed_truth.py): Llama 3.2 1B's 1,235,814,400 parameters are over the
+    # cap, so a rank holds its shard (2,471,628,800 B of bf16 over 8 ranks) and 1e9 gathered elements
     _, ds = _run("deepspeed: true", zero=3)
-    assert ds[C.WEIGHTS] == 2_471_628_800 // 8 + (262_668_288 + 50_000_000) * 2
-    # and ZeRO-3's reduce bucket (1e9 B) from initialisation: in every phase's temporaries
+    assert ds[C.WEIGHTS] == 2_471_628_800 // 8 + 1_000_000_000 * 2
+    # a stage3_prefetch_bucket_size past the cap: the module in use (the embedding) and the prefetch instead
+    _, big = _run("deepspeed: {stage3_prefetch_bucket_size: 1.5e+9}", zero=3)
+    assert big[C.WEIGHTS] == 2_471_628_800 // 8 + (262_668_288 + 1_500_000_000) * 2
+    # and ZeRO-3's reduce bucket (1e9 B) through the backward and the step, where this row peaks
     _, none = _run("deepspeed: {contiguous_gradients: false}", zero=3)
+    assert ds[C.PEAK_PHASE] in ("backward", "optimizer")
     assert ds[C.TEMPORARY] - none[C.TEMPORARY] == 1_000_000_000
 
 

@@ -94,18 +94,18 @@ def test_lora_ranks_hold_the_whole_base_and_their_share_of_the_adapters():
     assert m["opt_bytes"] == 2 * 4 * adapters // 2 + 4
 
 
-def test_zero3_its_step_to_the_byte_its_forward_and_backward_not_yet():
+def test_zero3_its_step_to_the_byte_its_forward_and_backward_within_one_and_a_half_percent():
     """DeepSpeed's ZeRO-3 (real tensors: it does not partition fake ones), Llama 3.2 1B over 2 ranks at 128 tokens.
     Its step, the peak, holds the 16-bit gradient partition beside the fp32 copy and no gathered parameters
-    (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward and backward hold more
-    than the estimate, which the report says for a ZeRO-3 row: DeepSpeed keeps gathered parameters alive up to
-    stage3_max_live_parameters (1e9 by default) and its gradient buffers (3.4 % and 11.2 % here)."""
+    (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward and backward keep
+    gathered parameters alive up to stage3_max_live_parameters (deepspeed_gathered_bytes) and its reduce bucket from
+    the backward on: 0.16 % and 1.44 % low (they were 3.4 % and 11.2 % low with two gathered units and the bucket
+    from initialisation); what the backward holds beyond that is not placed."""
     (case,) = ZERO3
     est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
     assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 16 * 1024
-    for phase, gap in (("forward", 0.034), ("backward", 0.112)):
-        assert est[phase] < m[phase]["peak_bytes"] and (m[phase]["peak_bytes"] - est[phase]) / m[phase]["peak_bytes"] \
-            == pytest.approx(gap, abs=0.001), phase
+    for phase, gap in (("forward", 0.0017), ("backward", 0.015)):
+        assert 0 <= m[phase]["peak_bytes"] - est[phase] <= gap * m[phase]["peak_bytes"], phase
     assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
 
 

@@ -15,6 +15,7 @@ from .. import columns as C
 REDUCE_BUCKET_DEFAULT = 500_000_000
 ALLGATHER_BUCKET_DEFAULT = 500_000_000
 PREFETCH_BUCKET_DEFAULT = 50_000_000
+MAX_LIVE_DEFAULT = 1_000_000_000  # stage3_max_live_parameters: gathered parameters ZeRO-3 keeps alive per rank
 KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "overlap_comm",
         "contiguous_gradients")
 

@@ -67,20 +67,20 @@ def _host_table(st, sizes, dims) -> np.ndarray:
 
 
 def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
-    """The communication buffers added to the temporaries: DeepSpeed's reduce buckets (states.deepspeed_buffers),
-    ZeRO-1/2's through the backward from its second moment (the first is the loss's, before any parameter has a
-    gradient), ZeRO-3's in every phase; PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes) in every phase,
-    made when the model is wrapped. `dims`: the plan dimensions of precision and layout."""
-    ds = [(bwd, always + par_states.ddp_bucket_bytes(arch, lay, p))
-          for p in precs for lay in layouts for bwd, always in [par_states.deepspeed_buffers(lay, p)]]
-    if not any(a or b for a, b in ds):
+    """The communication buffers added to the temporaries: DeepSpeed's reduce buckets (states.deepspeed_buffers)
+    through the backward from its second moment (the first is the loss's, before any parameter has a gradient), and
+    ZeRO-3's in the step too; PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes) in every phase, made when
+    the model is wrapped. `dims`: the plan dimensions of precision and layout."""
+    ds = [(bwd, step, par_states.ddp_bucket_bytes(arch, lay, p))
+          for p in precs for lay in layouts for bwd, step in [par_states.deepspeed_buffers(lay, p)]]
+    if not any(any(x) for x in ds):
         return phases
     shape = (len(precs), len(layouts))
-    bwd = lift(consts([a for a, _ in ds], shape), dims, sizes)
-    always = lift(consts([b for _, b in ds], shape), dims, sizes)
+    bwd, step, always = (lift(consts([x[k] for x in ds], shape), dims, sizes) for k in range(3))
     out, previous = [], ""
     for name, comps in phases:  # a stage's phases: forward, the backward's moments (the loss's first), optimizer
-        extra = always + (bwd if name == "backward" and previous in ("backward", "") else 0)
+        extra = always + (bwd if name == "backward" and previous in ("backward", "") else 0) + \
+            (step if name == "optimizer" else 0)
         previous = name
         comps = dict(comps)
         comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra

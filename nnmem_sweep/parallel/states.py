@@ -26,6 +26,7 @@ from ..components.finetune_method import adapter_shapes
 from ..components.optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from ..components.weights import gradients_bytes, master_weights_bytes, param_summary, transformer_tensors, weights_bytes
 from ..models.arch import Architecture
+from . import deepspeed as DS
 from .layout import Layout
 
 MEGATRON_2019 = source("shoeybi2019", "Shoeybi et al. 2019, Megatron-LM: Training Multi-Billion Parameter Language "
@@ -175,32 +176,36 @@ def zero3_gathered_bytes(sp: StageParams, prec: Precision) -> int:
 DEEPSPEED_ZERO = source("deepspeed-zero", "DeepSpeed runtime/zero: stage_1_and_2.py setup_buckets (with "
                         "contiguous_gradients, a reduce bucket of reduce_bucket_size elements in the 16-bit dtype of "
                         "the parameters, a second one with overlap_comm, made at the backward's first gradient and "
-                        "released at its end), stage3.py (one reduce bucket made at initialisation; parameters "
-                        "gathered module by module, stage3_prefetch_bucket_size elements fetched ahead), config.py "
-                        "(defaults: reduce_bucket_size and allgather_bucket_size 5e8, stage3_prefetch_bucket_size "
-                        "5e7, contiguous_gradients true, overlap_comm true for stage 3 only), utils.py "
+                        "released at its end), stage3.py (parameters gathered module by module, "
+                        "stage3_prefetch_bucket_size elements fetched ahead, kept gathered up to "
+                        "stage3_max_live_parameters; its reduce bucket measured from the backward to the step on "
+                        "0.19.8), config.py (defaults: reduce_bucket_size and allgather_bucket_size 5e8, "
+                        "stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9, contiguous_gradients true, "
+                        "overlap_comm true for stage 3 only), utils.py "
                         "all_gather_dp_groups (all_gather_into_tensor into the flat parameters: no allgather bucket)",
                         "https://github.com/deepspeedai/DeepSpeed/tree/master/deepspeed/runtime/zero")
 
 
 @formula("parallel.deepspeed_buffers",
-         "ZeRO-1/2: (1 + overlap_comm) · R · e through the backward;  ZeRO-3: R · e throughout, and the gathered "
-         "parameters (largest tensor + P) · e instead of two units",
-         DEEPSPEED_ZERO, where="R = reduce_bucket_size, P = stage3_prefetch_bucket_size (elements), e = bytes of a "
-         "16-bit parameter (the recipe's weight dtype)",
+         "ZeRO-1/2: (1 + overlap_comm) · R · e through the backward;  ZeRO-3: R · e through the backward and the step, "
+         "and the gathered parameters max(largest tensor + P, min(Ψ, L)) · e instead of two units",
+         DEEPSPEED_ZERO, where="R = reduce_bucket_size, P = stage3_prefetch_bucket_size, L = "
+         "stage3_max_live_parameters (1e9, DeepSpeed's default; elements), e = bytes of a 16-bit parameter (the "
+         "recipe's weight dtype)",
          note="A ZeRO layout without parallel.deepspeed (or with reduce_bucket_size 0) is FSDP's: no reduce bucket "
               "(FSDP reduce-scatters each unit's gradients as they come). allgather_bucket_size allocates nothing "
-              "with all_gather_into_tensor (every NCCL since 2.12). The ZeRO-1/2 buckets are counted from the "
-              "backward's first moment after the loss's (the head's gradient comes after its log-softmax backward). "
-              "ZeRO-3's persistent parameters (stage3_param_persistence_threshold, 1e5 elements: the norms) are "
-              "not counted.")
+              "with all_gather_into_tensor (every NCCL since 2.12). The buckets are counted from the backward's first "
+              "moment after the loss's (the head's gradient comes after its log-softmax backward). ZeRO-3, measured "
+              "on DeepSpeed 0.19.8's engine (Llama 3.2 1B over 2 ranks): it keeps gathered parameters alive up to L "
+              "(2.0 GB of the 2.5 GB model at the forward's end) and makes its bucket in the backward. Its "
+              "persistent parameters (stage3_param_persistence_threshold, 1e5 elements: the norms) are not counted.")
 def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
-    """(bytes through the backward only, bytes in every phase) of DeepSpeed's reduce buckets on one rank."""
+    """(bytes through the backward, bytes in the optimizer step) of DeepSpeed's reduce buckets on one rank."""
     if not lay.deepspeed:
         return 0, 0
     if lay.zero in (1, 2):
         return (2 if lay.overlap_comm else 1) * lay.reduce_bucket * prec.weight_bytes, 0
-    return 0, lay.reduce_bucket * prec.weight_bytes
+    return lay.reduce_bucket * prec.weight_bytes, lay.reduce_bucket * prec.weight_bytes
 
 
 @formula("parallel.deepspeed_step_gradients",
@@ -288,8 +293,10 @@ def kept_gradients(arch: Architecture, prec: Precision, opt: Optimizer, impl: st
 
 
 def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
-    """ZeRO-3 under DeepSpeed: the module in use (at most the rank's largest tensor) and what is prefetched."""
-    return (sp.largest_tensor + lay.prefetch_bucket) * prec.weight_bytes
+    """ZeRO-3 under DeepSpeed: the gathered parameters it keeps alive (parallel.deepspeed_buffers), at least the module
+    in use (at most the rank's largest tensor) and what is prefetched."""
+    live = min(sp.held, DS.MAX_LIVE_DEFAULT)
+    return max(sp.largest_tensor + lay.prefetch_bucket, live) * prec.weight_bytes
 
 
 @formula("parallel.rank_states",
