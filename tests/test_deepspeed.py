@@ -53,9 +53,12 @@ def test_zero3_keeps_its_live_parameters_gathered_not_two_blocks():
     # cap, so a rank holds its shard (2,471,628,800 B of bf16 over 8 ranks) and 1e9 gathered elements
     _, ds = _run("deepspeed: true", zero=3)
     assert ds[C.WEIGHTS] == 2_471_628_800 // 8 + 1_000_000_000 * 2
-    # a stage3_prefetch_bucket_size past the cap: the module in use (the embedding) and the prefetch instead
-    _, big = _run("deepspeed: {stage3_prefetch_bucket_size: 1.5e+9}", zero=3)
-    assert big[C.WEIGHTS] == 2_471_628_800 // 8 + (262_668_288 + 1_500_000_000) * 2
+    # a stage3_prefetch_bucket_size past the cap: the module in use (the embedding) and the prefetch instead, but
+    # never more than the whole model
+    _, big = _run("deepspeed: {stage3_prefetch_bucket_size: 8.0e+8}", zero=3)
+    assert big[C.WEIGHTS] == 2_471_628_800 // 8 + (262_668_288 + 800_000_000) * 2
+    _, whole = _run("deepspeed: {stage3_prefetch_bucket_size: 1.5e+9}", zero=3)
+    assert whole[C.WEIGHTS] == 2_471_628_800 // 8 + 2_471_628_800
     # and ZeRO-3's reduce bucket (1e9 B) through the backward and the step, where this row peaks
     _, none = _run("deepspeed: {contiguous_gradients: false}", zero=3)
     assert ds[C.PEAK_PHASE] in ("backward", "optimizer")

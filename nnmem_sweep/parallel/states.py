@@ -294,9 +294,10 @@ def kept_gradients(arch: Architecture, prec: Precision, opt: Optimizer, impl: st
 
 def deepspeed_gathered_bytes(sp: StageParams, lay, prec: Precision) -> int:
     """ZeRO-3 under DeepSpeed: the gathered parameters it keeps alive (parallel.deepspeed_buffers), at least the module
-    in use (at most the rank's largest tensor) and what is prefetched."""
+    in use (at most the rank's largest tensor) and what is prefetched, at most the whole model (a 16.8 M-parameter
+    Llama under the default 5e7-element prefetch: its step then to 1,920 B with real tensors)."""
     live = min(sp.held, DS.MAX_LIVE_DEFAULT)
-    return max(sp.largest_tensor + lay.prefetch_bucket, live) * prec.weight_bytes
+    return min(max(sp.largest_tensor + lay.prefetch_bucket, live), sp.held) * prec.weight_bytes
 
 
 @formula("parallel.rank_states",
