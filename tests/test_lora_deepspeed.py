@@ -77,3 +77,13 @@ def test_the_report_says_what_deepspeed_does_to_the_adapters():
     one_gpu = parse_scenario_text(_text(LORA, "{gradient_accumulation: 2}"), "lora.yaml")
     (items,) = [g["items"] for g in assumptions(one_gpu)["groups"] if g["title"] == "Fine-tuning"]
     assert "DeepSpeed" not in " ".join(items)
+
+
+def test_a_deepspeed_layout_is_named_so_in_the_report():
+    from nnmem_sweep.report.points import layout_text, reference_point
+
+    sc = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true}"), "lora-ds.yaml")
+    assert layout_text(sc, reference_point(sc)).endswith("DP 2 · DeepSpeed ZeRO 2")
+    fsdp = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2}",
+                                     model="{preset: qwen3-0.6b}"), "lora-fsdp.yaml")
+    assert layout_text(fsdp, reference_point(fsdp)).endswith("DP 2 · ZeRO 2")

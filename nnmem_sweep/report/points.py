@@ -147,6 +147,8 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
             parts.append(f"{thousands(value)} micro-batches")
         elif axis in (C.PIPELINE_SCHEDULE, C.OFFLOAD):
             parts.append(f"{AXIS_LABELS[axis]} {value}")
+        elif axis == C.ZERO_STAGE and int(value) >= 1 and (point.get(C.REDUCE_BUCKET) or point.get(C.PREFETCH_BUCKET)):
+            parts.append(f"DeepSpeed ZeRO {axis_value(axis, value)}")  # parallel.deepspeed: its buffers counted
         else:
             parts.append(f"{AXIS_LABELS[axis]} {axis_value(axis, value)}")
     return " · ".join(parts)
