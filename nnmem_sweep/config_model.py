@@ -118,13 +118,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return _under_deepspeed(data, model, ft, ck)
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
-        try:
-            F.adapter_params(model, ft)  # targets the family lacks are one line
-        except (UsageError, ValueError) as e:
-            ck.add("finetune.targets" if "target" in str(e) and ck.b.locate("finetune.targets") else "finetune",
-                   str(e), key=True)
-            return model
-        return dataclasses.replace(model, finetune=ft)
+        return _with_hand_adapters(model, ft, ck)
     # every other model (and modules_to_save): planned from its own code with peft's adapters on it
     base = derived_twin(model, allow_deriving=True) if model.kind != "derived" else model
     if base is None:
@@ -151,11 +145,17 @@ def _under_deepspeed(data: dict, model, ft, ck: Checker):
         ck.add("finetune.adapter_dtype", "DeepSpeed's bf16 engine casts the whole model to the model's dtype, the "
                                          "adapters too: adapter_dtype fp32 does not run under it (use model)")
         return model
-    ft = dataclasses.replace(ft, adapter_dtype="model")
+    return _with_hand_adapters(model, dataclasses.replace(ft, adapter_dtype="model"), ck)
+
+
+def _with_hand_adapters(model, ft, ck: Checker):
+    """The model with the hand model's adapters on it (components/finetune.py); targets the family lacks are one
+    line, at finetune.targets where the scenario gives them."""
     try:
         F.adapter_params(model, ft)
     except (UsageError, ValueError) as e:
-        ck.add("finetune", str(e), key=True)
+        ck.add("finetune.targets" if "target" in str(e) and ck.b.locate("finetune.targets") else "finetune",
+               str(e), key=True)
         return model
     return dataclasses.replace(model, finetune=ft)
 

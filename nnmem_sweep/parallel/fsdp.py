@@ -4,6 +4,8 @@ embedding's, measured on one rank of the fake process group (tests/data/truth/sh
 phases of a layout sharded by FSDP over data-parallel ranks alone."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..catalog.precisions import Precision
 from ..citations import formula, source
 from ..components.weights import gradients_bytes, param_summary, weights_bytes
@@ -25,6 +27,33 @@ def fsdp_applies(arch: Architecture, lay) -> bool:
             and lay.tp == 1 and lay.pp == 1 and lay.offload == "none")
 
 
+@dataclass(frozen=True)
+class _Units:
+    """One rank's FSDP2 quantities in bytes (weight dtype; gradients in the gradient dtype)."""
+
+    full: int  # the whole model's parameters
+    shard: int  # the rank's shard of them
+    root: int  # the parameters outside the decoder blocks (embedding, final norm, head)
+    block: int  # one decoder block's parameters
+    gathered: int  # what rank_states counts gathered under ZeRO-3 (zero3_gathered_bytes)
+    root_grad_shard: int  # the rank's shard of the root's gradients
+    block_grad_shard: int  # the rank's shard of one block's gradients
+    head_grad: int  # the LM head's weight gradient, unsharded (0 without a causal-LM head)
+
+
+def _units(arch: Architecture, prec: Precision, lay) -> _Units:
+    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
+    e, psi = prec.weight_bytes, param_summary(arch).total
+    full = weights_bytes(arch, prec)
+    root_n = sp.held - arch.layers * sp.layer_params
+    grads = gradients_bytes(arch, prec)
+    return _Units(full=full, shard=_share(full, zero_params(sp, lay), psi), root=root_n * e,
+                  block=sp.layer_params * e, gathered=zero3_gathered_bytes(sp, prec),
+                  root_grad_shard=_share(grads, _ceil(root_n, lay.dp), psi),
+                  block_grad_shard=_share(grads, _ceil(sp.layer_params, lay.dp), psi),
+                  head_grad=arch.vocab * arch.hidden * prec.grad_bytes if arch.head == "causal_lm" else 0)
+
+
 @formula("parallel.fsdp2_unsharded_parameters",
          "SHARD_GRAD_OP (2): W/d at rest and in the step, W/d + W from forward to backward (+ 1 block's all-gather "
          "output at the loss);  FULL_SHARD (3): W/d + root + 1 block at the loss (forward and backward), + 2 blocks "
@@ -40,48 +69,40 @@ def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, i
     its later moments, the optimizer step); zeros where fsdp_applies does not."""
     if not fsdp_applies(arch, lay):
         return 0, 0, 0, 0
-    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
-    e = prec.weight_bytes
-    full = weights_bytes(arch, prec)
-    shard = _share(full, zero_params(sp, lay), param_summary(arch).total)
-    block = sp.layer_params * e  # one block's all-gather output: the last block's, for its backward, at the loss
+    u = _units(arch, prec, lay)
     if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
-        return shard + block, shard, shard, shard - full
-    root = (sp.held - arch.layers * sp.layer_params) * e
-    gathered = zero3_gathered_bytes(sp, prec)
-    return root + block - gathered, root + block - gathered, root + 2 * block - gathered, -gathered
+        return u.shard + u.block, u.shard, u.shard, u.shard - u.full
+    return (u.root + u.block - u.gathered, u.root + u.block - u.gathered, u.root + 2 * u.block - u.gathered,
+            -u.gathered)
 
 
 @formula("parallel.fsdp2_backward_end",
          "at the embedding's backward (both stages): parameters W/d + root, gradients the blocks' shards "
          "(G − the root's shard), + 1 block (the last block's reduce-scatter input, held until the next "
          "reduce-scatter) and, at the last moment, + root (the root's own reduce-scatter input); through the blocks' "
-         "backward, + a tied head's gradient (V·h·g) and the top block's gradient shard",
+         "backward, + the head's weight gradient (V·h·g) and the top block's gradient shard",
          FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters; every block resharded after its "
          "backward (reshard_after_backward, FSDP2's default under both strategies)",
          note="Measured on Llama 3.2 1B over 2 and 4 ranks at 128 tokens (tests/data/truth/sharded/*-s128), where "
               "the step peaks there: SHARD_GRAD_OP and FULL_SHARD hold the same bytes at that moment")
-def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int, int]:
+def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
     """(weights, gradients, temporaries at the first end moment, at the last) FSDP2 adds at the end of the backward
-    to the ZeRO states of rank_states, and what it adds to the temporaries of the blocks' backward moments; zeros
-    where fsdp_applies does not."""
+    to the ZeRO states of rank_states; zeros where fsdp_applies does not."""
     if not fsdp_applies(arch, lay):
-        return 0, 0, 0, 0, 0
-    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
-    e = prec.weight_bytes
-    full = weights_bytes(arch, prec)
-    psi = param_summary(arch).total
-    shard = _share(full, zero_params(sp, lay), psi)
-    root_n = sp.held - arch.layers * sp.layer_params
-    root, block = root_n * e, sp.layer_params * e
-    weights = shard + root - full if lay.zero == 2 else root - zero3_gathered_bytes(sp, prec)
-    root_grad_shard = _share(gradients_bytes(arch, prec), _ceil(root_n, lay.dp), psi)
-    # through the blocks' backward: the head's weight gradient (the root's, unsharded until the root's reduce-scatter
-    # after the embedding's backward; tied, the one waiting for the embedding's), and the top block's gradient shard
-    # once the next block's backward runs
-    head = arch.vocab * arch.hidden * prec.grad_bytes if arch.head == "causal_lm" else 0
-    block_shard = _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), psi)
-    return weights, -root_grad_shard, block, root + block, head + block_shard
+        return 0, 0, 0, 0
+    u = _units(arch, prec, lay)
+    weights = u.shard + u.root - u.full if lay.zero == 2 else u.root - u.gathered
+    return weights, -u.root_grad_shard, u.block, u.root + u.block
+
+
+def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
+    """What FSDP2 adds to the temporaries of the blocks' backward moments (parallel.fsdp2_backward_end): the head's
+    weight gradient (the root's, unsharded until the root's reduce-scatter after the embedding's backward; tied, the
+    one waiting for the embedding's) and the top block's gradient shard once the next block's backward runs."""
+    if not fsdp_applies(arch, lay):
+        return 0
+    u = _units(arch, prec, lay)
+    return u.head_grad + u.block_grad_shard
 
 
 @formula("parallel.fsdp2_second_block",
@@ -95,7 +116,7 @@ def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, in
     """(weights, temporaries) that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise."""
     if not fsdp_applies(arch, lay) or lay.zero != 2:
         return 0, 0
-    block = stage_params(arch, lay.tp, lay.pp, lay.ep)[0].layer_params * prec.weight_bytes
+    block = _units(arch, prec, lay).block
     return -block, 2 * block
 
 
@@ -110,10 +131,8 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
     """(weights, gradients, temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise."""
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0, 0, 0
-    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
-    block = sp.layer_params * prec.weight_bytes
-    shard = _share(gradients_bytes(arch, prec), _ceil(sp.layer_params, lay.dp), param_summary(arch).total)
-    return -block, (arch.layers - 2) * shard, 3 * block
+    u = _units(arch, prec, lay)
+    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block
 
 
 @formula("parallel.fsdp2_first_block",
@@ -126,5 +145,5 @@ def fsdp_first_block(arch: Architecture, prec: Precision, lay) -> int:
     """The all-gather outputs that moment adds under FULL_SHARD (0 otherwise)."""
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0
-    sp, _ = stage_params(arch, lay.tp, lay.pp, lay.ep)
-    return (sp.held - arch.layers * sp.layer_params) * prec.weight_bytes + sp.layer_params * prec.weight_bytes
+    u = _units(arch, prec, lay)
+    return u.root + u.block

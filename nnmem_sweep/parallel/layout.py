@@ -56,6 +56,13 @@ class Layout:
         return self.zero >= 1 and (self.reduce_bucket > 0 or self.prefetch_bucket > 0)
 
     @property
+    def deepspeed_data_parallel(self) -> bool:
+        """DeepSpeed ZeRO-1/2 over data-parallel ranks alone, no offload or accumulation: the layouts a LoRA step
+        under DeepSpeed is planned for (parallel/states.py _adapter_states; the scenario's: deepspeed_dp_only)."""
+        return (self.deepspeed and self.zero in (1, 2) and not self.splits_model and self.offload == "none"
+                and self.accum == 1)
+
+    @property
     def unsharded_grads_kept(self) -> bool:
         """Whether the micro-batches before the last keep whole unsharded gradients: FSDP's sharded gradients
         (zero_stage >= 2) synced only at the last micro-batch (accelerate's no_sync)."""
@@ -243,21 +250,22 @@ def fsdp_only(parallel: dict) -> bool:
     (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every micro-batch reduce-scatters
     into the rank's kept gradient shards); its plans are the sharded step traced on PyTorch's fake process group
     (workload/fsdp.py)."""
-    if not parallel:
-        return False
-    if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
-           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
-           for v in vs):
-        return False
-    return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {0, 2, 3}
+    return _only(parallel, (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW), {0, 2, 3})
 
 
 def deepspeed_dp_only(parallel: dict) -> bool:
     """A `parallel:` block that is DeepSpeed ZeRO-1/2 over data-parallel ranks alone (its reduce bucket given, nothing
-    else off its default): the layouts LoRA under DeepSpeed is modelled for (states.py _adapter_states)."""
-    if not parallel or any(int(b) <= 0 for b in parallel.get(C.REDUCE_BUCKET, (0,))):
+    else off its default): the layouts LoRA under DeepSpeed is modelled for (states.py _adapter_states; per layout,
+    Layout.deepspeed_data_parallel)."""
+    return all(int(b) > 0 for b in parallel.get(C.REDUCE_BUCKET, (0,))) and \
+        _only(parallel, (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET), {1, 2})
+
+
+def _only(parallel: dict, also: tuple[str, ...], stages: set[int]) -> bool:
+    """Data-parallel ranks at one of `stages`, every axis but those and `also` at its default."""
+    if not parallel:
         return False
     if any(v != C.PARALLEL_DEFAULTS[a] for a, vs in parallel.items()
-           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET) for v in vs):
+           if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, *also) for v in vs):
         return False
-    return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= {1, 2}
+    return set(int(z) for z in parallel.get(C.ZERO_STAGE, (0,))) <= stages

@@ -66,17 +66,26 @@ def _host_table(st, sizes, dims) -> np.ndarray:
     return np.ascontiguousarray(lift(host, dims, sizes)[..., 0]).reshape(-1)
 
 
+def _layout_tables(fn, precs, layouts, sizes: tuple, dims: tuple) -> list[np.ndarray] | None:
+    """fn(precision, layout) -> a tuple of byte counts, as one plan array per element over every (precision,
+    layout) at plan dimensions `dims`; None where every count is zero (the phases need nothing added)."""
+    rows = [tuple(fn(p, lay)) for p in precs for lay in layouts]
+    if not any(any(r) for r in rows):
+        return None
+    shape = (len(precs), len(layouts))
+    return [lift(consts([r[k] for r in rows], shape), dims, sizes) for k in range(len(rows[0]))]
+
+
 def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
     """The communication buffers added to the temporaries: DeepSpeed's reduce buckets (states.deepspeed_buffers)
     through the backward from its second moment (the first is the loss's, before any parameter has a gradient), and
     ZeRO-3's in the step too; PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes) in every phase, made when
     the model is wrapped. `dims`: the plan dimensions of precision and layout."""
-    ds = [(bwd, step, par_states.ddp_bucket_bytes(arch, lay, p))
-          for p in precs for lay in layouts for bwd, step in [par_states.deepspeed_buffers(lay, p)]]
-    if not any(any(x) for x in ds):
+    tables = _layout_tables(lambda p, lay: (*par_states.deepspeed_buffers(lay, p),
+                                            par_states.ddp_bucket_bytes(arch, lay, p)), precs, layouts, sizes, dims)
+    if tables is None:
         return phases
-    shape = (len(precs), len(layouts))
-    bwd, step, always = (lift(consts([x[k] for x in ds], shape), dims, sizes) for k in range(3))
+    bwd, step, always = tables
     out, previous = [], ""
     for name, comps in phases:  # a stage's phases: forward, the backward's moments (the loss's first), optimizer
         extra = always + (bwd if name == "backward" and previous in ("backward", "") else 0) + \
@@ -91,12 +100,11 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
 def _first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) -> list:
     """FULL_SHARD's first block's forward (fsdp.fsdp_first_block): the all-gather outputs beside the inputs and the
     hidden states entering the block; none where no layout is FSDP2's FULL_SHARD."""
-    d = [par_fsdp.fsdp_first_block(arch, p, lay) for p in precs for lay in layouts]
-    if not any(d):
+    tables = _layout_tables(lambda p, lay: (par_fsdp.fsdp_first_block(arch, p, lay),), precs, layouts, sizes, (0, 5))
+    if tables is None:
         return []
-    temp = lift(consts(d, (len(precs), len(layouts))), (0, 5), sizes)
     hidden = lift(terms_array([Term(tok=arch.hidden * p.residual_bytes) for p in precs], (len(precs),)), (0,), sizes)
-    return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: inputs + hidden, C.TEMPORARY: temp}))]
+    return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: inputs + hidden, C.TEMPORARY: tables[0]}))]
 
 
 def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
@@ -105,15 +113,11 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     second block (fsdp.fsdp_second_block), FULL_SHARD's last block (fsdp.fsdp_last_block). None where no layout
     is FSDP2's. One GPU's top-layer temporaries stand for the block's, less their constant (that layer's first weight
     gradient, here among the block's unsharded gradients)."""
-    second = [par_fsdp.fsdp_second_block(arch, p, lay) for p in precs for lay in layouts]
-    last = [par_fsdp.fsdp_last_block(arch, p, lay) for p in precs for lay in layouts]
-    if not any(any(x) for x in second + last) or "none" not in c_names or len(bwd_start) < 2:
+    second = _layout_tables(lambda p, lay: par_fsdp.fsdp_second_block(arch, p, lay), precs, layouts, sizes, (0, 5))
+    last = _layout_tables(lambda p, lay: par_fsdp.fsdp_last_block(arch, p, lay), precs, layouts, sizes, (0, 5))
+    if (second is None and last is None) or "none" not in c_names or len(bwd_start) < 2:
         return []
-    shape, nA, nC = (len(precs), len(layouts)), len(a_names), len(c_names)
-
-    def per_layout(rows: list, k: int) -> np.ndarray:
-        return lift(consts([x[k] for x in rows], shape), (0, 5), sizes)
-
+    nA, nC = len(a_names), len(c_names)
     flag = lift(consts([1 if c == "none" else 0 for c in c_names], (nC,)), (4,), sizes)[..., :1]
 
     def per_combination(fn) -> np.ndarray:
@@ -121,38 +125,36 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
                                  for c in c_names], (len(precs), nA, nC)), (0, 3, 4), sizes)
 
     layer = per_combination(lambda p, a: act.layer_saved(arch, p, a, device=device))
-    head = per_combination(lambda p, a: act.head_saved(arch, p, device))
     layer_temp = np.array(bwd_start[1])
     layer_temp[..., 0] = np.where(flag[..., 0] > 0, 0, layer_temp[..., 0])
     out = []
-    if any(any(x) for x in second):  # the top layer's saved activations and the head's freed by then
+    if second is not None:  # the top layer's saved activations and the head's freed by then
+        head = per_combination(lambda p, a: act.head_saved(arch, p, device))
+        weights, temp = second
         out.append(("backward", dict(states, **{
-            C.WEIGHTS: states[C.WEIGHTS] + per_layout(second, 0) * flag, C.GRADIENTS: g_fwd,
-            C.ACTIVATIONS: saved - layer - head, C.TEMPORARY: layer_temp + per_layout(second, 1) * flag})))
-    if any(any(x) for x in last):  # every layer's saved activations freed but its own
+            C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd,
+            C.ACTIVATIONS: saved - layer - head, C.TEMPORARY: layer_temp + temp * flag})))
+    if last is not None:  # every layer's saved activations freed but its own
+        weights, grads, temp = last
         out.append(("backward", dict(states, **{
-            C.WEIGHTS: states[C.WEIGHTS] + per_layout(last, 0) * flag,
-            C.GRADIENTS: g_fwd + per_layout(last, 1) * flag,
-            C.ACTIVATIONS: np.where(flag > 0, inputs + layer, saved),
-            C.TEMPORARY: layer_temp + per_layout(last, 2) * flag})))
+            C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
+            C.ACTIVATIONS: np.where(flag > 0, inputs + layer, saved), C.TEMPORARY: layer_temp + temp * flag})))
     return out
 
 
 def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple, n_end: int) -> list:
     """FSDP2's parameters moment by moment (fsdp.fsdp_weight_deltas) added to the weights of each phase: the
-    forward, the backward's first moment (the loss's), its later moments, the optimizer step; at the last `n_end`
-    backward moments (the embedding's) what FSDP2 holds there instead (fsdp.fsdp_backward_end)."""
-    d = [par_fsdp.fsdp_weight_deltas(arch, p, lay) for p in precs for lay in layouts]
-    if not any(any(x) for x in d):
+    forward, the backward's first moment (the loss's), its later moments (the blocks' backward, with what
+    fsdp.fsdp_blocks_backward adds to their temporaries), the optimizer step; at the last `n_end` backward moments
+    (the embedding's) what FSDP2 holds there instead (fsdp.fsdp_backward_end)."""
+    deltas = _layout_tables(lambda p, lay: par_fsdp.fsdp_weight_deltas(arch, p, lay), precs, layouts, sizes, dims)
+    if deltas is None:
         return phases
-    shape = (len(precs), len(layouts))
-
-    def table(rows: list) -> list:
-        return [lift(consts([x[k] for x in rows], shape), dims, sizes) for k in range(len(rows[0]))]
-
-    fwd, first, later, step = table(d)
-    end_w, end_g, end_t1, end_t2, blocks_t = table([par_fsdp.fsdp_backward_end(arch, p, lay)
-                                                    for p in precs for lay in layouts])
+    fwd, first, later, step = deltas
+    end_w, end_g, end_t1, end_t2 = _layout_tables(lambda p, lay: par_fsdp.fsdp_backward_end(arch, p, lay), precs,
+                                                  layouts, sizes, dims)
+    (blocks_t,) = _layout_tables(lambda p, lay: (par_fsdp.fsdp_blocks_backward(arch, p, lay),), precs, layouts,
+                                 sizes, dims)
     last_bwd = max(i for i, (name, _) in enumerate(phases) if name == "backward")
     out, previous = [], ""
     for i, (name, comps) in enumerate(phases):
@@ -161,13 +163,11 @@ def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tup
             comps[C.WEIGHTS] = comps[C.WEIGHTS] + end_w
             comps[C.GRADIENTS] = comps[C.GRADIENTS] + end_g
             comps[C.TEMPORARY] = comps[C.TEMPORARY] + (end_t2 if i == last_bwd else end_t1)
+        elif name == "backward" and previous == "backward":  # the blocks' backward
+            comps[C.WEIGHTS] = comps[C.WEIGHTS] + later
+            comps[C.TEMPORARY] = comps[C.TEMPORARY] + blocks_t
         else:
-            delta = {"forward": fwd, "optimizer": step}.get(name)
-            if name == "backward":
-                delta = later if previous == "backward" else first
-                if previous == "backward":  # the blocks' backward
-                    comps[C.TEMPORARY] = comps[C.TEMPORARY] + blocks_t
-            comps[C.WEIGHTS] = comps[C.WEIGHTS] + delta
+            comps[C.WEIGHTS] = comps[C.WEIGHTS] + {"forward": fwd, "backward": first, "optimizer": step}[name]
         previous = name
         out.append((name, comps))
     return out
@@ -257,9 +257,8 @@ def prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: st
     the rank's seq_len); the plan has one more axis, the frame's unique layouts."""
     l_code, layouts = par_layout.frame_layouts(frame)
     par_layout.check(arch, layouts, mode)
-    if arch.finetune is not None and arch.finetune.adapters and not all(
-            lay.deepspeed and lay.zero in (1, 2) and not lay.splits_model and lay.offload == "none" and lay.accum == 1
-            for lay in layouts):
+    if arch.finetune is not None and arch.finetune.adapters and not all(lay.deepspeed_data_parallel
+                                                                         for lay in layouts):
         raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU, or over data_parallel "
                          "ranks as DeepSpeed ZeRO-1/2 runs it, not with these parallel axes")
     if arch.kind != "transformer":

@@ -222,14 +222,14 @@ def deepspeed_buffers(lay, prec: Precision) -> tuple[int, int]:
 def deepspeed_step_gradients(lay, prec: Precision, n_z: int) -> int:
     """Bytes of gradients a DeepSpeed ZeRO rank holds in its optimizer step; -1 where the layout is not DeepSpeed's
     (ZeRO-3: the 16-bit partition stays beside the fp32 copy, measured on DeepSpeed 0.19.8)."""
-    if lay.deepspeed and lay.zero == 3 and lay.offload == "none" and prec.master_bytes > 0:
-        return n_z * (prec.master_bytes + prec.grad_bytes)
-    return n_z * prec.master_bytes if _deepspeed_partition_step(lay, prec) else -1
+    if not (_deepspeed_on_gpu(lay) and prec.master_bytes):
+        return -1
+    return n_z * (prec.master_bytes + (prec.grad_bytes if lay.zero == 3 else 0))
 
 
-def _deepspeed_partition_step(lay, prec: Precision) -> bool:
-    """DeepSpeed ZeRO-1/2 stepping an fp32 partition on the GPU (stage_1_and_2.py step, no offload)."""
-    return lay.deepspeed and lay.zero in (1, 2) and lay.offload == "none" and prec.master_bytes > 0
+def _deepspeed_on_gpu(lay) -> bool:
+    """DeepSpeed stepping on the GPU (no offload; stage_1_and_2.py and stage3.py step)."""
+    return lay.deepspeed and lay.offload == "none"
 
 
 @formula("parallel.deepspeed_norm_temp",
@@ -242,7 +242,7 @@ def _deepspeed_partition_step(lay, prec: Precision) -> bool:
               "of the embedding's gradient, 262,668,288 x 8 B, not at the fp32 update. Beside it the rank's 16-bit "
               "gradient partition, under ZeRO-1 as under ZeRO-2")
 def deepspeed_norm_temp(lay, prec: Precision, largest_tensor: int, n_z: int) -> int:
-    return 8 * min(largest_tensor, n_z) if _deepspeed_partition_step(lay, prec) else 0
+    return 8 * min(largest_tensor, n_z) if _deepspeed_on_gpu(lay) and prec.master_bytes and lay.zero in (1, 2) else 0
 
 
 TORCH_DDP_BUCKETS = source(
@@ -349,7 +349,7 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
                       host=host, step_gradients=deepspeed_step_gradients(lay, prec, n_o),
-                      step_released=gathered if lay.deepspeed and lay.zero == 3 and lay.offload == "none" else 0,
+                      step_released=gathered if _deepspeed_on_gpu(lay) and lay.zero == 3 else 0,
                       norm_temp=deepspeed_norm_temp(lay, prec, sp.largest_tensor, n_o),
                       norm_gradients=_share(gradients_bytes(arch, prec), n_o, psi))
 
