@@ -87,3 +87,14 @@ def test_a_deepspeed_layout_is_named_so_in_the_report():
     fsdp = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2}",
                                      model="{preset: qwen3-0.6b}"), "lora-fsdp.yaml")
     assert layout_text(fsdp, reference_point(fsdp)).endswith("DP 2 · ZeRO 2")
+
+
+def test_a_max_batch_cell_names_deepspeed_too_and_bucket_sizes_read_as_elements():
+    from nnmem_sweep import columns as C
+    from nnmem_sweep.report.format import axis_value
+    from nnmem_sweep.report.points import layout_text
+
+    sc = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true}"), "lora-ds.yaml")
+    cell = {C.TENSOR_PARALLEL: 1, C.PIPELINE_PARALLEL: 1, C.DATA_PARALLEL: 2, C.ZERO_STAGE: 2}  # no bucket columns
+    assert layout_text(sc, cell) == "TP 1 · PP 1 · DP 2 · DeepSpeed ZeRO 2"
+    assert axis_value(C.REDUCE_BUCKET, 500_000_000) == "500,000,000 elements"

@@ -104,6 +104,8 @@ def axis_value(axis: str, value: Any) -> str:
         return "on" if value else "off"
     if axis in ("seq_len", "cache_tokens", "decode_tokens", "batch"):
         return thousands(value)
+    if axis in ("reduce_bucket_size", "prefetch_bucket_size"):  # DeepSpeed's sizes count elements, not bytes
+        return f"{thousands(value)} elements"
     if axis == "gradient_sync":  # parallel.gradient_sync, in the words of the frameworks that set it
         return GRADIENT_SYNC_WORDS.get(str(value), str(value))
     return str(value)

@@ -133,6 +133,10 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
     else:
         axes = [a for a in LAYOUT_ORDER if a in point and (a in core or (
             sc.mode == "train" and (a in varying or point[a] != C.PARALLEL_DEFAULTS[a])))]
+    # a point without the bucket columns (a max-batch cell) reads them from the scenario: parallel.deepspeed sets
+    # them for every layout
+    deepspeed = any(point[a] if a in point else any(vs) for a, vs in axis_values(sc).items()
+                    if a in (C.REDUCE_BUCKET, C.PREFETCH_BUCKET))
     parts: list[str] = []
     for axis in axes:
         value = point[axis]
@@ -147,7 +151,7 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
             parts.append(f"{thousands(value)} micro-batches")
         elif axis in (C.PIPELINE_SCHEDULE, C.OFFLOAD):
             parts.append(f"{AXIS_LABELS[axis]} {value}")
-        elif axis == C.ZERO_STAGE and int(value) >= 1 and (point.get(C.REDUCE_BUCKET) or point.get(C.PREFETCH_BUCKET)):
+        elif axis == C.ZERO_STAGE and int(value) >= 1 and deepspeed:
             parts.append(f"DeepSpeed ZeRO {axis_value(axis, value)}")  # parallel.deepspeed: its buffers counted
         else:
             parts.append(f"{AXIS_LABELS[axis]} {axis_value(axis, value)}")
