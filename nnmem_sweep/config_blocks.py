@@ -370,7 +370,7 @@ def check_cluster(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
     ft = getattr(model, "finetune", None)
     if ft is not None and ft.adapters:
         ck.add("cluster", f"the cluster search plans full fine-tunes over tensor, pipeline and data parallelism; "
-                          f"finetune {ft.method} is planned over data_parallel ranks as FSDP or DeepSpeed ZeRO-1/2 "
+                          f"finetune {ft.method} is planned over data_parallel ranks as FSDP or DeepSpeed ZeRO "
                           "shard it: give those in parallel:", key=True)
         return None
     target = data.get("target") if isinstance(data.get("target"), dict) and ck.clean("target") else {}

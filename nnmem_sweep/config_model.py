@@ -111,7 +111,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel) and not deepspeed:
         ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, "
                            "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3), or under "
-                           "DeepSpeed ZeRO-1/2 over data_parallel ranks (parallel.deepspeed): "
+                           "DeepSpeed ZeRO-1, 2 or 3 over data_parallel ranks (parallel.deepspeed): "
                            f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
         return model
     if deepspeed:
@@ -133,7 +133,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
 
 
 def _under_deepspeed(data: dict, model, ft, ck: Checker):
-    """LoRA under DeepSpeed's engine (ZeRO-1/2 over data-parallel ranks, parallel/states.py _adapter_states): the
+    """LoRA under DeepSpeed's engine (ZeRO-1/2/3 over data-parallel ranks, parallel/states.py _adapter_states): the
     hand model of the adapters, which the bf16 engine casts to the model's dtype."""
     if not FM.hand_modelled(model, ft):
         ck.add("finetune", f"finetune {ft.method} under DeepSpeed is modelled for LoRA on the hand-modelled families "

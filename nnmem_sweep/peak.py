@@ -41,7 +41,7 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
             arch.kind == "derived" or (arch.finetune is not None and arch.finetune.adapters)):
         return frame
     if arch.kind != "derived" and all(lay.deepspeed_data_parallel for lay in par_layout.frame_layouts(frame)[1]):
-        return frame  # LoRA under DeepSpeed ZeRO-1/2 over data-parallel ranks: its parallel plan (parallel/plan.py)
+        return frame  # LoRA under DeepSpeed ZeRO over data-parallel ranks: its parallel plan (parallel/plan.py)
     # a model planned from its own code may also be sharded as FSDP2 shards it over data-parallel ranks alone
     # (zero_stage 2 or 3; 0 replicates it: one GPU's plan per rank): the estimator reads those two columns
     # (components/derived.py, its traced sharded plans)

@@ -1,4 +1,4 @@
-"""LoRA under DeepSpeed's ZeRO-1/2 engine from a scenario (issue 22; parallel/states.py _adapter_states, measured in
+"""LoRA under DeepSpeed's ZeRO-1/2/3 engine from a scenario (issue 22; parallel/states.py _adapter_states, measured in
 tests/test_deepspeed_truth.py): what runs, and what is refused in one located line."""
 from __future__ import annotations
 
@@ -41,12 +41,34 @@ def test_lora_under_zero2_keeps_the_base_whole_and_shards_the_adapters_states():
     assert abs(two[C.PEAK_ALLOCATED] - 8_261_341_460) <= 64 * 1024
 
 
+def test_lora_under_zero3_partitions_the_base_and_keeps_the_small_adapters_whole():
+    """The scenario's rows of the measured ZeRO-3 case's layout (tests/data/truth/deepspeed/...-qv-adaptermodel-ds2z3-
+    ...-s128, measured 4,467,737,364 B at the backward's peak): the held weights are the base's partition, the
+    adapters whole (each at most 1e5 elements) and their partition; the estimate is high there by the gathered
+    parameters DeepSpeed has released by then (test_deepspeed_truth.py)."""
+    text = _text(LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}").replace("seq_len: 1024", "seq_len: 128")
+    (row,) = [r for _, r in run_scenario(parse_scenario_text(text, "lora-ds3.yaml"), bands=False).results.iterrows()]
+    adapters = 1_703_936
+    gathered = 2 * 1_000_000_000  # stage3_max_live_parameters of bf16 parameters
+    assert row[C.WEIGHTS] == 1_235_814_400 + 2 * adapters + adapters + gathered
+    assert row[C.MASTER_WEIGHTS] == 4 * adapters // 2
+    assert 4_467_737_364 <= row[C.PEAK_ALLOCATED] <= 1.046 * 4_467_737_364
+    three = "Under ZeRO-3 the frozen base is partitioned"
+    from nnmem_sweep.report.assumptions import assumptions
+
+    sc = parse_scenario_text(text, "lora-ds3.yaml")
+    (items,) = [g["items"] for g in assumptions(sc)["groups"] if g["title"] == "Fine-tuning"]
+    assert three in " ".join(items)
+    two = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true}"), "lora-ds.yaml")
+    (items,) = [g["items"] for g in assumptions(two)["groups"] if g["title"] == "Fine-tuning"]
+    assert three not in " ".join(items)
+
+
 @pytest.mark.parametrize("finetune, parallel, where, words", [
     ("{method: qlora, rank: 16}", "{data_parallel: 2, zero_stage: 2, deepspeed: true}", "finetune",
      "under DeepSpeed is modelled for LoRA on the hand-modelled families"),
     ("{method: lora, rank: 16, adapter_dtype: fp32}", "{data_parallel: 2, zero_stage: 2, deepspeed: true}",
      "finetune.adapter_dtype", "casts the whole model to the model's dtype"),
-    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}", "finetune", "not modelled for adapters yet"),
     (LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true, gradient_accumulation: 4}", "finetune",
      "not modelled for adapters yet"),
 ])
@@ -98,3 +120,14 @@ def test_a_max_batch_cell_names_deepspeed_too_and_bucket_sizes_read_as_elements(
     cell = {C.TENSOR_PARALLEL: 1, C.PIPELINE_PARALLEL: 1, C.DATA_PARALLEL: 2, C.ZERO_STAGE: 2}  # no bucket columns
     assert layout_text(sc, cell) == "TP 1 · PP 1 · DP 2 · DeepSpeed ZeRO 2"
     assert axis_value(C.REDUCE_BUCKET, 500_000_000) == "500,000,000 elements"
+
+
+def test_the_reports_question_says_the_fine_tune():
+    """Page 1 asked which GPU 'trains' the model, where the scenario fine-tunes adapters on a frozen base."""
+    from nnmem_sweep.report import decision_options as D
+    from nnmem_sweep.report.decision import question_text
+
+    sc = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}"), "lora-ds3.yaml")
+    q = D.Question(kind="grid", point={C.BATCH: 2, C.SEQ_LEN: 1024, C.PRECISION: "bf16-master",
+                                        C.OPTIMIZER: "adamw"}, has_target=False)
+    assert question_text(sc, q).startswith("Which GPU fine-tunes Llama 3.2 1B with LoRA (rank 16) at batch 2 × 1,024")

@@ -256,7 +256,7 @@ def adapter_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str
         saved_elsewhere = saved_elsewhere and t.source not in no_grad  # nothing else saves a no-grad tensor
         if ft.dropout > 0:  # each target's own dropout: its output (saved by A) and the mask
             tok += c * n_in + (0 if t.source in no_grad else act.dropout_mask_bytes(device, a) * n_in)
-        elif p.autocast or x_bytes != a:  # a copy per target (peft's cast or autocast's), saved by A
+        elif not _reads_as_is(ft, p, x_bytes, a):  # a copy per target (peft's cast or autocast's), saved by A
             tok += c * n_in
         elif t.source not in shared:  # A reads the layer's own tensor: one storage for all its readers
             shared.add(t.source)
@@ -265,10 +265,52 @@ def adapter_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str
     return Term(tok=tok)
 
 
-@formula("frozen_layer_saved_bytes", "2 · frozen norm + frozen attention + frozen MLP + adapters", HU_2021,
+def _reads_as_is(ft: Finetune, p: Precision, x_bytes: int, a: int) -> bool:
+    """Whether an adapter's A reads the layer's own tensor (no dropout, no cast), which it then saves."""
+    return ft.dropout == 0 and not p.autocast and x_bytes == a
+
+
+DEEPSPEED_LINEAR = source("deepspeed-zero3-linear", "DeepSpeed runtime/zero/linear.py LinearFunctionForZeroStage3 "
+                          "(setup_context: ctx.save_for_backward(input, weight, bias)), installed as "
+                          "torch.nn.functional.linear by zero.Init (partition_parameters.py, mem_efficient_linear=True "
+                          "by default), which ZeRO-3's engine runs on the model",
+                          "https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/zero/linear.py")
+
+
+@formula("zero3_linear_inputs_bytes",
+         "per layer, each linear input that no adapter saves as it is: e·h (attention and MLP inputs; n·e·h under "
+         "autocast) + [eager] e·hq (o_proj input) + e·I (down_proj input); the first layer from its first adapter on",
+         DEEPSPEED_LINEAR, act.TORCH_AUTOGRAD,
+         where="DeepSpeed ZeRO-3's linear saves its input whether or not its weight needs a gradient, where a frozen "
+               "torch linear saves none (frozen_attention_saved_bytes, frozen_mlp_saved_bytes take them out)",
+         note="Measured on DeepSpeed 0.19.8 (Llama 3.2 1B, LoRA r16 on q and v, ZeRO-3 over 2 ranks): 16 layers x "
+              "(1 MiB MLP input + 4 MiB down_proj input) more than ZeRO-2 keeps at the forward's end, to the byte")
+def zero3_linear_inputs(arch: Architecture, p: Precision, ft: Finetune, attention: str, device: str = "cuda",
+                        no_grad: tuple[str, ...] = ()) -> Term:
+    a = adapter_dtype_bytes(ft, p)[0]
+    # a source an adapter reads as it is (no dropout, no cast) is saved by the adapter's A already: one storage
+    kept = {t.source for t in targets_of(arch, ft)
+            if _reads_as_is(ft, p, _source_bytes(arch, p, t.source, attention, device)[0], a)}
+    inputs = {"attn_in": 1 if arch.family == "gpt2" else 3,
+              "mlp_in": 1 if (arch.num_experts or arch.mlp != "gated") else 2}
+    tok = 0
+    for src in ("attn_in", "attn_out", "mlp_in", "mlp_mid"):
+        if src in no_grad or src in kept:
+            continue
+        if src in inputs:
+            tok += act.linear_inputs_saved(arch, p, inputs[src])
+        elif src == "attn_out" and _eager_out(arch, attention, device):
+            tok += p.act_bytes * arch.heads * arch.head_dim
+        elif src == "mlp_mid" and not arch.num_experts:
+            tok += p.act_bytes * arch.intermediate
+    return Term(tok=tok)
+
+
+@formula("frozen_layer_saved_bytes", "2 · frozen norm + frozen attention + frozen MLP + adapters "
+         "(+ zero3_linear_inputs_bytes under DeepSpeed ZeRO-3)", HU_2021,
          act.TORCH_AUTOGRAD, where="layers after the first; the first saves nothing before its first adapter")
 def frozen_layer_saved(arch: Architecture, p: Precision, ft: Finetune, attention: str, drop_scores: bool = False,
-                       device: str = "cuda", first: bool = False) -> Term:
+                       device: str = "cuda", first: bool = False, zero3: bool = False) -> Term:
     norm = frozen_norm_saved(arch, p)
     parts = [("attn_in", norm), ("attn", frozen_attention_saved(arch, p, attention, drop_scores, device)),
              ("mlp_in", norm), ("mlp", frozen_mlp_saved(arch, p, device))]
@@ -284,7 +326,8 @@ def frozen_layer_saved(arch: Architecture, p: Precision, ft: Finetune, attention
     total = ZERO
     for _, v in parts:
         total = total + v
-    return total + adapter_saved(arch, p, ft, attention, device, no_grad)
+    extra = zero3_linear_inputs(arch, p, ft, attention, device, no_grad) if zero3 else ZERO
+    return total + adapter_saved(arch, p, ft, attention, device, no_grad) + extra
 
 
 @formula("frozen_head_saved_bytes", "final norm (frozen) only: lm_head is frozen, its input is not saved",
@@ -367,15 +410,16 @@ def forward_cache_kv(arch: Architecture, p: Precision, ft: Finetune, attention: 
 
 
 def train_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, ft: Finetune = FULL,
-                      device: str = "cuda") -> act.TrainActivations:
-    """activations.train_activations for a frozen base with adapters (full: that function itself)."""
+                      device: str = "cuda", zero3: bool = False) -> act.TrainActivations:
+    """activations.train_activations for a frozen base with adapters (full: that function itself); zero3: under
+    DeepSpeed ZeRO-3, whose linears save their inputs (zero3_linear_inputs)."""
     if not ft.adapters:
         return act.train_activations(arch, p, attention, checkpointing, device)
     L = arch.layers
     drop = checkpointing == "selective"  # selective recomputation drops the attention scores
-    later = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device)
-    first = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device, first=True)
-    full_layer = frozen_layer_saved(arch, p, ft, attention, device=device)
+    later = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device, zero3=zero3)
+    first = frozen_layer_saved(arch, p, ft, attention, drop_scores=drop, device=device, first=True, zero3=zero3)
+    full_layer = frozen_layer_saved(arch, p, ft, attention, device=device, zero3=zero3)
     if checkpointing == "full":
         layers = L * act.checkpointed_layer_saved(arch, p)
     else:

@@ -260,13 +260,19 @@ DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TOLERANCE = {"peak": 0.005, "states": 0.001}  # one rank's peak: issue 22's 0.5 %
 
 
+# LoRA under ZeRO-3: the gathered parameters through the backward are not placed (DeepSpeed releases the tied head
+# after its backward and prefetches layers again): the estimate keeps the forward's, up to 4.5 % high at that peak
+DEEPSPEED_Z3_LORA_TOLERANCE = {"peak": 0.05, "states": 0.001}
+
+
 def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
           lora: tuple[str, ...] = ()) -> dict[str, Any]:
     # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
     case = _lora(model, 2, seq, "bf16-master", 16, lora, alpha=32, adapter_dtype="model") if lora else \
         _train(model, 2, seq, "bf16-master")
     tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", ""))
-    return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": DEEPSPEED_TOLERANCE,
+    tolerance = DEEPSPEED_Z3_LORA_TOLERANCE if lora and stage == 3 else DEEPSPEED_TOLERANCE
+    return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": tolerance,
             "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket}}
 
 
@@ -281,6 +287,8 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("llama-3.2-1b", 1024, 2, 2, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, lora=QV),
     _zero("llama-3.2-1b", 64, 4, 1, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, 10_000_000, lora=QV),
     _zero("llama-3.2-1b", 1024, 4, 2, lora=ALL_LINEAR),
+    # LoRA under ZeRO-3: the frozen base partitioned and gathered like a full fine-tune's, real tensors as above
+    _zero("llama-3.2-1b", 128, 2, 3, lora=QV), _zero("llama-3.2-1b", 512, 4, 3, lora=ALL_LINEAR),
 ]
 CASES += DEEPSPEED_CASES
 

@@ -109,18 +109,21 @@ def grads_live_in_forward(lay: Layout, in_flight: int) -> bool:
 def stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
                       device: str = "cuda") -> tuple[TrainActivations, TrainActivations | None, int, int]:
     """(first stage, last stage or None without pipeline, in-flight micro-batches of each) as Terms over s_l.
-    Data parallelism, ZeRO, offload and accumulation do not change them: cached without."""
+    Data parallelism, ZeRO, offload and accumulation do not change them (cached without), but for a frozen base
+    under DeepSpeed ZeRO-3, whose linears save their inputs (finetune.zero3_linear_inputs)."""
     return _stage_activations(arch, p, attention, checkpointing, replace(
-        lay, dp=1, zero=0, offload="none", accum=1, fp32_grads=False, sync="each", bucket_view=False), device)
+        lay, dp=1, zero=0, offload="none", accum=1, fp32_grads=False, sync="each", bucket_view=False), device,
+        lay.deepspeed and lay.zero == 3)
 
 
 @lru_cache(maxsize=4096)
 def _stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,
-                       device: str = "cuda") -> tuple[TrainActivations, TrainActivations | None, int, int]:
-    if arch.finetune is not None and arch.finetune.adapters:  # LoRA over data-parallel ranks (DeepSpeed ZeRO-1/2)
+                       device: str = "cuda", zero3_linear: bool = False
+                       ) -> tuple[TrainActivations, TrainActivations | None, int, int]:
+    if arch.finetune is not None and arch.finetune.adapters:  # LoRA over data-parallel ranks (DeepSpeed ZeRO)
         if lay.splits_model:
             raise ValueError("adapters are modelled over data-parallel ranks alone")
-        return F.train_activations(arch, p, attention, checkpointing, arch.finetune, device), None, 1, 1
+        return F.train_activations(arch, p, attention, checkpointing, arch.finetune, device, zero3_linear), None, 1, 1
     base = act.train_activations(arch, p, attention, checkpointing, device)
     if not lay.splits_model:
         return base, None, 1, 1

@@ -16,6 +16,7 @@ REDUCE_BUCKET_DEFAULT = 500_000_000
 ALLGATHER_BUCKET_DEFAULT = 500_000_000
 PREFETCH_BUCKET_DEFAULT = 50_000_000
 MAX_LIVE_DEFAULT = 1_000_000_000  # stage3_max_live_parameters: gathered parameters ZeRO-3 keeps alive per rank
+PERSISTENCE_THRESHOLD_DEFAULT = 100_000  # stage3_param_persistence_threshold: smaller tensors stay whole on each rank
 KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "overlap_comm",
         "contiguous_gradients")
 

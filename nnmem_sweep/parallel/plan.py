@@ -41,7 +41,7 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
     fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept", "gradients_in_step",
-              "norm_temp", "norm_gradients", "step_released")
+              "norm_temp", "norm_gradients", "step_released", "end_released")
     vals = {(st, f): [] for st in (0, 1) for f in fields}
     for p in precs:
         for o in opts:
@@ -239,7 +239,8 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
                                           C.TEMPORARY: s_["step_temp"]})),
         ]
         if any(lay.deepspeed for lay in layouts):  # DeepSpeed's gradient norm, before its step (states.py)
-            phases.append(("optimizer", dict(states, **{C.GRADIENTS: s_["norm_gradients"], C.ACTIVATIONS: inputs,
+            phases.append(("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["end_released"],
+                                                        C.GRADIENTS: s_["norm_gradients"], C.ACTIVATIONS: inputs,
                                                         C.TEMPORARY: s_["norm_temp"]})))
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
@@ -260,7 +261,7 @@ def prepare_train(arch: Architecture, mode: str, frame: pd.DataFrame, device: st
     if arch.finetune is not None and arch.finetune.adapters and not all(lay.deepspeed_data_parallel
                                                                          for lay in layouts):
         raise UsageError(f"finetune method {arch.finetune.method} is modelled on one GPU, or over data_parallel "
-                         "ranks as DeepSpeed ZeRO-1/2 runs it, not with these parallel axes")
+                         "ranks as DeepSpeed ZeRO runs it, not with these parallel axes")
     if arch.kind != "transformer":
         names = names[:3]
         axis_codes = axis_codes[:3]

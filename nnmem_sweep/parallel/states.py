@@ -145,6 +145,7 @@ class RankStates:
     norm_temp: int = 0  # DeepSpeed's gradient norm before the step (deepspeed_norm_temp), beside `norm_gradients`
     norm_gradients: int = 0  # the 16-bit gradient partition DeepSpeed holds from the backward's end to the step
     step_released: int = 0  # gathered parameters DeepSpeed's ZeRO-3 no longer holds in the step
+    end_released: int = 0  # ... nor from the backward's end (a frozen base: measured with none left before the step)
 
     @property
     def gradients_in_step(self) -> int:
@@ -320,7 +321,7 @@ def rank_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, 
 
 def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
     if arch.finetune is not None and arch.finetune.adapters:
-        return _adapter_states(arch, prec, opt, impl, lay)
+        return _adapter_states(arch, prec, opt, impl, lay, sp)
     psi = param_summary(arch).total
     n = sp.held
     nz = zero_params(sp, lay)
@@ -355,28 +356,49 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
 
 
 @formula("parallel.deepspeed_adapters",
-         "LoRA under DeepSpeed ZeRO-1/2: W = Ψ_base · w + Ψ_A · w on every rank;  M, S, T over the rank's partition "
-         "n_A = ⌈Ψ_A / d⌉ of the adapters;  gradients as ZeRO-1/2 keep them, of the adapters only",
+         "LoRA under DeepSpeed ZeRO-1/2: W = Ψ_base · w + Ψ_A · w on every rank (ZeRO-3: "
+         "parallel.deepspeed_adapter_weights);  M, S, T over the rank's partition n_A = ⌈Ψ_A / d⌉ of the adapters;  "
+         "gradients as the stage keeps them, of the adapters only",
          DEEPSPEED_ZERO, where="the engine (bf16) casts the whole model, adapters included, to bf16 and flattens "
                                "the trainable parameters alone into its partitioned groups; the frozen base is a "
                                "plain module parameter, whole on every rank",
-         note="Measured on DeepSpeed 0.19.8 (tests/data/truth/deepspeed/, Llama 3.2 1B, LoRA r16 on q and v). The "
-              "reduce bucket is allocated whole however few the adapters: 5e8 elements x 2 B for 1,703,936 trainable "
-              "parameters by default")
-def _adapter_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, lay: Layout) -> RankStates:
+         note="Measured on DeepSpeed 0.19.8 (tests/data/truth/deepspeed/, Llama 3.2 1B, LoRA r16 on q and v, and on "
+              "every linear). The reduce bucket is allocated whole however few the adapters: 5e8 elements x 2 B for "
+              "1,703,936 trainable parameters by default")
+def _adapter_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: str, lay: Layout,
+                    sp: StageParams) -> RankStates:
     ft = arch.finetune
     psi_a = F.adapter_params(arch, ft)
     n = _ceil(psi_a, lay.dp) if lay.zero >= 1 else psi_a  # the rank's partition of the adapters
     g_all = F.gradients_bytes(arch, prec, ft)
-    largest = max(k for k, _ in adapter_shapes(arch, ft))
+    shapes = adapter_shapes(arch, ft)
+    largest = max(k for k, _ in shapes)
+    weights, gathered = F.weights_bytes(arch, prec, ft), 0
+    if lay.zero == 3:
+        weights, gathered = deepspeed_adapter_weights(sp, lay, prec, shapes, n)
     return RankStates(
-        weights=F.weights_bytes(arch, prec, ft), gathered=0, master=_share(F.master_weights_bytes(arch, prec, ft),
-                                                                          n, psi_a),
+        weights=weights + gathered, gathered=gathered,
+        master=_share(F.master_weights_bytes(arch, prec, ft), n, psi_a),
         gradients=_share(g_all, n, psi_a) if lay.zero >= 2 else g_all,
         optimizer=_share(F.optimizer_state_bytes(arch, prec, opt, impl, ft), n, psi_a),
         step_temp=_share(F.optimizer_step_temporary_bytes(arch, prec, opt, impl, ft), n, psi_a), host=0,
         step_gradients=deepspeed_step_gradients(lay, prec, n), norm_temp=deepspeed_norm_temp(lay, prec, largest, n),
-        norm_gradients=_share(g_all, n, psi_a))
+        norm_gradients=_share(g_all, n, psi_a), step_released=gathered, end_released=gathered)
+
+
+@formula("parallel.deepspeed_adapter_weights",
+         "LoRA under DeepSpeed ZeRO-3: W = ⌈Ψ_base / d⌉ · w + n_A · w + Σ_{adapter tensors of ≤ T elements} numel · w, "
+         "and the gathered parameters as a full fine-tune's (parallel.deepspeed_buffers)",
+         DEEPSPEED_ZERO, where="T = stage3_param_persistence_threshold (1e5 elements, DeepSpeed's default): a tensor "
+         "that small stays whole on every rank, beside its share of the flat 16-bit partition; n_A = the rank's "
+         "partition of the adapters; the frozen base is partitioned like the trainable parameters, each tensor's "
+         "partition its own ds_tensor, and gathered module by module")
+def deepspeed_adapter_weights(sp: StageParams, lay: Layout, prec: Precision, shapes: list[tuple[int, int]],
+                              n_a: int) -> tuple[int, int]:
+    """(the rank's held 16-bit parameters, its gathered ones) of a LoRA step under DeepSpeed ZeRO-3."""
+    whole = sum(k * count for k, count in shapes if k <= DS.PERSISTENCE_THRESHOLD_DEFAULT)
+    held = (_ceil(sp.held, lay.dp) + n_a + whole) * prec.weight_bytes
+    return held, deepspeed_gathered_bytes(sp, lay, prec)
 
 
 NCCL_DOCS = source("nccl-env", "NVIDIA NCCL documentation, Environment Variables (NCCL_BUFFSIZE: 4 MiB per channel "

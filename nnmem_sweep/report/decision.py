@@ -72,7 +72,10 @@ def question_text(sc: Scenario, q: D.Question) -> str:
                 f"{int(p[C.SEQ_LEN]):,}-token prompt and {int(p.get(C.DECODE_TOKENS) or 0):,} generated tokens, with "
                 f"{recipe} weights{unset}?")
     where = "" if sc.parallel else ", on one GPU"
-    return f"Which GPU trains {name} at {_tokens_words(sc, int(p[C.BATCH]), int(p[C.SEQ_LEN]))} with {recipe}{where}{unset}?"
+    ft = getattr(sc.model, "finetune", None)
+    trains = f"trains {name}" if ft is None or not ft.adapters else \
+        f"fine-tunes {name} with {'QLoRA' if ft.method == 'qlora' else 'LoRA'} (rank {ft.rank})"
+    return f"Which GPU {trains} at {_tokens_words(sc, int(p[C.BATCH]), int(p[C.SEQ_LEN]))} with {recipe}{where}{unset}?"
 
 
 # ------------------------------------------------------------------------------------------------ throughput

@@ -111,10 +111,13 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
 
 def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
     """What a rank holds between steps, by kind: the model's parameters (ZeRO-1/2: views of DeepSpeed's flat 16-bit
-    buffers; ZeRO-3: the persistent ones whole, the others' partitions in its flat 16-bit groups) and buffers, the
+    buffers; ZeRO-3: the persistent ones whole, the others' partitions in its flat 16-bit groups or, frozen, each in its
+    own ds_tensor) and buffers, the
     fp32 partitions (master weights) and the optimizer's state over them."""
     stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
-    params = list(engine.module.parameters()) + (list(zero.fp16_partitioned_groups_flat) if stage3 else [])
+    params = list(engine.module.parameters())
+    if stage3:  # the trainable partitions in the flat groups; a frozen parameter's (LoRA's base) its own ds_tensor
+        params += list(zero.fp16_partitioned_groups_flat) + [getattr(p, "ds_tensor", None) for p in params]
     master = zero.fp32_partitioned_groups_flat if stage3 else zero.single_partition_of_fp32_groups
     return {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
             "master": [t for t in master if isinstance(t, torch.Tensor)],
