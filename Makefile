@@ -54,12 +54,13 @@ truth: $(MSTAMP)
 
 # The shipped plans of models without a hand model (nnmem_sweep/models/derived/): every measured case's and every
 # shipped scenario's that uses one, and the derived twins of the hand-modelled scenarios (their allocation sequences
-# give the replayed allocator reserve, replays.py), traced anew (NNMEM_SWEEP_REDERIVE=1). Minutes; run after
-# changing derive/.
+# give the replayed allocator reserve, replays.py), traced anew (NNMEM_SWEEP_REDERIVE=1), then the configs/
+# scenarios' replays and the GPU-kit points' on those plans (replays.SHIPPED_REPLAYS). Minutes; run after changing
+# derive/ or allocator/ (tests/test_replays_shipped.py says when the shipped replays are stale).
 derive: $(MSTAMP)
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
-	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
 	for points in validation/gpu*.yaml; do NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points $$points --ship; done
+	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive configs/*.yaml bench/grid_1m_derived.yaml --ship
 
 # Measured vs estimated on every committed case, and on every committed real-GPU run (validation/gpu/).
 accuracy: $(STAMP)

@@ -24,11 +24,16 @@ are stored (`make derive` ships those of the configs/ scenarios); the twin's res
 hand model's peak. Not replayed: a reserve given in `overheads:` (it stands), a model without a stored traced
 sequence (fine-tuned adapters, layer lists, params models, plans not derived; components/reserve.py says why for
 each row) or a parallel layout (the traces are of one GPU's step); those keep the default, labelled "not replayed".
+
+Each bisection is kept in the user's cache; the shipped scenarios' (configs/) ship with the package
+(SHIPPED_REPLAYS), keyed by their very sequence, so a user's first run of one bisects nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -38,6 +43,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -142,7 +148,7 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
     keys = [json.dumps([arch.derived.source.digest(), mode, {c: str(v) for c, v in row.items()}, lazy,
                         repr(options), RESOLUTION, FIRST_PROBE, _code_digest(), _versions(), PLAN_FORMAT])
             for row, lazy in jobs]
-    docs = [memo_read("replays", k) for k in keys]
+    docs = [None if _shipping else memo_read("replays", k) for k in keys]
     todo = [i for i, d in enumerate(docs) if d is None]
     for lazy in (True, False):
         part = [i for i in todo if jobs[i][1] is lazy]
@@ -154,8 +160,13 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
 
         def bisect(i_seq):
             i, (note, seq) = i_seq
-            doc = None if seq is None else dict(zip(("peak", "need"), least_capacity(seq, options)), note=note)
-            if doc is not None:  # a row without a sequence is not kept: a plan derived later has it
+            doc = None
+            if seq is not None:  # a row without a sequence is not kept: a plan derived later has it
+                key = sequence_key(seq, options)
+                found = shipped_replays().get(key) or dict(zip(("peak", "need"), least_capacity(seq, options)))
+                if _shipping:
+                    _shipping[0][key] = found
+                doc = dict(found, note=note)
                 memo_write("replays", keys[i], doc)
             done[0] += 1
             if progress and time.perf_counter() - start > 1.0:
@@ -180,6 +191,55 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
         if progress and time.perf_counter() - start > 1.0:
             print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
     return [(d["note"], (d["need"] - d["peak"]) / max(d["peak"], 1) if "need" in d else None) for d in docs]
+
+
+# The replays of the shipped scenarios (configs/), shipped beside the derived twins' plans (issue 20: a user's first
+# `make report` bisects nothing): each least capacity keyed by the sha256 of the very sequence it was bisected on, the
+# options and the allocator code, so a shipped result is used only for the same sequence under the same code.
+# `nnmem-sweep derive configs/*.yaml --ship` writes them (ship.derive_scenarios); tests/test_replays_shipped.py holds
+# them current.
+SHIPPED_REPLAYS = Path(__file__).resolve().parent / "models" / "derived" / "replays.json.gz"
+_shipping: list[dict[str, dict]] = []  # in shipping(): one dict, every replay's result by sequence_key
+
+
+def sequence_key(seq: np.ndarray, options: AllocatorOptions) -> str:
+    """What a least capacity depends on: the sequence's events, the allocator's options and code, the bisection's."""
+    h = hashlib.sha256(np.ascontiguousarray(seq, dtype=np.int64).tobytes())
+    h.update(json.dumps([list(seq.shape), repr(options), RESOLUTION, FIRST_PROBE, _code_digest()]).encode())
+    return h.hexdigest()
+
+
+def _shipped_groups() -> dict[str, dict[str, dict]]:
+    """{what was run (a config's path): {sequence_key: {"peak", "need"}}} as shipped (empty where there is none)."""
+    try:
+        return json.loads(gzip.decompress(SHIPPED_REPLAYS.read_bytes()))["replays"]
+    except (OSError, ValueError, EOFError, KeyError):
+        return {}
+
+
+@functools.cache
+def shipped_replays() -> dict[str, dict]:
+    """{sequence_key: {"peak", "need"}} shipped with the package, every group's."""
+    return {k: v for group in _shipped_groups().values() for k, v in group.items()}
+
+
+@contextlib.contextmanager
+def shipping() -> Iterator[dict[str, dict]]:
+    """The results of every replay run inside, by sequence_key, the user's cache unread (so each sequence is built
+    and keyed): what ship_groups() ships for a shipped scenario (ship.ship_replays)."""
+    _shipping[:] = [{}]
+    try:
+        yield _shipping[0]
+    finally:
+        _shipping.clear()
+
+
+def ship_groups(groups: dict[str, dict[str, dict]]) -> None:
+    """SHIPPED_REPLAYS with these groups replaced (a config shipped alone leaves the others' as they are)."""
+    doc = {"format": 1, "replays": {**_shipped_groups(), **groups}}
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    SHIPPED_REPLAYS.write_bytes(gzip.compress(data, mtime=0))
+    shipped_replays.cache_clear()
 
 
 @functools.cache

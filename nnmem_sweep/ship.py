@@ -40,7 +40,33 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
                 sc = dataclasses.replace(sc, model=twin, grid={**sc.grid, C.CHECKPOINTING: ck})
             run_scenario(sc, progress=progress)
             print(f"{path}: every plan of {sc.model.name} derived or found ({time.perf_counter() - t0:.1f} s)")
+    shipped = [p for p in configs if Path(p).resolve().parent == cache.SHIPPED.parents[2] / "configs"]
+    if ship and shipped:  # the shipped scenarios' replays; a benchmark's grid stays a first run
+        ship_replays(shipped, progress)
     return 0
+
+
+def ship_replays(configs: list[str], progress: bool = True) -> None:
+    """The replays each scenario's own run makes (its reserve and bands), and those of the committed GPU-kit runs'
+    points (every report's Validation section), shipped beside the plans (replays.SHIPPED_REPLAYS), one group per
+    config: a user's first run of a shipped scenario bisects nothing."""
+    from . import replays
+    from .config import load_scenario
+    from .gpu_compare import run_summaries
+    from .runner import run_scenario
+
+    runs = Path("validation/gpu")
+    jobs = [(str(path), lambda path=path: run_scenario(load_scenario(path), progress=progress)) for path in configs]
+    jobs += [(str(runs), lambda: run_summaries(runs))] if runs.is_dir() else []
+    groups = {}
+    for name, job in jobs:
+        t0 = time.perf_counter()
+        with replays.shipping() as made:
+            job()  # a scenario with its bands, as a report runs it
+        groups[name] = dict(sorted(made.items()))
+        print(f"{name}: {len(made)} replay(s) to ship ({time.perf_counter() - t0:.1f} s)")
+    replays.ship_groups(groups)
+    print(f"{len(replays.shipped_replays())} replays shipped in {replays.SHIPPED_REPLAYS}")
 
 
 def derive_truth(truth_dir: str | Path, ship: bool, only: list[str] | None = None) -> int:

@@ -1,0 +1,60 @@
+"""The shipped scenarios' replays (replays.SHIPPED_REPLAYS, issue 20): a user's first run of a configs/ scenario or of
+the report's Validation section bisects nothing, and a shipped least capacity is the bisection of its very sequence
+under today's allocator code. When the allocator code or a shipped plan changes, the first test fails until
+`nnmem-sweep derive configs/*.yaml --ship` (or ship.ship_replays) has shipped them again."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nnmem_sweep import replays
+from nnmem_sweep.allocator import AllocatorOptions
+from nnmem_sweep.config import load_scenario
+from nnmem_sweep.components.reserve import row_sequences
+from nnmem_sweep.derive.arch import derived_twin
+from nnmem_sweep.fit import scenario_max_batch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _no_bisection(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise AssertionError("a shipped scenario's replay was bisected: ship them again (nnmem-sweep derive "
+                         "configs/*.yaml --ship)")
+
+
+@pytest.mark.parametrize("config", ["configs/llama.yaml", "configs/qwen3.yaml", "configs/llama-70b-qlora-fsdp.yaml"])
+def test_a_shipped_scenarios_first_run_bisects_nothing(config, monkeypatch, tmp_path):
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))  # a user's first run: nothing in the user cache
+    monkeypatch.setattr(replays, "least_capacity", _no_bisection)
+    sc = load_scenario(ROOT / config)
+    refined = replays.refine(sc, scenario_max_batch(sc), bands=True)
+    assert refined.overheads.replayed_recipes  # replayed, from the shipped results
+
+
+def test_the_gpu_kits_points_bisect_nothing(monkeypatch, tmp_path):
+    from nnmem_sweep.gpu_compare import run_summaries
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))
+    monkeypatch.setattr(replays, "least_capacity", _no_bisection)
+    assert run_summaries(ROOT / "validation" / "gpu")
+
+
+def test_a_shipped_result_is_the_bisection_of_its_sequence():
+    sc = load_scenario(ROOT / "configs" / "llama.yaml")
+    rows = replays.boundary_rows(sc, scenario_max_batch(sc)).iloc[[0, 7, 19]]
+    options = AllocatorOptions()
+    for (_, seq) in row_sequences(derived_twin(sc.model), "train", rows):
+        shipped = replays.shipped_replays()[replays.sequence_key(seq, options)]
+        assert (shipped["peak"], shipped["need"]) == replays.least_capacity(seq, options)
+
+
+def test_another_sequence_or_other_options_miss_the_shipped_results():
+    seq = np.array([[1, 1 << 20], [2, 3 << 20], [1, -(1 << 20)], [2, -(3 << 20)]], dtype=np.int64)
+    key = replays.sequence_key(seq, AllocatorOptions())
+    other = seq.copy()
+    other[1, 1] += 512
+    assert replays.sequence_key(other, AllocatorOptions()) != key
+    assert replays.sequence_key(seq, AllocatorOptions.from_alloc_conf("expandable_segments:True")) != key
+    assert key not in replays.shipped_replays()  # so it is bisected, as any sequence the shipped runs did not meet
