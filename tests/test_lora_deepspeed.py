@@ -131,3 +131,20 @@ def test_the_reports_question_says_the_fine_tune():
     q = D.Question(kind="grid", point={C.BATCH: 2, C.SEQ_LEN: 1024, C.PRECISION: "bf16-master",
                                         C.OPTIMIZER: "adamw"}, has_target=False)
     assert question_text(sc, q).startswith("Which GPU fine-tunes Llama 3.2 1B with LoRA (rank 16) at batch 2 × 1,024")
+
+
+def test_the_zero_assumption_speaks_of_fsdp2_only_where_a_layout_is_fsdps():
+    """A scenario whose every layout is DeepSpeed's printed how FSDP2 shards a model, which none of its rows is."""
+    from nnmem_sweep.report.assumptions import assumptions
+
+    def zero_item(finetune: str, parallel: str) -> str:
+        text = _text(finetune, parallel)
+        if finetune == "none":
+            text = text.replace("finetune: none\n", "")
+        sc = parse_scenario_text(text, "lora-ds.yaml")
+        return next(i for g in assumptions(sc)["groups"] for i in g["items"] if i.startswith("ZeRO partitions"))
+
+    deepspeed = zero_item(LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}")
+    assert "FSDP2" not in deepspeed and "as the DeepSpeed item below says" in deepspeed
+    fsdp = zero_item("none", "{data_parallel: 2, zero_stage: 3}")
+    assert "modelled as PyTorch's FSDP2 runs it" in fsdp

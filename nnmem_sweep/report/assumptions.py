@@ -112,22 +112,28 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             items.append(_UNSYNCED_TEXT)
         return items
     if sc.mode == "train":
+        zero = ("ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer "
+                "state, stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank")
+        if all(int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,))):  # every layout DeepSpeed's: not FSDP's model
+            zero += "; DeepSpeed's buffers and gathered parameters as the DeepSpeed item below says."
+        else:
+            zero += (
+                "; ZeRO-3 adds two gathered copies of the largest unit (a transformer block, the embedding or the "
+                "head: the one in use and the prefetched one); without parallel.deepspeed no reduce bucket is "
+                "counted. A transformer sharded over data-parallel ranks alone (no TP, PP or offload) is modelled as "
+                "PyTorch's FSDP2 runs it, one fully_shard per decoder block and at the root, as measured on one rank "
+                "(tests/data/truth/sharded: every phase within 16 KiB at 1,024 tokens, the peak within 0.4 % at "
+                "128): ZeRO-2 as SHARD_GRAD_OP (the shard at rest, and every block unsharded from forward to "
+                "backward), ZeRO-3 as FULL_SHARD (the shard, the root unsharded from forward to backward, one "
+                "block's all-gather at the loss, two blocks in the rest of the backward); each block resharded after "
+                "its backward, the embedding's backward holding the blocks' gradient shards and two reduce-scatter "
+                "inputs. FSDP1 (accelerate's default) measured against this: its peak the same to 260 B at 1,024 "
+                "tokens, within 1.8 % at 128.")
         items += [
             "Parameters per rank (Megatron-LM): attention and MLP matrices and the vocabulary-parallel embedding and "
             "head are split over TP, norms and row-parallel biases are replicated; a pipeline stage holds ⌈L/PP⌉ "
             "layers, the first stage the embedding, the last the final norm and the head.",
-            "ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer state, "
-            "stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank; ZeRO-3 adds two gathered "
-            "copies of the largest unit (a transformer block, the embedding or the head: the one in use and the "
-            "prefetched one); without parallel.deepspeed no reduce bucket is counted. A transformer sharded over "
-            "data-parallel ranks alone (no TP, PP or offload) is modelled as PyTorch's FSDP2 runs it, one "
-            "fully_shard per decoder block and at the root, as measured on one rank (tests/data/truth/sharded: every "
-            "phase within 16 KiB at 1,024 tokens, the peak within 0.4 % at 128): ZeRO-2 as SHARD_GRAD_OP (the "
-            "shard at rest, and every block unsharded from forward to backward), ZeRO-3 as FULL_SHARD (the shard, "
-            "the root unsharded from forward to backward, one block's all-gather at the loss, two blocks in the "
-            "rest of the backward); each block resharded after its backward, the embedding's backward holding the "
-            "blocks' gradient shards and two reduce-scatter inputs. FSDP1 (accelerate's default) measured against "
-            "this: its peak the same to 260 B at 1,024 tokens, within 1.8 % at 128.",
+            zero,
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
