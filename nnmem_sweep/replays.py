@@ -253,6 +253,8 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
     resumed from a checkpoint), replayed like a scenario's recipe under `alloc_conf` (PYTORCH_CUDA_ALLOC_CONF text;
     "" the defaults); (None, why) where no traced sequence is stored (allow_deriving: a hand-modelled preset's
     twin is derived when it is not)."""
+    if C.REDUCE_BUCKET in row.index and int(row[C.REDUCE_BUCKET]) > 0:
+        return None, "not replayed: a DeepSpeed rank's step is not traced (its bytes are the hand model's)"
     twin = derived_twin(arch, allow_deriving)
     if twin is None:
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"

@@ -180,7 +180,9 @@ def _held_on_gpu() -> int:
 
 def _child(point: dict[str, Any], args: argparse.Namespace, out: Path, left: float) -> None:
     """Run one point in a child process with its allocator setting (read once, when CUDA starts)."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=str(point["allocator"]), **{OTHERS_ENV: str(_held_on_gpu())})
+    env = dict(os.environ, **{OTHERS_ENV: str(_held_on_gpu())})
+    if point.get("allocator"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = str(point["allocator"])
     cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(args.points), "--out", str(out), "--only",
            point["id"], "--budget", str(max(int(left), 1)), "--child"] + (["--dry-run"] if args.dry_run else [])
     subprocess.run(cmd, env=env, check=False)
@@ -248,6 +250,10 @@ def _run_points(todo: list[dict[str, Any]], args: argparse.Namespace, device: st
         conf = str(point.get("allocator") or "")
         if conf and os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") != conf:
             print(f"gpu-check: {tag}: in a child process with PYTORCH_CUDA_ALLOC_CONF={conf}", flush=True)
+            _child(point, args, out, left)
+            continue
+        if point.get("deepspeed") and not args.child:  # DeepSpeed keeps its first process group for the process
+            print(f"gpu-check: {tag}: in a child process (DeepSpeed's engine)", flush=True)
             _child(point, args, out, left)
             continue
         print(f"gpu-check: {tag}: {point.get('why', '')}", flush=True)

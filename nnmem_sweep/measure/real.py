@@ -30,6 +30,7 @@ import torch
 
 from ..workload.build import (build_model, build_optimizer, case_config, default_dtype, make_workload, model_dtype,
                               run_contexts, sharding)
+from ..workload import zero_engine
 from ..workload.steps import run_steps, storage_bytes
 from .meters import meter_for
 
@@ -49,6 +50,11 @@ def _build(case: dict[str, Any], device: str, state: dict | None):
     cfg, _ = case_config(case)
     train = case["mode"] == "train"
     torch.manual_seed(0)
+    if case.get("deepspeed"):  # one rank of DeepSpeed's engine (inside sharding(case): its comm on the fake group)
+        if state is not None:
+            raise ValueError("a DeepSpeed point is run fresh: resume is not modelled for its engine")
+        with torch.device(device), default_dtype(torch.bfloat16):
+            return zero_engine.engine_workload(case, cfg)
     with torch.device(device), default_dtype(model_dtype(case.get("precision", "fp32"))):
         model = build_model(case, cfg, fake=False)
         opt = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach")) if train else None
@@ -92,7 +98,8 @@ def run_once(case: dict[str, Any], meter, steps: int, state: dict | None = None)
                  *(v for v in w.inputs.values() if isinstance(v, torch.Tensor)),
                  *(_optimizer_tensors(w.optimizer) if w.optimizer is not None else [])]
     before = storage_bytes(externals)
-    with run_contexts(case, fake=False), meter.run(externals):
+    finite = zero_engine.answered_finite(w.optimizer.zero) if case.get("deepspeed") else contextlib.nullcontext()
+    with run_contexts(case, fake=False), meter.run(externals), finite:
         totals = run_steps(w, meter)
     return {"records": list(meter.records), "before_bytes": before, "totals": totals}
 
@@ -185,7 +192,9 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
                   say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
     cannot hold ends with `error` set (OOM ...), the figures measured before it kept."""
-    with frozen_heap(), sharding(case):  # a sharded point: one rank on PyTorch's fake process group, every run
+    # a sharded point: one rank on PyTorch's fake process group (DeepSpeed's: with its comm layer on it), every run
+    group = zero_engine.comm(zero_engine.check(case["deepspeed"])[0]) if case.get("deepspeed") else sharding(case)
+    with frozen_heap(), group:
         return _measure_point(case, device, steps=steps, timing_steps=timing_steps, resume=resume, bisect=bisect,
                               resolution=resolution, snapshot=snapshot, deadline=deadline, say=say)
 

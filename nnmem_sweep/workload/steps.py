@@ -70,6 +70,7 @@ class Workload:
     # accumulating until then
     grad_sync: str = "each"
     reference: torch.nn.Module | None = None  # preference tuning's frozen reference model (workload/preference.py)
+    backward: Callable[[torch.Tensor], None] | None = None  # DeepSpeed's engine.backward (zero_engine.py)
 
 
 # Non-empty once this process ran a backward pass (a trace or a measurement): autograd's engine then refuses to run in
@@ -142,7 +143,10 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
                 with rec.phase("backward", step):
                     if not BACKWARD_RAN:
                         BACKWARD_RAN.append(True)
-                    loss.backward()
+                    if w.backward is not None:
+                        w.backward(loss)
+                    else:
+                        loss.backward()
                     del loss
             totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
             if w.optimizer is None:  # the derive package's probe: forward and backward of one step, grads kept

@@ -89,6 +89,7 @@ def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: d
 def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
     """Module docstring: under FakeTensorMode, DeepSpeed's overflow check and its norm check run as they do (what
     they allocate is recorded) and are answered "finite", what a real bf16 step with finite gradients answers."""
+    import deepspeed.runtime.zero.stage3 as S3
     import deepspeed.runtime.zero.stage_1_and_2 as S12
 
     check_overflow, check_norm = zero.has_overflow, S12.is_invalid_grad_norm
@@ -102,11 +103,14 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
             (~torch.isfinite(norm) | (norm < 0)).any()
         return False
 
-    zero.has_overflow, S12.is_invalid_grad_norm = has_overflow, is_invalid_grad_norm
+    # a GPU run's collectives on the fake process group move nothing either: a gathered partition holds whatever
+    # the block held before (measure/real.py), so ZeRO-3's check is answered the same
+    zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm = \
+        has_overflow, is_invalid_grad_norm, is_invalid_grad_norm
     try:
         yield
     finally:
-        zero.has_overflow, S12.is_invalid_grad_norm = check_overflow, check_norm
+        zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm = check_overflow, check_norm, check_norm
 
 
 def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
@@ -122,3 +126,33 @@ def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, li
     return {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
             "master": [t for t in master if isinstance(t, torch.Tensor)],
             "opt": [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]}
+
+
+class EngineOptimizer:
+    """What run_steps (workload/steps.py) steps for a DeepSpeed workload: the engine's step(), which zeroes the
+    gradients itself; the torch optimizer's state, for the totals; the ZeRO optimizer, for answered_finite."""
+
+    def __init__(self, engine, optimizer: torch.optim.Optimizer, zero) -> None:  # noqa: ANN001
+        self.engine, self.state, self.zero = engine, optimizer.state, zero
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - engine.step() zeroed them
+        return None
+
+
+def engine_workload(case: dict[str, Any], cfg: dict[str, Any]):  # noqa: ANN201 - a steps.Workload
+    """One rank of DeepSpeed's engine on real tensors on the current device (the GPU kit, measure/real.py; inside
+    comm(world) and the device's context): the model built in bf16 (DeepSpeed's bf16 mode; the case's recipe,
+    bf16-master, names the fp32 partition and state it keeps), its workload with the engine as the model, its
+    backward and its step."""
+    from .build import build_model, build_optimizer, make_workload
+
+    plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}
+    model = build_model(plain, cfg, fake=False)
+    w = make_workload(plain, cfg, model, None)
+    optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
+    engine, zero = initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake=False)
+    w.model, w.optimizer, w.backward = engine, EngineOptimizer(engine, optimizer, zero), engine.backward
+    return w

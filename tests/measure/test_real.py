@@ -210,3 +210,29 @@ def test_a_sharded_kit_point_runs_one_rank_and_counts_what_fsdpmemtracker_counts
     steps = whole["totals"]["optimizer_state_bytes"] - 2 * (whole["totals"]["optimizer_state_bytes"] -
                                                             rec["totals"]["optimizer_state_bytes"])
     assert 0 <= steps < 4096
+
+
+DEEPSPEED_POINTS = {p["id"]: p for p in load_points("validation/gpu-deepspeed.yaml")}
+
+
+@pytest.mark.parametrize("point_id", list(DEEPSPEED_POINTS))
+def test_a_deepspeed_kit_point_runs_one_rank_of_its_engine(point_id):
+    """validation/gpu-deepspeed.yaml's points, at their dry-run size, in a process of their own (DeepSpeed keeps its
+    first process group for the process: the kit runs each in a child): one rank of DeepSpeed's engine, whose
+    optimizer state is AdamW's two fp32 moments over the rank's partition of what trains, and its step counter."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (deepspeed==0.19.8, DS_BUILD_OPS=0)")
+    case = tiny(case_of(DEEPSPEED_POINTS[point_id]))
+    code = ("import json, sys; from nnmem_sweep.measure.real import measure_point; "
+            "rec = measure_point(json.loads(sys.argv[1]), 'cpu', timing_steps=0, bisect=False); "
+            "print(json.dumps({k: rec[k] for k in ('max_allocated', 'totals')}))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(case)], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    rec = json.loads(done.stdout.strip().splitlines()[-1])
+    from nnmem_sweep.workload.build import build_model, case_config
+
+    plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}  # as the engine builds it
+    model = build_model(plain, case_config(case)[0], fake=True)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    world = case["deepspeed"]["world"]
+    assert rec["totals"]["optimizer_state_bytes"] in {2 * 4 * -(-trained // world) + 4 * k for k in (1, 2)}
+    assert rec["max_allocated"] > 2 * case["deepspeed"]["reduce_bucket_size"]  # its reduce bucket, 16-bit
