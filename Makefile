@@ -75,7 +75,7 @@ KITPY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 BUDGET  ?= 420
 POINTS  ?= validation/gpu.yaml
 gpu-check:
-	PYTHONPATH=. PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit $(POINTS) --budget $(BUDGET) \
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit $(POINTS) --budget $(BUDGET) \
 		$(if $(DRY),--dry-run) $(if $(GPU_OUT),--out $(GPU_OUT))
 
 clean:
