@@ -55,8 +55,10 @@ def ship_replays(configs: list[str], progress: bool = True) -> None:
     from .gpu_compare import run_summaries
     from .runner import run_scenario
 
+    root = cache.SHIPPED.parents[2]
     runs = Path("validation/gpu")
-    jobs = [(str(path), lambda path=path: run_scenario(load_scenario(path), progress=progress)) for path in configs]
+    jobs = [(Path(path).resolve().relative_to(root).as_posix(),  # one group per config, however it was named
+             lambda path=path: run_scenario(load_scenario(path), progress=progress)) for path in configs]
     jobs += [(str(runs), lambda: run_summaries(runs))] if runs.is_dir() else []
     groups = {}
     for name, job in jobs:

@@ -24,13 +24,17 @@ def _no_bisection(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
                          "configs/*.yaml --ship)")
 
 
-@pytest.mark.parametrize("config", ["configs/llama.yaml", "configs/qwen3.yaml", "configs/llama-70b-qlora-fsdp.yaml"])
+CONFIGS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 def test_a_shipped_scenarios_first_run_bisects_nothing(config, monkeypatch, tmp_path):
     monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))  # a user's first run: nothing in the user cache
     monkeypatch.setattr(replays, "least_capacity", _no_bisection)
     sc = load_scenario(ROOT / config)
     refined = replays.refine(sc, scenario_max_batch(sc), bands=True)
-    assert refined.overheads.replayed_recipes  # replayed, from the shipped results
+    if config in ("configs/llama.yaml", "configs/qwen3.yaml", "configs/llama-70b-qlora-fsdp.yaml"):
+        assert refined.overheads.replayed_recipes  # replayed, from the shipped results
 
 
 def test_the_gpu_kits_points_bisect_nothing(monkeypatch, tmp_path):
