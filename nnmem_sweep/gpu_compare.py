@@ -97,7 +97,8 @@ def estimate_on(arch, mode: str, frame: pd.DataFrame, gpu: GPUSpec, runtime: tup
         if device == "cpu" else {}
     ov = Overheads(gpus=(gpu,), runtime=runtime, **host)
     row = estimate_frame(arch, mode, frame, ov, DEFAULT_HEADROOM, device=device).iloc[0]
-    twin = derived_twin(arch, allow_deriving=True) if (allow_deriving and device == "cuda") else None
+    deepspeed = C.REDUCE_BUCKET in frame.columns and int(frame[C.REDUCE_BUCKET].iloc[0]) > 0  # no traced rank
+    twin = derived_twin(arch, allow_deriving=True) if (allow_deriving and device == "cuda" and not deepspeed) else None
     if twin is not None and twin is not arch:
         estimate_frame(twin, mode, frame, ov, DEFAULT_HEADROOM)  # derives the twin's plan: its allocation sequence
     frac, note = (None, "the CPU has no caching allocator") if device == "cpu" else \
