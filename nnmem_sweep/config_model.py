@@ -112,7 +112,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, "
                            "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3), or under "
                            "DeepSpeed ZeRO-1, 2 or 3 over data_parallel ranks (parallel.deepspeed): "
-                           f"{', '.join(sharding_axes(parallel))} is not modelled for adapters yet", key=True)
+                           f"{_off_adapter_layouts(parallel)} not modelled for adapters yet", key=True)
         return model
     if deepspeed:
         return _under_deepspeed(data, model, ft, ck)
@@ -130,6 +130,22 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
         return model
+
+
+def _off_adapter_layouts(parallel: dict) -> str:
+    """What takes a layout off those adapters are planned for, in words, with its verb (the refusal's): under
+    DeepSpeed any axis but data_parallel, zero_stage and its buffers (accumulation too); else any but FSDP's
+    (data_parallel, zero_stage 2 or 3, accumulation and its sync)."""
+    deepspeed = any(int(b) > 0 for b in parallel.get(C.REDUCE_BUCKET, (0,)))
+    allowed = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET) if deepspeed else \
+        (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
+    off = [a for a, vs in parallel.items() if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, *allowed)
+           and any(v != C.PARALLEL_DEFAULTS[a] for v in vs)]
+    if not deepspeed and 1 in {int(z) for z in parallel.get(C.ZERO_STAGE, ())}:
+        off.append("zero_stage 1 (FSDP shards the gradients with the optimizer state: 2 or 3)")
+    named = off or sharding_axes(parallel)
+    return f"{', '.join(named)}{' with parallel.deepspeed' if deepspeed and off else ''} " \
+        f"{'is' if len(named) == 1 else 'are'}"
 
 
 def _under_deepspeed(data: dict, model, ft, ck: Checker):

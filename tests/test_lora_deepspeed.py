@@ -70,7 +70,11 @@ def test_lora_under_zero3_partitions_the_base_and_keeps_the_small_adapters_whole
     ("{method: lora, rank: 16, adapter_dtype: fp32}", "{data_parallel: 2, zero_stage: 2, deepspeed: true}",
      "finetune.adapter_dtype", "casts the whole model to the model's dtype"),
     (LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true, gradient_accumulation: 4}", "finetune",
-     "not modelled for adapters yet"),
+     ": gradient_accumulation with parallel.deepspeed is not modelled for adapters yet"),
+    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true, offload: optimizer}", "finetune",
+     ": offload with parallel.deepspeed is not modelled for adapters yet"),  # it named every axis off one GPU
+    (LORA, "{data_parallel: 2, zero_stage: 1}", "finetune", ": zero_stage 1 (FSDP shards the gradients with the "
+     "optimizer state: 2 or 3) is not modelled for adapters yet"),
 ])
 def test_what_lora_under_deepspeed_does_not_cover_is_one_located_line(finetune, parallel, where, words):
     with pytest.raises(ScenarioError) as e:
