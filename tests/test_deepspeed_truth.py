@@ -18,7 +18,7 @@ EMBEDDING_1B = 128_256 * 2_048  # Llama 3.2 1B's (tied) embedding, elements
 
 def _case(world: int, stage: int, seq: int, bucket: int = 500_000_000, model: str = "llama-3.2-1b"):
     return next(c for c in CASES if c["inputs"]["model"] == model and c["inputs"]["seq_len"] == seq
-                and not c["inputs"].get("finetune")
+                and not c["inputs"].get("finetune") and not c["inputs"].get("gradient_accumulation")
                 and c["inputs"]["deepspeed"] == {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket})
 
 
@@ -43,7 +43,8 @@ def test_a_ranks_peak_within_half_a_percent_in_its_phase(case):
     assert abs(est["peak_bytes"] - m["peak_bytes"]) <= 0.005 * m["peak_bytes"]
 
 
-ZERO12 = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] < 3]
+ZERO12 = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] < 3
+          and not c["inputs"].get("gradient_accumulation")]  # accumulating: test_accumulation_...
 ZERO3 = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] == 3 and not c["inputs"].get("finetune")]
 
 
@@ -153,6 +154,36 @@ def test_zero3_its_step_to_the_byte_its_forward_and_backward_within_one_and_a_ha
     for phase, gap in (("forward", 0.0017), ("backward", 0.015)):
         assert 0 <= m[phase]["peak_bytes"] - est[phase] <= gap * m[phase]["peak_bytes"], phase
     assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
+
+
+ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation")]
+STRADDLE_1B_2 = 19_372_032  # the tensor across the end of Llama 3.2 1B's first partition of 2: kept whole, not counted
+
+
+@pytest.mark.parametrize("case", ACCUM, ids=[c["case_id"] for c in ACCUM])
+def test_accumulation_every_phase_within_64_kib_but_the_partitions_straddling_tensor(case):
+    """2 micro-batches per step (gradient_accumulation_steps): the second finds kept what the first left, ZeRO-1 the
+    whole 16-bit gradients and the reduce bucket (parallel.deepspeed_kept_bucket: 1.0 GB, the estimate 5.0 % low
+    without it), ZeRO-2 its 16-bit gradient partition, LoRA its adapters' (every phase within 33 KB of the estimate,
+    but the short sequence's backward, 0.21 % high as without accumulation). Full fine-tunes keep the tensor across
+    the partition's end whole as well, which the estimate does not count."""
+    est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
+    lora, short = bool(case["inputs"].get("finetune")), case["inputs"]["seq_len"] < 1024
+    for phase, mp in m.items():
+        gap = est[phase] - mp["peak_bytes"]
+        if lora and short and phase == "backward":
+            assert 0 < gap <= 0.0025 * mp["peak_bytes"]
+        elif lora or (phase != "optimizer" and case["inputs"]["deepspeed"]["zero_stage"] == 1):
+            assert abs(gap) <= 64 * 1024, phase
+        else:
+            assert abs(gap + STRADDLE_1B_2) <= 64 * 1024, phase
+
+
+def test_zero1_with_accumulation_keeps_the_bucket_beside_the_whole_gradients():
+    m = next(c for c in ACCUM if c["inputs"]["deepspeed"]["zero_stage"] == 1)["measured"]["phases"]
+    one = _case(2, 1, 1024)["measured"]["phases"]
+    # the second micro-batch starts from what the first left: whole bf16 gradients and a 5e8-element bf16 bucket
+    assert m["forward"]["start_bytes"] - one["forward"]["start_bytes"] == 1_235_814_400 * 2 + 500_000_000 * 2
 
 
 def test_zero1_holds_what_zero2_holds_from_the_backwards_end():

@@ -266,14 +266,16 @@ DEEPSPEED_Z3_LORA_TOLERANCE = {"peak": 0.05, "states": 0.001}
 
 
 def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
-          lora: tuple[str, ...] = ()) -> dict[str, Any]:
+          lora: tuple[str, ...] = (), accum: int = 1) -> dict[str, Any]:
     # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
     case = _lora(model, 2, seq, "bf16-master", 16, lora, alpha=32, adapter_dtype="model") if lora else \
         _train(model, 2, seq, "bf16-master")
-    tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", ""))
+    tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", "")) + \
+        (f"-accum{accum}" if accum > 1 else "")
     tolerance = DEEPSPEED_Z3_LORA_TOLERANCE if lora and stage == 3 else DEEPSPEED_TOLERANCE
     return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": tolerance,
-            "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket}}
+            "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket},
+            **({"gradient_accumulation": accum} if accum > 1 else {})}
 
 
 DEEPSPEED_CASES: list[dict[str, Any]] = [
@@ -289,6 +291,9 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("llama-3.2-1b", 1024, 4, 2, lora=ALL_LINEAR),
     # LoRA under ZeRO-3: the frozen base partitioned and gathered like a full fine-tune's, real tensors as above
     _zero("llama-3.2-1b", 128, 2, 3, lora=QV), _zero("llama-3.2-1b", 512, 4, 3, lora=ALL_LINEAR),
+    # accumulation (gradient_accumulation_steps 2): what a micro-batch finds kept from the one before
+    _zero("llama-3.2-1b", 1024, 2, 2, accum=2), _zero("llama-3.2-1b", 1024, 2, 1, accum=2),
+    _zero("llama-3.2-1b", 1024, 2, 2, lora=QV, accum=2), _zero("llama-3.2-1b", 64, 2, 2, lora=QV, accum=2),
 ]
 CASES += DEEPSPEED_CASES
 

@@ -40,29 +40,36 @@ def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
             params = sum(p.numel() for p in model.parameters())
             inputs = make_workload(plain, cfg, model, None).inputs
         optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
-        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake)
+        accum = int(case.get("gradient_accumulation", 1))
+        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake, accum)
         with run_contexts(plain, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
-            _step(engine, inputs, None)  # the first step makes the optimizer state (module docstring)
+            _step(engine, inputs, None, accum)  # the first step makes the optimizer state (module docstring)
             rec = Recorder()
             held = Z.held_tensors(engine, zero, optimizer)
             for kind, tensors in held.items():
                 rec.external(tensors, kind)
             with rec:
-                _step(engine, inputs, rec)
+                _step(engine, inputs, rec, accum)
                 rec.mark("end")
         totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
     return {"params": params, **_phases(rec.trace(), totals)}
 
 
-def _step(engine, inputs: dict[str, Any], rec) -> None:  # noqa: ANN001
+def _step(engine, inputs: dict[str, Any], rec, accum: int = 1) -> None:  # noqa: ANN001
+    """One optimizer step of `accum` micro-batches, each forward and engine.backward(), then engine.step() (which
+    steps at the last micro-batch only); the micro-batches before the last marked "forward.k" / "backward.k"."""
     mark = rec.mark if rec is not None else (lambda name: None)
-    mark("forward")
-    out = engine(**inputs)
-    loss = out.loss
-    del out  # only the loss is kept into backward, as transformers' Trainer does
-    mark("backward")
-    engine.backward(loss)
-    del loss
+    for k in range(accum):
+        tag = "" if k == accum - 1 else f".{k}"
+        mark("forward" + tag)
+        out = engine(**inputs)
+        loss = out.loss
+        del out  # only the loss is kept into backward, as transformers' Trainer does
+        mark("backward" + tag)
+        engine.backward(loss)
+        del loss
+        if k < accum - 1:
+            engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
     mark("optimizer")
     engine.step()
 
@@ -73,14 +80,19 @@ def _storage_bytes(tensors) -> int:
 
 
 def _phases(tr, totals: dict[str, int]) -> dict[str, Any]:
+    """Per phase the peak of the live bytes over its segments (every micro-batch's forward, backward) and where the
+    last micro-batch's started."""
     live = np.cumsum(tr.events[:, 1])
-    order = ["forward", "backward", "optimizer", "end"]
-    phases = {}
-    for name, nxt in zip(order, order[1:]):
-        i, j = tr.marks[name], tr.marks[nxt]
+    marks = sorted(tr.marks.items(), key=lambda kv: kv[1])  # (name, event index) in order; "end" last
+    phases: dict[str, dict[str, int]] = {}
+    for (name, i), (_, j) in zip(marks, marks[1:]):
+        base = name.split(".")[0]
         before = int(live[i - 1]) if i else 0
-        phases[name] = {"peak_bytes": int(max(before, live[i:j].max() if j > i else before)),
-                        "start_bytes": before}
+        peak = int(max(before, live[i:j].max() if j > i else before))
+        cur = phases.setdefault(base, {"peak_bytes": peak, "start_bytes": before})
+        cur["peak_bytes"] = max(cur["peak_bytes"], peak)
+        if "." not in name:
+            cur["start_bytes"] = before
     peak_phase = max(phases, key=lambda p: phases[p]["peak_bytes"])
     return {"peak_bytes": phases[peak_phase]["peak_bytes"], "peak_phase": peak_phase, "phases": phases,
             "totals": totals}

@@ -57,10 +57,9 @@ class Layout:
 
     @property
     def deepspeed_data_parallel(self) -> bool:
-        """DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone, no offload or accumulation: the layouts a LoRA step
-        under DeepSpeed is planned for (parallel/states.py _adapter_states; the scenario's: deepspeed_dp_only)."""
-        return (self.deepspeed and self.zero in (1, 2, 3) and not self.splits_model and self.offload == "none"
-                and self.accum == 1)
+        """DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (accumulating or not), no offload: the layouts a LoRA
+        step under DeepSpeed is planned for (parallel/states.py _adapter_states; the scenario's: deepspeed_dp_only)."""
+        return self.deepspeed and self.zero in (1, 2, 3) and not self.splits_model and self.offload == "none"
 
     @property
     def unsharded_grads_kept(self) -> bool:
@@ -254,11 +253,12 @@ def fsdp_only(parallel: dict) -> bool:
 
 
 def deepspeed_dp_only(parallel: dict) -> bool:
-    """A `parallel:` block that is DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (its reduce bucket given, nothing
+    """A `parallel:` block that is DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (its reduce bucket given, its
+    gradient accumulation, nothing
     else off its default): the layouts LoRA under DeepSpeed is modelled for (states.py _adapter_states; per layout,
     Layout.deepspeed_data_parallel)."""
     return all(int(b) > 0 for b in parallel.get(C.REDUCE_BUCKET, (0,))) and \
-        _only(parallel, (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET), {1, 2, 3})
+        _only(parallel, (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION), {1, 2, 3})
 
 
 def _only(parallel: dict, also: tuple[str, ...], stages: set[int]) -> bool:

@@ -82,14 +82,16 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
     ZeRO-3's in the step too; PyTorch DDP's allreduce buckets (states.ddp_bucket_bytes) in every phase, made when
     the model is wrapped. `dims`: the plan dimensions of precision and layout."""
     tables = _layout_tables(lambda p, lay: (*par_states.deepspeed_buffers(lay, p),
-                                            par_states.ddp_bucket_bytes(arch, lay, p)), precs, layouts, sizes, dims)
+                                            par_states.ddp_bucket_bytes(arch, lay, p),
+                                            par_states.deepspeed_kept_bucket(lay, p)), precs, layouts, sizes, dims)
     if tables is None:
         return phases
-    bwd, step, always = tables
+    bwd, step, always, kept = tables
     out, previous = [], ""
     for name, comps in phases:  # a stage's phases: forward, the backward's moments (the loss's first), optimizer
-        extra = always + (bwd if name == "backward" and previous in ("backward", "") else 0) + \
-            (step if name == "optimizer" else 0)
+        after_loss = name == "backward" and previous in ("backward", "")
+        extra = always + (bwd if after_loss else 0) + (step if name == "optimizer" else 0) + \
+            (kept if name in ("forward", "backward") and not after_loss else 0)
         previous = name
         comps = dict(comps)
         comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra

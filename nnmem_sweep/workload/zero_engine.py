@@ -37,13 +37,13 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
     return world, stage
 
 
-def ds_config(spec: dict[str, Any], batch: int) -> dict[str, Any]:
+def ds_config(spec: dict[str, Any], batch: int, accum: int = 1) -> dict[str, Any]:
     """The ds_config of `spec`: bf16, the stage and the bucket settings given (DeepSpeed's defaults otherwise)."""
     zero: dict[str, Any] = {"stage": int(spec.get("zero_stage", 2))}
     for key in ("reduce_bucket_size", "overlap_comm", "contiguous_gradients"):
         if key in spec:
             zero[key] = spec[key]
-    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
             "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
 
 
@@ -73,15 +73,17 @@ def comm(world: int) -> Iterator[None]:
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: dict[str, Any], batch: int,
-               fake: bool):
-    """(engine, ZeRO optimizer) for `model` (call inside comm(world) and, when fake, the FakeTensorMode)."""
+               fake: bool, accum: int = 1):
+    """(engine, ZeRO optimizer) for `model` (call inside comm(world) and, when fake, the FakeTensorMode); `accum`
+    micro-batches per optimizer step (gradient_accumulation_steps: engine.step() steps at the last)."""
     import deepspeed
 
     from .build import replacing_module_to
 
     check(spec)
     with replacing_module_to() if fake else contextlib.nullcontext():
-        engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(spec, batch))
+        engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                  config=ds_config(spec, batch, accum))
     return engine, zero
 
 
