@@ -111,7 +111,9 @@ def test_lora_under_zero3_forward_and_step_within_0_6_percent_backward_high_by_a
     first, as in the full fine-tune's case), the step to 86 KB and 3.4 MB. The backward keeps the forward's gathered
     parameters, where DeepSpeed has released the tied head's 525 MB after its backward and prefetched 332 MB of
     layers back: 4.5 % high where the backward's peak comes at the last layer's attention (q, v), 0.55 % low where it
-    comes at its first linear (every linear). The peak's phase is the measured one."""
+    comes at its first linear (every linear). Accumulating (q, v, 2 micro-batches), the kept bucket in the second's
+    forward and loss (parallel.deepspeed_kept_bucket): forward 0.37 % and backward 0.39 % low. The peak's phase is
+    the measured one."""
     est, m = A.estimate_case(case), case["measured"]
     assert est["peak_phase"] == m["peak_phase"] == "backward"
     for phase, within in (("forward", 0.006), ("optimizer", 0.002)):
@@ -136,7 +138,8 @@ def test_lora_under_zero3_ranks_hold_their_partition_and_the_small_adapters_whol
         states, _ = rank_states(A.architecture_of(case), get_precision("bf16-master"), get_optimizer("adamw"),
                                 "foreach", lay)
         assert states.weights - states.gathered + norms == held
-    (qv,) = [c for c in LORA3 if c["inputs"]["finetune"]["targets"] == ["q_proj", "v_proj"]]
+    (qv,) = [c for c in LORA3 if c["inputs"]["finetune"]["targets"] == ["q_proj", "v_proj"]
+             and not c["inputs"].get("gradient_accumulation")]
     adapters = 16 * 16 * ((2_048 + 2_048) + (2_048 + 512))  # each tensor 32,768 or 8,192 elements: whole
     assert qv["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 2 * adapters + adapters + norms
 
@@ -156,7 +159,7 @@ def test_zero3_its_step_to_the_byte_its_forward_and_backward_within_one_and_a_ha
     assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
 
 
-ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation")]
+ACCUM = [c for c in CASES if c["inputs"].get("gradient_accumulation") and not _lora_zero3(c)]  # ZeRO-3: LORA3
 STRADDLE_1B_2 = 19_372_032  # the tensor across the end of Llama 3.2 1B's first partition of 2: kept whole, not counted
 
 
@@ -184,6 +187,17 @@ def test_zero1_with_accumulation_keeps_the_bucket_beside_the_whole_gradients():
     one = _case(2, 1, 1024)["measured"]["phases"]
     # the second micro-batch starts from what the first left: whole bf16 gradients and a 5e8-element bf16 bucket
     assert m["forward"]["start_bytes"] - one["forward"]["start_bytes"] == 1_235_814_400 * 2 + 500_000_000 * 2
+
+
+def test_zero3_with_accumulation_keeps_its_bucket_too():
+    """LoRA under ZeRO-3, 2 micro-batches: the second starts with the reduce bucket (5e8 bf16 elements) and the
+    adapters' 16-bit gradient partition (and 2 KiB more), so its forward and its loss's moment hold the bucket: the
+    estimate was 20 % and 8 % low there without it (parallel.deepspeed_kept_bucket), now 0.37 % and 0.39 %."""
+    (accum,) = [c for c in LORA3 if c["inputs"].get("gradient_accumulation")]
+    (one,) = [c for c in LORA3 if c["inputs"]["seq_len"] == accum["inputs"]["seq_len"]
+              and not c["inputs"].get("gradient_accumulation")]
+    held = accum["measured"]["phases"]["forward"]["start_bytes"] - one["measured"]["phases"]["forward"]["start_bytes"]
+    assert 0 <= held - (1_000_000_000 + 2 * 851_968) <= 4096
 
 
 def test_zero1_holds_what_zero2_holds_from_the_backwards_end():

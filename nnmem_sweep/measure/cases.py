@@ -294,6 +294,7 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     # accumulation (gradient_accumulation_steps 2): what a micro-batch finds kept from the one before
     _zero("llama-3.2-1b", 1024, 2, 2, accum=2), _zero("llama-3.2-1b", 1024, 2, 1, accum=2),
     _zero("llama-3.2-1b", 1024, 2, 2, lora=QV, accum=2), _zero("llama-3.2-1b", 64, 2, 2, lora=QV, accum=2),
+    _zero("llama-3.2-1b", 128, 2, 3, lora=QV, accum=2),
 ]
 CASES += DEEPSPEED_CASES
 

@@ -161,8 +161,9 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                          "end (each rank's 16-bit gradient partition), the norm copies each gradient to fp64, the "
                          "update holds the partition in fp32 (ZeRO-3: beside the 16-bit one, its gathered parameters "
                          "released). Accumulating, ZeRO-1 keeps the whole 16-bit gradients and its reduce bucket "
-                         "until the boundary, ZeRO-2 its gradient partition. Measured on DeepSpeed's own engine on one "
-                         "rank (tests/data/truth/deepspeed): ZeRO-1/2 peaks within 0.13 %, LoRA within 0.21 %, "
+                         "until the boundary, ZeRO-2 its gradient partition, ZeRO-3 its bucket. Measured on "
+                         "DeepSpeed's own engine on one rank (tests/data/truth/deepspeed): ZeRO-1/2 peaks within "
+                         "0.13 %, LoRA within 0.21 %, "
                          "accumulating over 2 micro-batches within 0.11 %; ZeRO-3 one case (Llama 3.2 1B over 2 "
                          "ranks, 128 tokens): its step to the byte, its forward 0.16 % and its backward 1.44 % above "
                          "the estimate.")
