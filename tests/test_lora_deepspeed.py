@@ -160,5 +160,9 @@ def test_the_zero_assumption_speaks_of_fsdp2_only_where_a_layout_is_fsdps():
 
     deepspeed = zero_item(LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}")
     assert "FSDP2" not in deepspeed and "as the DeepSpeed item below says" in deepspeed
+    accumulating = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true, "
+                                                   "gradient_accumulation: 4}"), "lora-ds.yaml")
+    texts = [i for g in assumptions(accumulating)["groups"] for i in g["items"]]
+    assert not any("under FSDP" in i for i in texts) and any("Accumulating, ZeRO-1 keeps" in i for i in texts)
     fsdp = zero_item("none", "{data_parallel: 2, zero_stage: 3}")
     assert "modelled as PyTorch's FSDP2 runs it" in fsdp

@@ -114,7 +114,8 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
     if sc.mode == "train":
         zero = ("ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer "
                 "state, stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank")
-        if all(int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,))):  # every layout DeepSpeed's: not FSDP's model
+        deepspeed_only = all(int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,)))
+        if deepspeed_only:  # every layout DeepSpeed's: not FSDP's model
             zero += "; DeepSpeed's buffers and gathered parameters as the DeepSpeed item below says."
         else:
             zero += (
@@ -137,8 +138,8 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
-        if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())) and \
-                any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())):
+        if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())) and not deepspeed_only and \
+                any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())):  # FSDP's sync (DeepSpeed's: its item)
             items.append(_UNSYNCED_TEXT)
         if sc.model.kind == "params" and any(int(z) == 3 for z in axes[C.ZERO_STAGE]):
             items.append(
