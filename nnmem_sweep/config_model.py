@@ -136,9 +136,8 @@ def _off_adapter_layouts(parallel: dict) -> str:
     """What takes a layout off those adapters are planned for, in words, with its verb (the refusal's): under
     DeepSpeed any axis but data_parallel, zero_stage and its buffers (accumulation too); else any but FSDP's
     (data_parallel, zero_stage 2 or 3, accumulation and its sync)."""
-    deepspeed = any(int(b) > 0 for b in parallel.get(C.REDUCE_BUCKET, (0,)))
-    allowed = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION) if deepspeed else \
-        (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
+    deepspeed = L.deepspeed_layouts(parallel)
+    allowed = L.DEEPSPEED_AXES if deepspeed else L.FSDP_AXES
     off = [a for a, vs in parallel.items() if a not in (C.DATA_PARALLEL, C.ZERO_STAGE, *allowed)
            and any(v != C.PARALLEL_DEFAULTS[a] for v in vs)]
     if not deepspeed and 1 in {int(z) for z in parallel.get(C.ZERO_STAGE, ())}:

@@ -6,6 +6,7 @@ import re
 import tempfile
 from pathlib import Path
 
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout the package runs from: configs/, tests/, validation/
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

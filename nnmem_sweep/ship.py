@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import columns as C
 from .derive import cache, shipping
+from .paths import REPO_ROOT
 
 
 def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> int:
@@ -41,7 +42,7 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
                 sc = dataclasses.replace(sc, model=twin, grid={**sc.grid, C.CHECKPOINTING: ck})
             run_scenario(sc, progress=progress)
             print(f"{path}: every plan of {sc.model.name} derived or found ({time.perf_counter() - t0:.1f} s)")
-    shipped = [p for p in configs if Path(p).resolve().parent == cache.SHIPPED.parents[2] / "configs"]
+    shipped = [p for p in configs if Path(p).resolve().parent == REPO_ROOT / "configs"]
     if ship and shipped:  # the shipped scenarios' replays; a benchmark's grid stays a first run
         ship_replays(shipped, progress)
     return 0
@@ -56,9 +57,8 @@ def ship_replays(configs: list[str], progress: bool = True) -> None:
     from .gpu_compare import run_summaries
     from .runner import run_scenario
 
-    root = cache.SHIPPED.parents[2]
     runs = Path("validation/gpu")
-    jobs = [(Path(path).resolve().relative_to(root).as_posix(),  # one group per config, however it was named
+    jobs = [(Path(path).resolve().relative_to(REPO_ROOT).as_posix(),  # one group per config, however it was named
              lambda path=path: run_scenario(load_scenario(path), progress=progress)) for path in configs]
     jobs += [(str(runs), lambda: run_summaries(runs))] if runs.is_dir() else []
     groups = {}

@@ -60,6 +60,11 @@ def _strings_plain(values: pa.Array) -> bool:
     return not pc.any(pc.match_substring_regex(values, _NEEDS_QUOTES_ARROW)).as_py()
 
 
+def _words(cats: pd.Index) -> bool:
+    """Categories that are all strings (what either CSV path writes as a categorical's words)."""
+    return pd.api.types.is_string_dtype(cats.dtype) and all(isinstance(c, str) for c in cats)
+
+
 _QUOTABLE = re.compile(r'[,"]')  # what a categorical's word may hold on the fast path: quoted by placeholder
 _UNQUOTABLE = re.compile(r'[\r\n\x00\x02]')  # what sends it to pandas (line ends, NUL, the placeholder's mark)
 
@@ -68,9 +73,7 @@ def _placeholders(col: pd.Series, subs: list[tuple[bytes, bytes]]) -> pd.Series 
     """A categorical with its words that need quoting replaced by placeholders (appended to `subs` with the quoted
     word each stands for); None where a word cannot be quoted so."""
     cats = col.dtype.categories
-    if not (pd.api.types.is_string_dtype(cats.dtype) and all(isinstance(c, str) for c in cats)):
-        return None
-    if any(_UNQUOTABLE.search(c) for c in cats):
+    if not _words(cats) or any(_UNQUOTABLE.search(c) for c in cats):
         return None
     new = []
     for c in cats:
@@ -91,7 +94,7 @@ def _arrow_column(col: pd.Series) -> pa.Array | None:
         return pa.array(col.to_numpy())
     if isinstance(dtype, pd.CategoricalDtype):
         cats = dtype.categories
-        if not (pd.api.types.is_string_dtype(cats.dtype) and all(isinstance(c, str) for c in cats)):
+        if not _words(cats):
             return None
         words = pa.array(list(cats), type=pa.large_string())
         if len(words) and not _strings_plain(words):

@@ -53,7 +53,7 @@ def _build(case: dict[str, Any], device: str, state: dict | None):
     if case.get("deepspeed"):  # one rank of DeepSpeed's engine (inside sharding(case): its comm on the fake group)
         if state is not None:
             raise ValueError("a DeepSpeed point is run fresh: resume is not modelled for its engine")
-        with torch.device(device), default_dtype(torch.bfloat16):
+        with torch.device(device):  # the model in bf16, the rest as the truth's (zero_engine.engine_workload)
             return zero_engine.engine_workload(case, cfg)
     with torch.device(device), default_dtype(model_dtype(case.get("precision", "fp32"))):
         model = build_model(case, cfg, fake=False)

@@ -27,25 +27,20 @@ def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
 
     from ..derive.trace import Recorder
     from ..workload import zero_engine as Z
-    from ..workload.build import build_model, build_optimizer, default_dtype, make_workload, model_dtype, run_contexts
+    from ..workload.build import run_contexts
 
     world, stage = Z.check(case["deepspeed"])
     fake = stage < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
-    # the model in bf16 (DeepSpeed's bf16 mode; the case's recipe, bf16-master, names the fp32 partition and state)
-    plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}
     with Z.comm(world), FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         torch.manual_seed(0)
-        with default_dtype(model_dtype(plain["precision"])):
-            model = build_model(plain, cfg, fake)
-            params = sum(p.numel() for p in model.parameters())
-            inputs = make_workload(plain, cfg, model, None).inputs
-        optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
-        accum = int(case.get("gradient_accumulation", 1))
-        engine, zero = Z.initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake, accum)
-        with run_contexts(plain, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
+        w = Z.engine_workload(case, cfg, fake)
+        engine, zero, inputs, accum = w.model, w.optimizer.zero, w.inputs, w.accum
+        # a ZeRO-3 parameter's numel is its partition's once partitioned: ds_numel is the whole tensor's
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+        with run_contexts(case, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
             _step(engine, inputs, None, accum)  # the first step makes the optimizer state (module docstring)
             rec = Recorder()
-            held = Z.held_tensors(engine, zero, optimizer)
+            held = Z.held_tensors(engine, zero, w.optimizer.optimizer)
             for kind, tensors in held.items():
                 rec.external(tensors, kind)
             with rec:

@@ -244,21 +244,32 @@ def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=(
                 raise UsageError(msg)
 
 
+# the axes besides data_parallel and zero_stage that each sharded family takes off their default (fsdp_only,
+# deepspeed_dp_only; config_model names the others in its refusal)
+FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
+DEEPSPEED_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION)
+
+
+def deepspeed_layouts(axes: dict, every: bool = False) -> bool:
+    """Whether the layouts of `axes` ({axis: values}: a `parallel:` block, a scenario's axis values) are DeepSpeed's
+    (a reduce bucket given): any of them, or `every` one."""
+    given = [int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,))]
+    return all(given) if every else any(given)
+
+
 def fsdp_only(parallel: dict) -> bool:
     """A `parallel:` block a model planned from its own code takes: data-parallel ranks sharded as FSDP2 shards them
     (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every micro-batch reduce-scatters
     into the rank's kept gradient shards); its plans are the sharded step traced on PyTorch's fake process group
     (workload/fsdp.py)."""
-    return _only(parallel, (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW), {0, 2, 3})
+    return _only(parallel, FSDP_AXES, {0, 2, 3})
 
 
 def deepspeed_dp_only(parallel: dict) -> bool:
     """A `parallel:` block that is DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (its reduce bucket given, its
-    gradient accumulation, nothing
-    else off its default): the layouts LoRA under DeepSpeed is modelled for (states.py _adapter_states; per layout,
-    Layout.deepspeed_data_parallel)."""
-    return all(int(b) > 0 for b in parallel.get(C.REDUCE_BUCKET, (0,))) and \
-        _only(parallel, (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION), {1, 2, 3})
+    gradient accumulation, nothing else off its default): the layouts LoRA under DeepSpeed is modelled for
+    (states.py _adapter_states; per layout, Layout.deepspeed_data_parallel)."""
+    return deepspeed_layouts(parallel, every=True) and _only(parallel, DEEPSPEED_AXES, {1, 2, 3})
 
 
 def _only(parallel: dict, also: tuple[str, ...], stages: set[int]) -> bool:

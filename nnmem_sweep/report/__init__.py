@@ -21,7 +21,7 @@ from ..errors import Problem, ScenarioError
 from ..gpu_compare import run_summaries
 from ..grid import checked_size
 from ..outputs import OutputSet, checkpoint
-from ..paths import atomic_write_bytes, atomic_write_text
+from ..paths import REPO_ROOT, atomic_write_bytes, atomic_write_text
 from ..provenance import run_id as provenance_run_id
 from ..runner import output_tables, run_scenario, write_tables
 from ..tablefile import csv_bytes
@@ -31,7 +31,6 @@ from .provenance import collect
 from .render import render_html, render_pdf
 
 AUTO = "auto"
-_REPO = Path(__file__).resolve().parents[2]
 
 
 class _Progress:
@@ -50,7 +49,8 @@ def load_formulas() -> list:
 
 def load_validation(truth_dir: Path | None = None):
     """accuracy.compare over the committed measured cases, or None when there are none (section omitted)."""
-    folder = truth_dir or next((d for d in (Path("tests/data/truth"), _REPO / "tests/data/truth") if d.is_dir()), None)
+    folder = truth_dir or next((d for d in (Path("tests/data/truth"), REPO_ROOT / "tests/data/truth")
+                                if d.is_dir()), None)
     if folder is None or not any(folder.glob("*.json")):
         return None
     return accuracy.compare(accuracy.load_cases(folder))
@@ -61,8 +61,8 @@ def load_gpu_evidence(validation: Any = AUTO) -> dict[str, Any] | None:
     snapshots of real GPUs (tests/data/snapshots) replayed, and the committed GPU-kit runs (validation/gpu/)."""
     if not (isinstance(validation, str) and validation == AUTO):
         return None
-    snaps = next((d for d in (Path("tests/data/snapshots"), _REPO / "tests/data/snapshots") if d.is_dir()), None)
-    runs = next((d for d in (Path("validation/gpu"), _REPO / "validation/gpu") if d.parent.is_dir()), None)
+    snaps = next((d for d in (Path("tests/data/snapshots"), REPO_ROOT / "tests/data/snapshots") if d.is_dir()), None)
+    runs = next((d for d in (Path("validation/gpu"), REPO_ROOT / "validation/gpu") if d.parent.is_dir()), None)
     return {"snapshots": snapshot_evidence(snaps, _kept) if snaps else [],
             "gpu_runs": run_summaries(runs) if runs else None}
 

@@ -15,7 +15,7 @@ from ..components.overhead import has_convolutions, modelled
 from ..components.runtime import nccl_bytes
 from ..replays import DEFAULT_NOTE
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
-from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
+from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, deepspeed_layouts
 from ..scenario import Scenario
 from ..units import parse_size
 from .format import DASH, gib, percent
@@ -114,7 +114,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
     if sc.mode == "train":
         zero = ("ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer "
                 "state, stage 2 the gradients too, stage 3 the weights too, ⌈n/DP⌉ on every rank")
-        deepspeed_only = all(int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,)))
+        deepspeed_only = deepspeed_layouts(axes, every=True)
         if deepspeed_only:  # every layout DeepSpeed's: not FSDP's model
             zero += "; DeepSpeed's buffers and gathered parameters as the DeepSpeed item below says."
         else:
@@ -195,7 +195,7 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
         return []
     name = "QLoRA" if ft.method == "qlora" else "LoRA"
     targets = F.trained(sc.model, ft)[0]
-    deepspeed = any(axis_values(sc).get(C.REDUCE_BUCKET, ()))
+    deepspeed = deepspeed_layouts(axis_values(sc))
     dtype = ("fp32 (peft casts the adapters of a 16-bit model to fp32: autocast_adapter_dtype=True)"
              if ft.adapter_dtype == "fp32" else "the model's dtype (DeepSpeed's bf16 engine casts the whole model)"
              if deepspeed else "the model's dtype (autocast_adapter_dtype=False)")

@@ -132,10 +132,15 @@ def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, li
 
 class EngineOptimizer:
     """What run_steps (workload/steps.py) steps for a DeepSpeed workload: the engine's step(), which zeroes the
-    gradients itself; the torch optimizer's state, for the totals; the ZeRO optimizer, for answered_finite."""
+    gradients itself; the torch optimizer (its state, for the totals) and the ZeRO optimizer (answered_finite,
+    held_tensors)."""
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer, zero) -> None:  # noqa: ANN001
-        self.engine, self.state, self.zero = engine, optimizer.state, zero
+        self.engine, self.optimizer, self.zero = engine, optimizer, zero
+
+    @property
+    def state(self):  # noqa: ANN201 - the torch optimizer's
+        return self.optimizer.state
 
     def step(self) -> None:
         self.engine.step()
@@ -144,17 +149,18 @@ class EngineOptimizer:
         return None
 
 
-def engine_workload(case: dict[str, Any], cfg: dict[str, Any]):  # noqa: ANN201 - a steps.Workload
-    """One rank of DeepSpeed's engine on real tensors on the current device (the GPU kit, measure/real.py; inside
-    comm(world) and the device's context): the model built in bf16 (DeepSpeed's bf16 mode; the case's recipe,
-    bf16-master, names the fp32 partition and state it keeps), its workload with the engine as the model, its
-    backward and its step."""
-    from .build import build_model, build_optimizer, make_workload
+def engine_workload(case: dict[str, Any], cfg: dict[str, Any], fake: bool = False):  # noqa: ANN201 - a Workload
+    """One rank of DeepSpeed's engine for `case`, inside comm(world) (and FakeTensorMode when fake: the truth,
+    measure/zero_step.py; the device's context for the GPU kit, measure/real.py): the model built in bf16
+    (DeepSpeed's bf16 mode; the case's recipe, bf16-master, names the fp32 partition and state it keeps), its
+    workload with the engine as the model, its backward, and its step over the case's micro-batches."""
+    from .build import build_model, build_optimizer, default_dtype, make_workload
 
     plain = {**{k: v for k, v in case.items() if k != "deepspeed"}, "precision": "bf16"}
-    model = build_model(plain, cfg, fake=False)
-    w = make_workload(plain, cfg, model, None)
+    with default_dtype(torch.bfloat16):
+        model = build_model(plain, cfg, fake)
+        w = make_workload(plain, cfg, model, None)
     optimizer = build_optimizer(model, case["optimizer"], case.get("optimizer_impl", "foreach"))
-    engine, zero = initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake=False)
+    engine, zero = initialize(model, optimizer, case["deepspeed"], int(case["batch"]), fake, w.accum)
     w.model, w.optimizer, w.backward = engine, EngineOptimizer(engine, optimizer, zero), engine.backward
     return w
