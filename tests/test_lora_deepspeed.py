@@ -166,3 +166,13 @@ def test_the_zero_assumption_speaks_of_fsdp2_only_where_a_layout_is_fsdps():
     assert not any("under FSDP" in i for i in texts) and any("Accumulating, ZeRO-1 keeps" in i for i in texts)
     fsdp = zero_item("none", "{data_parallel: 2, zero_stage: 3}")
     assert "modelled as PyTorch's FSDP2 runs it" in fsdp
+
+
+def test_the_heatmap_names_a_deepspeed_layout_as_the_charts_do():
+    """Its rows (the varying axes: here the stage) read 'ZeRO 2' where the charts and the question read 'DP 2 ·
+    DeepSpeed ZeRO 2'."""
+    from nnmem_sweep.report.tables import max_batch_tables
+
+    sc = parse_scenario_text(_text(LORA, "{data_parallel: 2, zero_stage: [2, 3], deepspeed: true}"), "lora-ds.yaml")
+    run = run_scenario(sc, bands=False)
+    assert max_batch_tables(run.scenario, run.max_batch)[1]["rows"] == ["DeepSpeed ZeRO 2", "DeepSpeed ZeRO 3"]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .. import columns as C
+from ..parallel.layout import deepspeed_layouts
 from ..scenario import Scenario
 from .format import AXIS_LABELS, DASH, axis_value, gib
 from .points import axis_values, fixed_layout, gpu_order, layout_axes, layout_text, reference_point, varying_axes
@@ -53,6 +54,12 @@ def level_legend(values: np.ndarray, top: int) -> list[str]:
     return out
 
 
+def _label(axis: str, value: Any, deepspeed: bool) -> str:
+    """An axis's name in a heatmap row: a ZeRO stage of DeepSpeed's is 'DeepSpeed ZeRO', as the charts write it
+    (points.layout_text)."""
+    return "DeepSpeed ZeRO" if axis == C.ZERO_STAGE and deepspeed and int(value) >= 1 else AXIS_LABELS[axis]
+
+
 def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                      point: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Tables of max batch (rows: the chosen axes; columns: GPUs, smallest first) and the heatmap data: the rows of
@@ -73,6 +80,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
     heat_fixed = [i for i, a in enumerate(row_axes) if a not in C.PARALLEL_AXES] \
         if any(a in C.PARALLEL_AXES for a in row_axes) else []
     tables, heat_rows, heat_cells, total_rows = [], [], [], 0
+    deepspeed = deepspeed_layouts(axes)
     for split_values in product(*(axes[a] for a in split_axes)):
         caption_bits = [f"{AXIS_LABELS[a]} {axis_value(a, v)}" for a, v in zip(split_axes, split_values)]
         rows = []
@@ -89,8 +97,8 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                 total_rows += 1
                 if len(heat_rows) < HEATMAP_MAX_ROWS:
                     heat_rows.append(" · ".join(
-                        (f"{AXIS_LABELS[a]} {text}" if a in C.PARALLEL_AXES else text)
-                        for i, (a, text) in enumerate(zip(row_axes, row["axes"])) if i not in heat_fixed))
+                        (f"{_label(a, v, deepspeed)} {text}" if a in C.PARALLEL_AXES else text)
+                        for i, (a, v, text) in enumerate(zip(row_axes, values, row["axes"])) if i not in heat_fixed))
                     heat_cells.append([c["level"] for c in row["cells"]])
         per_table = max(3, TABLE_COLUMNS - len(row_axes))
         for start in range(0, len(gpus), per_table):
