@@ -70,7 +70,8 @@ accuracy: $(STAMP)
 # validation/gpu/<gpu>/<date>/ (GPU_OUT=DIR elsewhere), within BUDGET seconds. Needs only torch, transformers, peft
 # and pyyaml: the venv's python when there is one, else the machine's python3 (a CUDA image), nothing installed.
 # DRY=1: every point at a tiny size on the CPU (checks the kit, not memory; make test runs it too).
-# POINTS=validation/gpu-fsdp.yaml (one rank of FSDP2 steps) or validation/gpu-lora.yaml: another points file.
+# POINTS=validation/gpu-fsdp.yaml (one rank of FSDP2 steps) or validation/gpu-lora.yaml: another points file, into
+# <date>-fsdp / <date>-lora; POINTS="A.yaml B.yaml": several, one after the other within the one BUDGET.
 KITPY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 BUDGET  ?= 420
 POINTS  ?= validation/gpu.yaml

@@ -1,7 +1,7 @@
 """The GPU kit (`make gpu-check`): a shipped list of points (validation/gpu.yaml) measured on the GPU at hand with
 real tensors (measure/real.py), each chosen to test a claim of the estimate that no GPU had confirmed.
 
-    python -m nnmem_sweep.measure.kit [POINTS.yaml] [--out DIR] [--budget SECONDS] [--only ID ...] [--dry-run]
+    python -m nnmem_sweep.measure.kit [POINTS.yaml ...] [--out DIR] [--budget SECONDS] [--only ID ...] [--dry-run]
 
 It needs only what a CUDA image holds (torch, transformers, peft, numpy, pandas, pyyaml): no jsonschema, weasyprint
 or bitsandbytes, no network, nothing installed (PYTHONPATH=. is enough). It prints its progress and writes as it
@@ -11,10 +11,12 @@ goes, so a stopped run keeps every point it finished:
                        figures of real.measure_point, the seconds it took
   OUT/snapshots.zip    per point the allocator snapshot of the measured run and of one run at its least capacity
                        (<id>-capped.pickle) (torch.cuda.memory._dump_snapshot, no stack traces)
-OUT defaults to validation/gpu/<gpu>/<date>/. A point with an `allocator:` setting (PYTORCH_CUDA_ALLOC_CONF, read
-when CUDA starts) runs in a child process of its own. The points run in the file's order until --budget seconds
-have passed; the rest are listed as not run. The comparison with the estimate is made afterwards, on any machine,
-by `make accuracy` (gpu_compare.py).
+OUT defaults to validation/gpu/<gpu>/<date>/ (<date>-<name> for another points file: gpu-fsdp.yaml's <date>-fsdp).
+Several points files run one after the other within the one budget (a lent GPU's minutes are few: one command
+measures them all), each into its own OUT (with --out DIR, DIR/<name>). A point with an `allocator:` setting
+(PYTORCH_CUDA_ALLOC_CONF, read when CUDA starts) runs in a child process of its own. The points run in the files'
+order until --budget seconds have passed; the rest are listed as not run. The comparison with the estimate is made
+afterwards, on any machine, by `make accuracy` (gpu_compare.py).
 
 --dry-run runs every point on the CPU at a tiny size (2 layers, width 64; images of 32x32; batch 2, sequence 32)
 with the host meter: it checks the kit, not memory (`make test` runs it).
@@ -178,20 +180,22 @@ def _held_on_gpu() -> int:
     return int(total - free)
 
 
-def _child(point: dict[str, Any], args: argparse.Namespace, out: Path, left: float) -> None:
+def _child(point: dict[str, Any], points: Path, args: argparse.Namespace, out: Path, left: float) -> None:
     """Run one point in a child process with its allocator setting (read once, when CUDA starts)."""
     env = dict(os.environ, **{OTHERS_ENV: str(_held_on_gpu())})
     if point.get("allocator"):
         env["PYTORCH_CUDA_ALLOC_CONF"] = str(point["allocator"])
-    cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(args.points), "--out", str(out), "--only",
+    cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--out", str(out), "--only",
            point["id"], "--budget", str(max(int(left), 1)), "--child"] + (["--dry-run"] if args.dry_run else [])
     subprocess.run(cmd, env=env, check=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nnmem_sweep.measure.kit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("points", nargs="?", type=Path, default=DEFAULT_POINTS, help="the points file (validation/gpu.yaml)")
-    ap.add_argument("--out", type=Path, help="output folder (default validation/gpu/<gpu>/<date>/)")
+    ap.add_argument("points", nargs="*", type=Path, default=[DEFAULT_POINTS],
+                    help="points files, run in this order within one budget (default validation/gpu.yaml)")
+    ap.add_argument("--out", type=Path, help="output folder (default validation/gpu/<gpu>/<date>[-<file>]/; with "
+                    "several points files, one folder each under it)")
     ap.add_argument("--budget", type=float, default=420, help="seconds for the whole kit (default 420)")
     ap.add_argument("--only", nargs="*", default=[], help="run only these point ids")
     ap.add_argument("--dry-run", action="store_true", help="tiny models on the CPU: checks the kit, not memory")
@@ -199,13 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     start = time.monotonic()
     try:
-        points = load_points(args.points)
+        files = [(path, load_points(path)) for path in dict.fromkeys(args.points)]
     except KitError as e:
         print(f"gpu-check: {e}", file=sys.stderr)
         return 2
-    unknown = sorted(set(args.only) - {p["id"] for p in points})
+    unknown = sorted(set(args.only) - {p["id"] for _, points in files for p in points})
     if unknown:
-        print(f"gpu-check: --only {', '.join(unknown)}: no such point in {args.points}", file=sys.stderr)
+        print(f"gpu-check: --only {', '.join(unknown)}: no such point in {', '.join(map(str, args.points))}",
+              file=sys.stderr)
         return 2
     import torch
 
@@ -217,28 +222,45 @@ def main(argv: list[str] | None = None) -> int:
     # a child (one point under its allocator setting) takes the parent's env.json: the same run, no second probe
     shared = args.out / "env.json" if (args.child and args.out is not None) else None
     env = json.loads(shared.read_text()) if shared is not None and shared.exists() else environment(device)
-    out = args.out or (gpu_folder(env) if not args.dry_run else Path(tempfile.mkdtemp(prefix="gpu-check-dry-")))
-    out.mkdir(parents=True, exist_ok=True)
+    root = args.out or (Path(tempfile.mkdtemp(prefix="gpu-check-dry-")) if args.dry_run else None)
     deadline = start + args.budget
     if args.child:
         env["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    else:
-        (out / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
-        print(f"gpu-check: {env.get('gpu', 'cpu (dry run)')}, torch {env['torch']}, transformers "
-              f"{env['transformers']}, CUDA {env['cuda']}; {len(points)} points, budget {args.budget:.0f} s -> {out}",
-              flush=True)
-    todo = [p for p in points if not args.only or p["id"] in args.only]
     from .real import frozen_heap
 
-    with frozen_heap():
-        _run_points(todo, args, device, env, out, deadline)
+    outs = []
+    for path, points in files:
+        out = out_folder(path, env, root, several=len(files) > 1)
+        out.mkdir(parents=True, exist_ok=True)
+        todo = [p for p in points if not args.only or p["id"] in args.only]
+        if not args.child:
+            (out / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True) + "\n")
+            print(f"gpu-check: {env.get('gpu', 'cpu (dry run)')}, torch {env['torch']}, transformers "
+                  f"{env['transformers']}, CUDA {env['cuda']}; {path}: {len(todo)} points, "
+                  f"{max(deadline - time.monotonic(), 0):.0f} s of the budget left -> {out}", flush=True)
+        with frozen_heap():
+            _run_points(todo, path, args, device, env, out, deadline)
+        outs.append(out)
     if not args.child:
-        print(f"gpu-check: done in {time.monotonic() - start:.0f} s; results in {out}", flush=True)
+        print(f"gpu-check: done in {time.monotonic() - start:.0f} s; results in {', '.join(map(str, outs))}",
+              flush=True)
     return 0
 
 
-def _run_points(todo: list[dict[str, Any]], args: argparse.Namespace, device: str, env: dict[str, Any], out: Path,
-                deadline: float) -> None:
+def out_folder(points: Path, env: dict[str, Any], root: Path | None, several: bool) -> Path:
+    """Where a points file's results go: under --out (`root`), the folder itself, or with several files one folder
+    per file (its name); by default validation/gpu/<gpu>/<date>/ for validation/gpu.yaml, <date>-<name> for another
+    file (validation/gpu-fsdp.yaml: <date>-fsdp), so two files run on one day keep apart."""
+    name = Path(points).stem
+    name = name[len("gpu-"):] if name.startswith("gpu-") else name
+    if root is not None:
+        return root / name if several else root
+    folder = gpu_folder(env)
+    return folder if Path(points).stem == DEFAULT_POINTS.stem else folder.with_name(f"{folder.name}-{name}")
+
+
+def _run_points(todo: list[dict[str, Any]], points: Path, args: argparse.Namespace, device: str,
+                env: dict[str, Any], out: Path, deadline: float) -> None:
     for n, point in enumerate(todo, 1):
         left = deadline - time.monotonic()
         tag = f"[{n}/{len(todo)}] {point['id']}"
@@ -250,11 +272,11 @@ def _run_points(todo: list[dict[str, Any]], args: argparse.Namespace, device: st
         conf = str(point.get("allocator") or "")
         if conf and os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") != conf:
             print(f"gpu-check: {tag}: in a child process with PYTORCH_CUDA_ALLOC_CONF={conf}", flush=True)
-            _child(point, args, out, left)
+            _child(point, points, args, out, left)
             continue
         if point.get("deepspeed") and not args.child:  # DeepSpeed keeps its first process group for the process
             print(f"gpu-check: {tag}: in a child process (DeepSpeed's engine)", flush=True)
-            _child(point, args, out, left)
+            _child(point, points, args, out, left)
             continue
         print(f"gpu-check: {tag}: {point.get('why', '')}", flush=True)
         rec = run_point(point, device, out, deadline, args.dry_run,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,39 @@ def test_kit_with_no_budget_lists_every_point_as_not_run(tmp_path):
     assert kit_main(["validation/gpu.yaml", "--dry-run", "--out", str(tmp_path), "--budget", "0"]) == 0
     lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(lines) == len(POINTS) and all(r["error"].startswith("not run") for r in lines)
+
+
+def test_several_points_files_run_in_one_budget_each_into_its_own_folder(tmp_path):
+    """`make gpu-check POINTS="A B"`: a lent GPU's minutes run every file in one command; each file's points land in
+    their own folder (DIR/<name> under --out), with its own env.json, in the order given; a spent budget lists the
+    rest of every file as not run."""
+    import yaml
+    one = {p["id"]: p for p in load_points("validation/gpu.yaml")}["qwen3-0.6b-bf16-adamw-b8-s2048"]
+    lora = load_points("validation/gpu-lora.yaml")[1]
+    (tmp_path / "gpu-a.yaml").write_text(yaml.safe_dump({"points": [one]}))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"points": [lora]}))
+    files = [str(tmp_path / "gpu-a.yaml"), str(tmp_path / "b.yaml")]
+    assert kit_main(files + ["--dry-run", "--out", str(tmp_path / "o"), "--budget", "600"]) == 0
+    for name, point in (("a", one), ("b", lora)):
+        (rec,) = [json.loads(x) for x in (tmp_path / "o" / name / "results.jsonl").read_text().splitlines()]
+        assert rec["id"] == point["id"] and "error" not in rec and rec["max_allocated"] > 0
+        assert json.loads((tmp_path / "o" / name / "env.json").read_text())["device"] == "cpu"
+    assert kit_main(files + ["--dry-run", "--out", str(tmp_path / "spent"), "--budget", "0"]) == 0
+    for name in ("a", "b"):
+        (rec,) = [json.loads(x) for x in (tmp_path / "spent" / name / "results.jsonl").read_text().splitlines()]
+        assert rec["error"].startswith("not run")
+
+
+def test_another_points_files_default_folder_is_named_after_it():
+    """validation/gpu.yaml's results go to validation/gpu/<gpu>/<date>/, another file's beside it with its name:
+    two files measured on one day do not mix their results."""
+    from nnmem_sweep.measure.kit import out_folder
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "date": "2026-11-27T01:00:00Z"}
+    base = Path("validation/gpu/nvidia-h100-80gb-hbm3")
+    assert out_folder(Path("validation/gpu.yaml"), env, None, several=True) == base / "2026-11-27"
+    assert out_folder(Path("validation/gpu-fsdp.yaml"), env, None, several=False) == base / "2026-11-27-fsdp"
+    assert out_folder(Path("mine.yaml"), env, Path("o"), several=False) == Path("o")
+    assert out_folder(Path("mine.yaml"), env, Path("o"), several=True) == Path("o/mine")
 
 
 @pytest.mark.parametrize("text, message", [
