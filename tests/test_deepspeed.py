@@ -82,3 +82,32 @@ def test_bad_deepspeed_settings_are_one_located_line(value, words):
         _run(f"deepspeed: {value}")
     (p,) = e.value.problems
     assert p.key_path == "parallel.deepspeed" and p.line == 5 and words in p.message
+
+
+def test_the_last_ranks_first_bucket_by_hand():
+    """parallel/zero_bucket.first_bucket: (made before the end, layers before it, head gradient beside it, what a
+    tied head adds to the end), counted by hand from the models' tensors."""
+    from nnmem_sweep.catalog.precisions import get_precision
+    from nnmem_sweep.models.presets import load_preset as get_preset
+    from nnmem_sweep.parallel.layout import Layout
+    from nnmem_sweep.parallel.zero_bucket import first_bucket, zero1_reduction
+
+    bf16 = get_precision("bf16-master")
+    z2 = Layout(dp=8, zero=2, reduce_bucket=500_000_000)
+    head_8b = 128_256 * 4_096  # 525,336,576 elements > the bucket: reduced alone, its gradient beside the partition
+    assert first_bucket(get_preset("llama-3.1-8b"), bf16, z2) == (1, 0, 2 * head_8b, 0)
+    # Llama 3.2 1B (tied): q, o 2048², k, v 512 x 2048, the gated MLP 3 x 2048 x 8192, two norms: 60,821,504 a layer;
+    # the bucket holds ⌊(5e8 − 2048) / 60,821,504⌋ = 8 layers before it is reduced; the tied gradient waits
+    layer = 2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 2048 * 8192 + 2 * 2048
+    one_b, tied = get_preset("llama-3.2-1b"), 2 * 128_256 * 2_048
+    assert (500_000_000 - 2048) // layer == 8
+    assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=500_000_000)) == (1, 8, tied, tied)
+    assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=10_000_000)) == (1, 0, tied, tied)
+    # every gradient but the tied head's in one bucket (16 layers x 60.8 M < 2e9): reduced at the backward's end
+    assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=2_000_000_000)) == (0, 0, 0, 0)
+    for other in (Layout(dp=2, zero=1, reduce_bucket=500_000_000), Layout(dp=2, zero=3, reduce_bucket=500_000_000),
+                  Layout(dp=2, zero=2), Layout(dp=2, zero=2, reduce_bucket=500_000_000, offload="cpu")):
+        assert first_bucket(one_b, bf16, other) == (0, 0, 0, 0)  # not DeepSpeed's ZeRO-2 on the GPU
+    assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000)) == 1
+    assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000, overlap_comm=True)) == 0
+    assert zero1_reduction(z2) == 0

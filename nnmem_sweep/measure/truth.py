@@ -127,7 +127,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
 
 DEEPSPEED_METHOD = (
     "One rank of DeepSpeed's own engine (deepspeed.initialize with bf16, ZeRO stage and reduce_bucket_size as given, "
-    "DeepSpeed's other defaults; torch.optim.AdamW foreach handed to it) on rank 0 of PyTorch's fake process group "
+    "DeepSpeed's other defaults; torch.optim.AdamW foreach handed to it) on one rank of PyTorch's fake process group "
     "under FakeTensorMode on the cpu device (workload/zero_engine.py). Recorded by nnmem_sweep's Recorder "
     "(derive/trace.py, MemTracker's counting of live untyped storages; MemTracker itself cannot follow the engine), "
     "from the storages held after one untraced step (parameters, buffers, fp32 partitions, optimizer state), "
@@ -157,15 +157,49 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
     from .zero_step import measure
 
     cfg, origin = case_config(case)
+    world = int(case["deepspeed"]["world"])
     fake = int(case["deepspeed"]["zero_stage"]) < 3
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        measured = pool.apply(measure, (case, cfg))
+    by_rank = {}
+    for rank in end_ranks(case):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            by_rank[rank] = pool.apply(measure, (case, cfg, rank))
+    measured = worst_rank(by_rank)
+    method = DEEPSPEED_METHOD if fake else DEEPSPEED_METHOD_REAL
+    if len(by_rank) > 1:
+        method += DEEPSPEED_RANKS.format(last=world - 1)
     return {"case_id": case["id"], "inputs": {k: case[k] for k in INPUT_KEYS if k in case},
             "tolerance": case["tolerance"], "hf_config": cfg, "hf_config_origin": origin,
             "params": measured.pop("params"), "measured": measured,
             "versions": {**versions(), "deepspeed": installed("deepspeed")},
-            "device": "cpu (FakeTensorMode)" if fake else "cpu (real tensors)",
-            "method": DEEPSPEED_METHOD if fake else DEEPSPEED_METHOD_REAL}
+            "device": "cpu (FakeTensorMode)" if fake else "cpu (real tensors)", "method": method}
+
+
+DEEPSPEED_RANKS = (
+    " ZeRO-1/2 cut one flat buffer into the ranks' partitions, so their steps differ: rank 0 (the start: the "
+    "embedding) and rank {last} (the end: the last layers and an untied head, whose gradients come first, so its "
+    "gradient partition is made at the backward's first bucket) are each measured in a process of their own; "
+    "`measured` is per phase the larger of the two (every rank must fit), `measured.ranks` each one's.")
+
+
+def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:
+    """The ranks a DeepSpeed case measures: ZeRO-1/2 the two ends of the flat buffer (0 and the last); ZeRO-3, whose
+    every parameter is cut evenly over the ranks, rank 0 (with real tensors, each rank costs minutes)."""
+    world, stage = int(case["deepspeed"]["world"]), int(case["deepspeed"]["zero_stage"])
+    return (0,) if stage == 3 else (0, world - 1)
+
+
+def worst_rank(by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One record of several ranks' (zero_step.measure): per phase the rank with the larger peak (its start with
+    it), the peak the largest of those, `totals` rank 0's; `ranks`: each rank's phases where there are several."""
+    first = by_rank[min(by_rank)]
+    phases = {name: max((r["phases"][name] for r in by_rank.values()), key=lambda ph: ph["peak_bytes"])
+              for name in first["phases"]}
+    peak_phase = max(phases, key=lambda p: phases[p]["peak_bytes"])
+    out = {"params": first["params"], "peak_bytes": phases[peak_phase]["peak_bytes"], "peak_phase": peak_phase,
+           "phases": phases, "totals": first["totals"]}
+    if len(by_rank) > 1:
+        out["ranks"] = {str(rank): r["phases"] for rank, r in sorted(by_rank.items())}
+    return out
 
 
 DEEPSPEED_INSTALL = "pip install deepspeed==0.19.8 (DS_BUILD_OPS=0: no compiler, no CUDA needed)"

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 
-def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """The measured record of a DeepSpeed case (case["deepspeed"]: workload/zero_engine.py KEYS)."""
+def measure(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0) -> dict[str, Any]:
+    """The measured record of one rank of a DeepSpeed case (case["deepspeed"]: workload/zero_engine.py KEYS)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -31,7 +31,7 @@ def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
 
     world, stage = Z.check(case["deepspeed"])
     fake = stage < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
-    with Z.comm(world), FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+    with Z.comm(world, rank), FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         torch.manual_seed(0)
         w = Z.engine_workload(case, cfg, fake)
         engine, zero, inputs, accum = w.model, w.optimizer.zero, w.inputs, w.accum

@@ -29,6 +29,7 @@ from . import activations as par_act
 from . import fsdp as par_fsdp
 from . import layout as par_layout
 from . import states as par_states
+from . import zero_bucket
 
 
 # ---------------------------------------------------------------- parallel layouts (issue 4)
@@ -144,6 +145,30 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     return out
 
 
+def _first_bucket(arch, precs, a_names, c_names, layouts, sizes, device, states, g, g_fwd, saved
+                  ) -> tuple[list, np.ndarray | None]:
+    """DeepSpeed ZeRO-2's last rank when its first bucket is reduced (zero_bucket.first_bucket): its gradient
+    partition beside the activations of the layers not yet reached; and what a tied head's gradient adds to the
+    backward's end moments beside the partition (None: nothing). No moment where no layout is ZeRO-2's."""
+    tables = _layout_tables(lambda p, lay: zero_bucket.first_bucket(arch, p, lay), precs, layouts, sizes, (0, 5))
+    if tables is None:
+        return [], None
+    made, k, alive, tied_end = tables
+    layer = lift(terms_array([zero_bucket.layer_saved(arch, p, a, c, device) for p in precs for a in a_names
+                              for c in c_names], (len(precs), len(a_names), len(c_names))), (0, 3, 4), sizes)
+    return [("backward", dict(states, **{C.GRADIENTS: g_fwd + g * made[..., :1],
+                                         C.ACTIVATIONS: saved - layer * k[..., :1], C.TEMPORARY: alive}))], tied_end
+
+
+def _zero1_reduction(precs, layouts, sizes, states, g, inputs, partition) -> list:
+    """DeepSpeed ZeRO-1 reducing after the backward (zero_bucket.zero1_reduction): every gradient beside the rank's
+    16-bit partition (the bucket added by _with_buffers). None where no layout is ZeRO-1's."""
+    tables = _layout_tables(lambda p, lay: (zero_bucket.zero1_reduction(lay),), precs, layouts, sizes, (0, 5))
+    if tables is None:
+        return []
+    return [("backward", dict(states, **{C.GRADIENTS: g + partition * tables[0][..., :1], C.ACTIVATIONS: inputs}))]
+
+
 def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple, n_end: int) -> list:
     """FSDP2's parameters moment by moment (fsdp.fsdp_weight_deltas) added to the weights of each phase: the
     forward, the backward's first moment (the loss's), its later moments (the blocks' backward, with what
@@ -228,14 +253,21 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
         bwd_end = [get(lambda t, j=j: t.backward_end_temp[j] if j < len(t.backward_end_temp) else Term())
                    for j in range(n_end)]
         fsdp_moments = stage == 0  # FSDP2 shards data-parallel ranks alone: one stage (fsdp.fsdp_applies)
+        first_bucket, tied_end = _first_bucket(arch, precs, a_names, c_names, layouts, sizes, device, states, g,
+                                               g_fwd, saved) if stage == 0 else ([], None)
+        zero1 = _zero1_reduction(precs, layouts, sizes, states, g, inputs, s_["norm_gradients"])
+        if tied_end is not None:
+            bwd_end = [t + tied_end for t in bwd_end]
         phases += [
             *(_first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) if fsdp_moments else []),
             ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
+            *first_bucket,
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+            *zero1,
             ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
                                           C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),

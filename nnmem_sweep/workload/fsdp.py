@@ -40,14 +40,14 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def fake_process_group(world: int) -> Iterator[None]:
-    """PyTorch's fake process group of `world` ranks, this process rank 0, for the duration (one at a time)."""
+def fake_process_group(world: int, rank: int = 0) -> Iterator[None]:
+    """PyTorch's fake process group of `world` ranks, this process `rank`, for the duration (one at a time)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
         yield
     finally:

@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed ZeRO training step, as DeepSpeed's own engine runs it (issue 22): the model and a
-torch optimizer handed to deepspeed.initialize() with bf16 on, on rank 0 of PyTorch's fake process group
-(workload/fsdp.py fake_process_group; DeepSpeed's comm layer on its "fake" backend), so under FakeTensorMode one
-rank of a billion-parameter model costs nothing and the collectives move nothing.
+torch optimizer handed to deepspeed.initialize() with bf16 on, on one rank (0, or the spec's `rank`) of PyTorch's
+fake process group (workload/fsdp.py fake_process_group; DeepSpeed's comm layer on its "fake" backend), so under
+FakeTensorMode one rank of a billion-parameter model costs nothing and the collectives move nothing.
 
 What DeepSpeed then holds is its own: the 16-bit parameters flattened into one buffer per group (the model's
 tensors become views of it), the rank's fp32 partition of them (the master weights the optimizer steps), the
@@ -22,7 +22,8 @@ from typing import Any, Iterator
 import torch
 
 STAGES = (1, 2, 3)
-KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients")
+# rank: the rank this process is (0 by default): ZeRO-1/2's partitions differ from rank to rank
+KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "rank")
 
 
 def check(spec: dict[str, Any]) -> tuple[int, int]:
@@ -34,6 +35,8 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"deepspeed: world must be at least 2, got {world}")
     if stage not in STAGES:
         raise ValueError(f"deepspeed: zero_stage must be 1, 2 or 3, got {stage}")
+    if not 0 <= int(spec.get("rank", 0)) < world:
+        raise ValueError(f"deepspeed: rank must be in 0..{world - 1}, got {spec['rank']}")
     return world, stage
 
 
@@ -48,18 +51,19 @@ def ds_config(spec: dict[str, Any], batch: int, accum: int = 1) -> dict[str, Any
 
 
 @contextlib.contextmanager
-def comm(world: int) -> Iterator[None]:
-    """PyTorch's fake process group of `world` ranks with DeepSpeed's comm layer on it (rank 0)."""
+def comm(world: int, rank: int = 0) -> Iterator[None]:
+    """PyTorch's fake process group of `world` ranks with DeepSpeed's comm layer on it, this process `rank` (its
+    partitions are that rank's: ZeRO-1/2 cut one flat buffer, rank 0 the start, the last rank the end)."""
     import os
 
     from .fsdp import fake_process_group
 
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+    env = {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29533"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        with fake_process_group(world):
+        with fake_process_group(world, rank):
             import deepspeed
 
             deepspeed.init_distributed(dist_backend="fake")

@@ -1,0 +1,81 @@
+"""DeepSpeed ZeRO-2's backward on its most loaded rank (issue 22).
+
+ZeRO-2 cuts one flat buffer of the 16-bit parameters, in the order the model registers them, into the ranks'
+partitions: rank 0 holds the embedding's end, the last rank the last layers and an untied head. A rank makes its
+gradient partition when the first reduce bucket that holds one of its parameters is reduced
+(stage_1_and_2.py copy_grads_in_partition). The gradients come head first, so the last rank makes its partition at
+the backward's first bucket, beside the activations of every layer the backward has not reached; rank 0 only near
+the embedding. A tied head's gradient waits in the autograd engine until the embedding's is added to it, so it
+stays beside the partition to the end. The estimate is the last rank's: every rank must fit.
+"""
+from __future__ import annotations
+
+from ..catalog.precisions import Precision
+from ..citations import formula
+from ..components.terms import Term
+from ..components import activations as act
+from ..models.arch import Architecture
+from ..models.count import params_breakdown
+from .layout import Layout
+from .states import DEEPSPEED_ZERO
+
+
+def _tied(arch: Architecture) -> bool:
+    return bool(arch.tied_embeddings) and arch.head in ("causal_lm", "masked_lm")
+
+
+@formula("parallel.deepspeed_first_bucket",
+         "the last rank, at the first bucket reduced: its gradient partition n_z·g and the reduce bucket beside the "
+         "activations of the layers not yet reached, L − k of them, k = ⌊(B − head − final norm) / layer⌋ "
+         "(head = 0 where tied); beside them an untied head's gradient V·h·g where the head alone exceeds B (then "
+         "k = 0), a tied head's V·h·g always", DEEPSPEED_ZERO,
+         where="stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads: a bucket is reduced when the next "
+               "gradient would overflow its B = reduce_bucket_size elements, a tensor larger than B alone; "
+               "reduce_ipg_grads -> copy_grads_in_partition makes grads_in_partition (torch.empty of the rank's "
+               "partition) for the first parameter of the rank's own",
+         note="Measured on DeepSpeed 0.19.8's engine under FakeTensorMode, ranks 0 and 7 of Llama 3.1 8B over 8 "
+              "(untied head of 525 M elements > B = 5e8, b 2, s 1024): the last rank peaks in the backward at the "
+              "head's gradient beside its 2.04 GB partition, the bucket and every activation, 2.1 % above rank 0's "
+              "peak (the loss's moment); Llama 3.2 1B over 2 (tied): the last rank's partition is made half way "
+              "through the layers and its backward ends at 3 V·h·g beside it, 8 % above rank 0's. A layer part-way "
+              "through its backward at that moment is counted whole (an upper bound of less than one layer)")
+def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int, int, int, int]:
+    """(1 where the last rank's partition is made before the backward's end, else 0; k, the layers whose gradients
+    all precede it; bytes of a head gradient alive beside it; bytes a tied head's gradient adds to the backward's
+    end moments beside the partition). Zero for every layout but DeepSpeed ZeRO-2 on the GPU of a full
+    fine-tune."""
+    if not (lay.deepspeed and lay.zero == 2 and lay.offload == "none" and arch.kind == "transformer") or \
+            (arch.finetune is not None and arch.finetune.adapters):
+        return 0, 0, 0, 0
+    parts = params_breakdown(arch)
+    bucket, tied = lay.reduce_bucket, _tied(arch)
+    head_grad = (arch.vocab * arch.hidden if tied else parts["head"]) * prec.grad_bytes
+    head = 0 if tied else parts["head"]
+    if head > bucket:  # reduced alone at the next gradient, while it is copied into the partition
+        return 1, 0, head_grad, 0
+    k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
+    if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
+        return 0, 0, 0, 0
+    return 1, int(k), head_grad if tied else 0, head_grad if tied else 0
+
+
+@formula("parallel.deepspeed_zero1_reduction",
+         "ZeRO-1 without overlap_comm, after the backward: every gradient G, the reduce bucket and the rank's 16-bit "
+         "gradient partition n_z·g at once", DEEPSPEED_ZERO,
+         where="stage_1_and_2.py: with neither partition_gradients (stage 1) nor overlap_comm no gradient is reduced "
+               "during the backward; the engine reduces them all after it (reduce_gradients), and the first of the "
+               "rank's own makes grads_in_partition (copy_grads_in_partition) while every .grad is still held",
+         note="Measured on DeepSpeed 0.19.8's engine under FakeTensorMode (Llama 3.2 1B over 2 ranks, s 64, bucket "
+              "1e7): rank 0's backward peaks there, 1.5 % above the estimate's backward without it")
+def zero1_reduction(lay: Layout) -> int:
+    """1 where a ZeRO-1 rank reduces every gradient after the backward (its partition made beside them), else 0."""
+    return int(lay.deepspeed and lay.zero == 1 and not lay.overlap_comm and lay.offload == "none")
+
+
+def layer_saved(arch: Architecture, p: Precision, attention: str, checkpointing: str, device: str) -> Term:
+    """One layer's saved activations under `checkpointing` (components/activations.train_activations' per layer)."""
+    if checkpointing == "full":
+        return act.checkpointed_layer_saved(arch, p)
+    if checkpointing == "selective":
+        return act.layer_saved(arch, p, attention, drop_scores=True, device=device)
+    return act.layer_saved(arch, p, attention, device=device)
