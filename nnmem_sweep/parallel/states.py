@@ -435,9 +435,10 @@ TORCH_DDP = source("torch-ddp", "PyTorch DistributedDataParallel (bucket_cap_mb=
                "context (the overheads cover it); PyTorch DDP's buckets are counted (parallel.ddp_buckets), "
                "DeepSpeed's reduce buckets with parallel.deepspeed",
          note="Also assumed: data-parallel ranks hold the same bytes (the most loaded rank is a first or last "
-              "pipeline stage); ZeRO partitions are even (ceil division); tensor-parallel shards round up where t "
-              "does not divide a dimension; expert parallelism routes tokens evenly (activations as without it); "
-              "the last stage of an interleaved pipeline keeps one micro-batch like 1F1B")
+              "pipeline stage), but DeepSpeed ZeRO-2's backward, planned for its last rank "
+              "(parallel.deepspeed_first_bucket); ZeRO partitions are even (ceil division); tensor-parallel shards "
+              "round up where t does not divide a dimension; expert parallelism routes tokens evenly (activations as "
+              "without it); the last stage of an interleaved pipeline keeps one micro-batch like 1F1B")
 def communication_buffers_bytes() -> int:
     """What the estimator adds for communication buffers: nothing (stated, not modelled)."""
     return 0
