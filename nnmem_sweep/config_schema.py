@@ -53,6 +53,12 @@ def _did_you_mean(word: Any, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _either(words) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    words = list(words)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 def _path_of(parts) -> str:
     out = ""
     for p in parts:
@@ -70,10 +76,10 @@ def schema_problems(data: Any, b: Builder) -> list[Problem]:
         if problem not in found:  # jsonschema yields one `required` error per missing key, each with the full list
             found.append(problem)
 
-    for err in sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+    def report(err) -> None:  # noqa: ANN001 - a jsonschema ValidationError
         path = _path_of(err.absolute_path)
         if any(under(path, bad) for bad in b.bad if bad):
-            continue  # the builder already said what is wrong here
+            return  # the builder already said what is wrong here
         kind, want, inst = err.validator, err.validator_value, err.instance
         if kind == "additionalProperties":
             allowed = sorted(err.schema.get("properties", {}))
@@ -83,6 +89,25 @@ def schema_problems(data: Any, b: Builder) -> list[Problem]:
         elif kind == "required":
             for missing in [k for k in want if k not in inst]:
                 add(path, f"{MISSING} {missing!r}", key=True)
+        elif kind in ("anyOf", "oneOf") and all(set(branch) == {"required"} for branch in want):
+            keys = [k for branch in want for k in branch["required"]]  # one key of these, exactly
+            given = [k for k in keys if k in inst]
+            if given:
+                add(path, f"give only one of {_either(map(repr, keys))} (given: {', '.join(map(repr, given))})")
+            else:
+                add(path, f"needs one of {_either(map(repr, keys))}", key=True)  # not MISSING: nothing to check
+        elif kind in ("anyOf", "oneOf"):
+            # the branch of the value's own type says what is wrong inside it; else which types the key takes
+            typed = [i for i, branch in enumerate(want)
+                     if "type" in branch and _validator().is_type(inst, branch["type"])]
+            if len(typed) == 1 and err.context:
+                for sub in sorted(err.context, key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+                    if sub.relative_schema_path[0] == typed[0]:
+                        report(sub)
+            else:
+                words = [repr(branch["const"]) if "const" in branch else _TYPE_WORDS[branch["type"]]
+                         for branch in want]
+                add(path, f"expected {_either(words)}, got {_show(inst)}")
         elif kind == "type":
             wanted = [want] if isinstance(want, str) else want
             add(path, f"expected {' or '.join(_TYPE_WORDS[w] for w in wanted)}, got {_show(inst)}")
@@ -107,4 +132,7 @@ def schema_problems(data: Any, b: Builder) -> list[Problem]:
                 add(path, str(e))
         else:  # pragma: no cover - every keyword the schema uses is handled above
             add(path, err.message)
+
+    for err in sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+        report(err)
     return found

@@ -9,6 +9,7 @@ them and `under` compares them.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import yaml
@@ -24,6 +25,8 @@ _T = "tag:yaml.org,2002:"
 _PLAIN_SCALAR_TAGS = {_T + t for t in ("str", "int", "float", "bool", "null")}
 _TIMESTAMP = _T + "timestamp"  # a bare date: kept as the text written
 _MERGE = _T + "merge"
+# a number written with an exponent and no dot (2e8, 5E-2), which PyYAML's YAML 1.1 rules read as text
+_EXPONENT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 class TooBig(Exception):
@@ -99,6 +102,9 @@ class Builder:
     def _scalar(self, node: yaml.ScalarNode, path: str) -> Any:
         if node.tag == _TIMESTAMP:
             return node.value
+        if node.tag == _T + "str" and node.style is None and _EXPONENT.fullmatch(node.value):
+            value = float(node.value)  # 2e8: YAML 1.2 and JSON read a number (DeepSpeed's configs write them so)
+            return int(value) if value.is_integer() and abs(value) < 2**63 else value
         if node.tag not in _PLAIN_SCALAR_TAGS:
             self.problem(path, f"tag {_tag(node)!r} is not allowed: scenario files are plain YAML", mark(node))
             return None

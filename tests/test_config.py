@@ -220,6 +220,18 @@ gpus: [h100-sxm]
 """
 
 
+def test_a_number_with_an_exponent_and_no_dot_is_a_number() -> None:
+    """2e8 is a number in YAML 1.2 and JSON (DeepSpeed's configs write bucket sizes so; the docs' example too), text
+    under PyYAML's YAML 1.1 rules: the scenario reads it as the number, an integer where it is whole; quoted, text."""
+    sc = parse_scenario_text(MINIMAL_TRAIN.replace("batch: 4", "batch: 4e0") + "headroom: 5e-2\n"
+                             "parallel: {data_parallel: 2, zero_stage: 2, deepspeed: {reduce_bucket_size: 2E8}}\n")
+    assert sc.grid[C.BATCH] == (4,) and isinstance(sc.grid[C.BATCH][0], int) and sc.headroom == 0.05
+    assert sc.parallel[C.REDUCE_BUCKET] == (200_000_000,)
+    with pytest.raises(ScenarioError, match="expected a number or 'auto', got the string '2e8'"):
+        parse_scenario_text(MINIMAL_TRAIN + "parallel: {data_parallel: 2, zero_stage: 2, "
+                            "deepspeed: {reduce_bucket_size: '2e8'}}\n")
+
+
 def test_train_defaults() -> None:
     sc = parse_scenario_text(MINIMAL_TRAIN, file="mini.yaml")
     assert sc.name == "mini" and sc.mode == "train" and sc.description == ""
