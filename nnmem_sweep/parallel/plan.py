@@ -264,10 +264,10 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],
             *first_bucket,
+            *zero1,  # after the backward; placed before the embedding's moments (_with_fsdp_units counts those last)
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
-            *zero1,
             ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
                                           C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),
