@@ -55,7 +55,7 @@ from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
 from .derive.arch import derived_twin
-from .parallel.layout import fsdp_only
+from .parallel.layout import deepspeed_layouts, fsdp_only
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
 from .fit import scenario_max_batch
 from .grid import point_axes
@@ -67,6 +67,19 @@ FIRST_PROBE = 4  # the first capacity tried: 2 % above the peak
 DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5 % of the peak (Llama 3.1 8B: 97 of "
                 "163 recipes under 8 %; full checkpointing with 8-bit AdamW or Adafactor the most): verify such "
                 "recipes by measuring")
+
+# DeepSpeed's rank steps are planned by the hand model, not traced at a row's shape, so its rows are not replayed; its
+# own ZeRO-1/2 steps, measured (tests/data/truth/deepspeed/sequences: fresh runs of two steps, both end ranks of each
+# case) and replayed as a scenario's recipes are, needed this span of the peak (tests/test_deepspeed_reserve.py holds
+# it to them), the most where the optimizer step peaks: its first step makes AdamW's state in a pool the backward left
+DEEPSPEED_RESERVE_SPAN = (0.005, 0.169)
+DEEPSPEED_NOTE = (
+    "not replayed: a DeepSpeed rank's step is planned by the hand model, not traced at the row's shape; DeepSpeed's "
+    "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 18 measured cases: "
+    "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B, 64-1,024 tokens, with and without accumulation, "
+    f"both end ranks), needed {100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the "
+    "peak, the most where the optimizer step peaks (its first step makes AdamW's state in the pool the backward "
+    "left): the reserve assumed is the default, the decision page's band that span; verify such rows by measuring")
 
 
 def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:
@@ -294,6 +307,8 @@ def _replayable(sc: Scenario):
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return False, None
+    if sc.parallel and deepspeed_layouts(sc.parallel):
+        return False, DEEPSPEED_NOTE
     if sc.parallel and not (sc.model.kind == "derived" and fsdp_only(sc.parallel)):
         # a traced sequence is one GPU's whole step, not a rank's share of a layout (a derived model's FSDP layouts:
         # their rank's step is traced)

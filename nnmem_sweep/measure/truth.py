@@ -174,6 +174,37 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
             "device": "cpu (FakeTensorMode)" if fake else "cpu (real tensors)", "method": method}
 
 
+# A fresh run's first two steps on each end rank of a DeepSpeed ZeRO-1/2 case, as the allocator model replays them
+# (zero_step.fresh_events): the evidence of the reserve DeepSpeed's steps need (replays.DEEPSPEED_RESERVE_NOTE)
+SEQUENCES_DIR = "sequences"
+
+
+def sequence_path(folder: Path, case_id: str, rank: int) -> Path:
+    return folder / f"{safe_stem(case_id)}-rank{rank}.npz"
+
+
+def write_sequences(case: dict[str, Any], folder: Path) -> list[Path]:
+    """Each end rank's fresh sequence (zero_step.fresh_events, a process of its own each), compressed."""
+    import io
+    import multiprocessing
+
+    import numpy as np
+
+    from ..paths import atomic_write_bytes
+    from ..workload.build import case_config
+    from .zero_step import fresh_events
+
+    cfg, _ = case_config(case)
+    out = []
+    for rank in end_ranks(case):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            events = pool.apply(fresh_events, (case, cfg, rank))
+        buf = io.BytesIO()
+        np.savez_compressed(buf, events=events)
+        out.append(atomic_write_bytes(sequence_path(folder, case["id"], rank), buf.getvalue()))
+    return out
+
+
 DEEPSPEED_RANKS = (
     " ZeRO-1/2 cut one flat buffer into the ranks' partitions, so their steps differ: rank 0 (the start: the "
     "embedding) and rank {last} (the end: the last layers and an untied head, whose gradients come first, so its "
@@ -246,6 +277,8 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
             out_dir / FINETUNE_DIR if ("finetune" in case or "preference" in case) else out_dir
         path = folder / f"{safe_stem(cid)}.json"
         atomic_write_text(path, json.dumps(rec, indent=1, sort_keys=False) + "\n")
+        if "deepspeed" in case and case["deepspeed"]["zero_stage"] < 3:
+            write_sequences(case, folder / SEQUENCES_DIR)
         print(f"[{i}/{len(ids)}] {cid}: peak {measured['peak_bytes']:,} B in {measured['peak_phase']} "
               f"({measured.get('attention_kernel', 'sdpa')} attention) {time.perf_counter() - t0:.1f} s -> {path}",
               file=sys.stderr, flush=True)

@@ -22,6 +22,21 @@ import numpy as np
 
 def measure(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """The measured record of one rank of a DeepSpeed case (case["deepspeed"]: workload/zero_engine.py KEYS)."""
+    rec, params, totals = _recorded(case, cfg, rank, untraced=1, traced=1)
+    return {"params": params, **_phases(rec.trace(), totals)}
+
+
+def fresh_events(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0, steps: int = 2) -> np.ndarray:
+    """The allocation sequence of a fresh run's first `steps` steps on one rank, from what the engine holds when
+    deepspeed.initialize() returns (the 16-bit parameters, the fp32 partition: the optimizer state is made in the
+    first step), as (storage id, signed bytes) events: what the caching-allocator model replays (replays.py)."""
+    rec, _, _ = _recorded(case, cfg, rank, untraced=0, traced=steps)
+    return np.ascontiguousarray(rec.trace().events[:, :2], dtype=np.int64)
+
+
+def _recorded(case: dict[str, Any], cfg: dict[str, Any], rank: int, untraced: int, traced: int):
+    """(the Recorder of `traced` steps after `untraced` ones, parameters of the model, bytes held by kind when the
+    recording started)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -38,16 +53,18 @@ def measure(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0) -> dict[st
         # a ZeRO-3 parameter's numel is its partition's once partitioned: ds_numel is the whole tensor's
         params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
         with run_contexts(case, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
-            _step(engine, inputs, None, accum)  # the first step makes the optimizer state (module docstring)
+            for _ in range(untraced):  # the first step makes the optimizer state (module docstring)
+                _step(engine, inputs, None, accum)
             rec = Recorder()
             held = Z.held_tensors(engine, zero, w.optimizer.optimizer)
             for kind, tensors in held.items():
                 rec.external(tensors, kind)
             with rec:
-                _step(engine, inputs, rec, accum)
+                for _ in range(traced):
+                    _step(engine, inputs, rec, accum)
                 rec.mark("end")
         totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
-    return {"params": params, **_phases(rec.trace(), totals)}
+    return rec, params, totals
 
 
 def _step(engine, inputs: dict[str, Any], rec, accum: int = 1) -> None:  # noqa: ANN001

@@ -13,7 +13,8 @@ rest is known only within ranges; `uncertainty_bytes` is the one place that turn
                            recipes of configs/llama.yaml (Llama 3.1 8B: 0.5-32.5 %), qwen3.yaml (Qwen3 8B:
                            0.5-23.5 %) and resnet50.yaml (0.5 %); full checkpointing with 8-bit AdamW or Adafactor
                            the most) against the reserve assumed; a recipe the runner replayed has its own band
-                           instead: its replays as a fresh and as a resumed run (fragmentation_band)
+                           instead: its replays as a fresh and as a resumed run (fragmentation_band); a DeepSpeed
+                           layout's row the span DeepSpeed's own measured steps needed (replays.py)
 
     above = Σ max(0, high − assumed)      below = Σ max(0, assumed − low)
 
@@ -31,6 +32,7 @@ from typing import Any
 from .. import columns as C
 from ..components.overhead import fixed_bytes
 from ..components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
+from ..replays import DEEPSPEED_RESERVE_SPAN
 from ..scenario import GPUSpec, Scenario
 from .format import percent, size
 
@@ -75,14 +77,23 @@ def ranges(row: Mapping[str, Any], sc: Scenario) -> dict[str, tuple[int, int, in
 
 
 def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, float]:
-    """The reserve a real GPU may need, as fractions of the peak: the row's recipe's replays (a fresh and a resumed
-    run, replays.py) where it was replayed, else FRAGMENTATION."""
+    """The reserve a real GPU may need, as fractions of the peak (fragmentation_source)."""
+    return fragmentation_source(row, sc)[0]
+
+
+def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[float, float], str]:
+    """(band, whence): the row's recipe's replays (a fresh and a resumed run, replays.py) where it was replayed
+    ("replayed"); on a DeepSpeed layout, what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN,
+    "deepspeed"); else FRAGMENTATION ("default")."""
     ov = sc.overheads
     if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
         band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
         if band is not None:
-            return band
-    return FRAGMENTATION
+            return band, "replayed"
+    bucket = row.get(C.REDUCE_BUCKET)
+    if bucket is not None and not _isnan(bucket) and int(bucket) > 0:  # DeepSpeed's buffers: a DeepSpeed layout
+        return DEEPSPEED_RESERVE_SPAN, "deepspeed"
+    return FRAGMENTATION, "default"
 
 
 def uncertainty_bytes(row: Mapping[str, Any], sc: Scenario) -> tuple[int, int]:
@@ -106,10 +117,11 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     outside = (f"outside PyTorch {size(lo)}–{size(hi)} ({size(assumed)} assumed; CUDA context"
                + (f", NCCL for the {', '.join(groups)} groups)" if groups else ")"))
     f_assumed = r["fragmentation"][2] / max(int(row[C.PEAK_ALLOCATED]), 1)
-    lo, hi = fragmentation_band(row, sc)
-    replayed = (lo, hi) != FRAGMENTATION
+    (lo, hi), whence = fragmentation_source(row, sc)
+    replayed = whence != "default"
+    how = {"replayed": "replayed fresh and resumed; ", "deepspeed": "DeepSpeed's measured steps, replayed; "}
     frag = (f", fragmentation {percent(lo)}–{percent(hi)} of the peak "
-            f"({'replayed fresh and resumed; ' if replayed else ''}{percent(f_assumed)} assumed"
+            f"({how.get(whence, '')}{percent(f_assumed)} assumed"
             f"{'; the allocator model checked against real GPUs: docs/accuracy.md' if replayed else ''})")
     return outside + frag
 
