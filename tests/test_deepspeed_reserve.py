@@ -13,7 +13,7 @@ from nnmem_sweep import accuracy as A
 from nnmem_sweep.allocator import AllocatorOptions
 from nnmem_sweep.measure.cases import DEEPSPEED_CASES
 from nnmem_sweep.measure.truth import SEQUENCES_DIR, end_ranks, sequence_path
-from nnmem_sweep.replays import DEEPSPEED_RESERVE_SPAN, RESOLUTION, least_capacity
+from nnmem_sweep.replays import DEEPSPEED_MEASURED_RECIPE, DEEPSPEED_RESERVE_SPAN, RESOLUTION, least_capacity
 
 TRUTH = Path(__file__).parent / "data" / "truth" / "deepspeed"
 FOLDER = TRUTH / SEQUENCES_DIR
@@ -40,6 +40,8 @@ def needs() -> dict[tuple[str, int], float]:
 def test_every_zero12_case_has_a_fresh_sequence_on_both_end_ranks():
     assert len(RUNS) == 2 * len(ZERO12) >= 30
     assert all(sequence_path(FOLDER, c["id"], r).is_file() for c, r in RUNS)
+    # the recipe the span is printed for (replays.DEEPSPEED_MEASURED_RECIPE) is every measured case's
+    assert all(c[axis] == value for c in ZERO12 for axis, value in DEEPSPEED_MEASURED_RECIPE.items())
 
 
 @pytest.mark.parametrize("case", ZERO12, ids=[c["id"] for c in ZERO12])
@@ -65,7 +67,8 @@ def test_the_reserve_the_report_states_for_deepspeed_rows_is_what_its_steps_need
 
 def test_a_deepspeed_scenario_says_so_and_its_band_is_that_span():
     """A DeepSpeed layout's rows keep the default reserve (not replayed: the hand model plans them), say what
-    DeepSpeed's measured steps needed, and the decision page's band for them is that span, not the one-GPU range."""
+    DeepSpeed's measured steps needed, and the decision page's band for rows of their recipe (AdamW, no
+    checkpointing) is that span, not the one-GPU range."""
     from nnmem_sweep import columns as C
     from nnmem_sweep.config import parse_scenario_text
     from nnmem_sweep.replays import DEEPSPEED_NOTE
@@ -81,5 +84,7 @@ def test_a_deepspeed_scenario_says_so_and_its_band_is_that_span():
     rows = result.results
     ds = rows[rows[C.REDUCE_BUCKET].astype(int) > 0].iloc[0]
     assert fragmentation_source(ds.to_dict(), sc) == (DEEPSPEED_RESERVE_SPAN, "deepspeed")
+    checkpointed = ds.to_dict() | {C.CHECKPOINTING: "full"}  # a recipe none of them measured: the one-GPU range
+    assert fragmentation_source(checkpointed, sc) == (FRAGMENTATION, "default")
     plain = run_scenario(parse_scenario_text(text % ""))  # FSDP's layouts of a hand model: the one-GPU range
     assert fragmentation_source(plain.results.iloc[0].to_dict(), plain.scenario) == (FRAGMENTATION, "default")
