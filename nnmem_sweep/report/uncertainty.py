@@ -83,8 +83,9 @@ def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, flo
 
 def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[float, float], str]:
     """(band, whence): the row's recipe's replays (a fresh and a resumed run, replays.py) where it was replayed
-    ("replayed"); on a DeepSpeed layout with a recipe like those measured (AdamW, no checkpointing), what DeepSpeed's
-    own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"); else FRAGMENTATION ("default")."""
+    ("replayed"); on a DeepSpeed layout with a recipe like those measured (AdamW, no or full checkpointing), what
+    DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"); else FRAGMENTATION
+    ("default")."""
     ov = sc.overheads
     if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
         band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
@@ -92,7 +93,7 @@ def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[fl
             return band, "replayed"
     bucket = row.get(C.REDUCE_BUCKET)
     if bucket is not None and not _isnan(bucket) and int(bucket) > 0 and \
-            all(str(row.get(axis, value)) == value for axis, value in DEEPSPEED_MEASURED_RECIPE.items()):
+            all(str(row.get(axis, values[0])) in values for axis, values in DEEPSPEED_MEASURED_RECIPE.items()):
         return DEEPSPEED_RESERVE_SPAN, "deepspeed"  # a DeepSpeed layout (its buffers), a recipe like those measured
     return FRAGMENTATION, "default"
 
