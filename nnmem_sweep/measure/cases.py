@@ -266,15 +266,16 @@ DEEPSPEED_Z3_LORA_TOLERANCE = {"peak": 0.05, "states": 0.001}
 
 
 def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
-          lora: tuple[str, ...] = (), accum: int = 1, ckpt: str = "none") -> dict[str, Any]:
+          lora: tuple[str, ...] = (), accum: int = 1, ckpt: str = "none", overlap: bool = False) -> dict[str, Any]:
     # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
     case = _lora(model, 2, seq, "bf16-master", 16, lora, alpha=32, adapter_dtype="model", ckpt=ckpt) if lora else \
         _train(model, 2, seq, "bf16-master", ckpt=ckpt)
     tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", "")) + \
-        (f"-accum{accum}" if accum > 1 else "")
+        ("ov" if overlap else "") + (f"-accum{accum}" if accum > 1 else "")
     tolerance = DEEPSPEED_Z3_LORA_TOLERANCE if lora and stage == 3 else DEEPSPEED_TOLERANCE
     return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": tolerance,
-            "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket},
+            "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket,
+                          **({"overlap_comm": True} if overlap else {})},
             **({"gradient_accumulation": accum} if accum > 1 else {})}
 
 
@@ -299,6 +300,8 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     # beside the last rank's partition, and the reserve of such a step
     _zero("llama-3.2-1b", 2048, 2, 2, ckpt="full"), _zero("llama-3.1-8b", 4096, 8, 2, ckpt="full"),
     _zero("llama-3.2-1b", 2048, 4, 1, ckpt="full"),
+    # overlap_comm: two reduce buckets, the reduction on a stream of its own (the CPU's streams run in order)
+    _zero("llama-3.2-1b", 1024, 2, 2, overlap=True), _zero("llama-3.2-1b", 64, 2, 2, overlap=True),
 ]
 CASES += DEEPSPEED_CASES
 
