@@ -90,6 +90,8 @@ def schema_problems(data: Any, b: Builder) -> list[Problem]:
             for missing in [k for k in want if k not in inst]:
                 add(path, f"{MISSING} {missing!r}", key=True)
         elif kind in ("anyOf", "oneOf") and all(set(branch) == {"required"} for branch in want):
+            if not isinstance(inst, dict):
+                return  # not a mapping: its `type` error says so
             keys = [k for branch in want for k in branch["required"]]  # one key of these, exactly
             given = [k for k in keys if k in inst]
             if given:

@@ -232,6 +232,14 @@ def test_a_number_with_an_exponent_and_no_dot_is_a_number() -> None:
                             "deepspeed: {reduce_bucket_size: '2e8'}}\n")
 
 
+def test_a_block_of_alternative_keys_given_no_mapping_is_one_type_error() -> None:
+    """cluster takes one of global_batch or tokens_per_step; given nothing at all (`cluster:`), the one problem is
+    that it is not a mapping (the fuzz test found this raising a TypeError)."""
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario_text(MINIMAL_TRAIN + "cluster:\n", file="c.yaml")
+    assert [p.message for p in info.value.problems] == ["expected a mapping, got nothing (null)"]
+
+
 def test_train_defaults() -> None:
     sc = parse_scenario_text(MINIMAL_TRAIN, file="mini.yaml")
     assert sc.name == "mini" and sc.mode == "train" and sc.description == ""
