@@ -59,10 +59,13 @@ def test_zero3_keeps_its_live_parameters_gathered_not_two_blocks():
     assert big[C.WEIGHTS] == 2_471_628_800 // 8 + (262_668_288 + 800_000_000) * 2
     _, whole = _run("deepspeed: {stage3_prefetch_bucket_size: 1.5e+9}", zero=3)
     assert whole[C.WEIGHTS] == 2_471_628_800 // 8 + 2_471_628_800
-    # and ZeRO-3's reduce bucket (1e9 B) through the backward and the step, where this row peaks
+    # and ZeRO-3's reduce bucket (1e9 B) from the backward on: this row peaks at its first bucket reduced
+    # (parallel/zero_bucket.py), the bucket beside the 8 layers' gradients it holds flattened (60,821,504 elements a
+    # layer) and the tied head's gradient; without a bucket, at the tied embedding's sum (two V·h gradients)
     _, none = _run("deepspeed: {contiguous_gradients: false}", zero=3)
-    assert ds[C.PEAK_PHASE] in ("backward", "optimizer")
-    assert ds[C.TEMPORARY] - none[C.TEMPORARY] == 1_000_000_000
+    assert ds[C.PEAK_PHASE] == "backward"
+    assert ds[C.TEMPORARY] == 1_000_000_000 + 8 * 60_821_504 * 2 + 128_256 * 2_048 * 2
+    assert none[C.TEMPORARY] == 2 * 128_256 * 2_048 * 2
 
 
 def test_a_ds_config_json_with_auto_values_is_read_as_transformers_fills_it():
@@ -105,9 +108,15 @@ def test_the_last_ranks_first_bucket_by_hand():
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=10_000_000)) == (1, 0, tied, tied)
     # every gradient but the tied head's in one bucket (16 layers x 60.8 M < 2e9): reduced at the backward's end
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=2_000_000_000)) == (0, 0, 0, 0)
-    for other in (Layout(dp=2, zero=1, reduce_bucket=500_000_000), Layout(dp=2, zero=3, reduce_bucket=500_000_000),
-                  Layout(dp=2, zero=2), Layout(dp=2, zero=2, reduce_bucket=500_000_000, offload="cpu")):
-        assert first_bucket(one_b, bf16, other) == (0, 0, 0, 0)  # not DeepSpeed's ZeRO-2 on the GPU
+    # ZeRO-3: every rank makes its partition there, beside the 8 layers' gradients flattened for the reduce-scatter
+    z3 = Layout(dp=2, zero=3, reduce_bucket=500_000_000)
+    assert first_bucket(one_b, bf16, z3) == (1, 8, tied + 8 * layer * 2, 0)
+    # no reduce bucket (contiguous_gradients false): no such moment, but the tied head's gradient is still outside
+    # ZeRO-2's partition to the backward's end
+    assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, prefetch_bucket=50_000_000)) == (0, 0, 0, tied)
+    for other in (Layout(dp=2, zero=1, reduce_bucket=500_000_000), Layout(dp=2, zero=2),
+                  Layout(dp=2, zero=2, reduce_bucket=500_000_000, offload="cpu")):
+        assert first_bucket(one_b, bf16, other) == (0, 0, 0, 0)  # not DeepSpeed's ZeRO-2/3 on the GPU
     assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000)) == 1
     assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000, overlap_comm=True)) == 0
     assert zero1_reduction(z2) == 0

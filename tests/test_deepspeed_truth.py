@@ -176,18 +176,20 @@ def test_lora_under_zero3_ranks_hold_their_partition_and_the_small_adapters_whol
     assert qv["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 2 * adapters + adapters + norms
 
 
-def test_zero3_its_step_to_the_byte_its_forward_and_backward_within_one_and_a_half_percent():
-    """DeepSpeed's ZeRO-3 (real tensors: it does not partition fake ones), Llama 3.2 1B over 2 ranks at 128 tokens.
-    Its step, the peak, holds the 16-bit gradient partition beside the fp32 copy and no gathered parameters
-    (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward and backward keep
-    gathered parameters alive up to stage3_max_live_parameters (deepspeed_gathered_bytes) and its reduce bucket from
-    the backward on: 0.16 % and 1.44 % low (they were 3.4 % and 11.2 % low with two gathered units and the bucket
-    from initialisation); what the backward holds beyond that is not placed."""
-    (case,) = ZERO3
+@pytest.mark.parametrize("case", ZERO3, ids=[c["case_id"] for c in ZERO3])
+def test_zero3_its_step_to_the_byte_its_forward_within_a_fifth_of_a_percent_its_backward_high(case):
+    """DeepSpeed's ZeRO-3 (real tensors: it does not partition fake ones), Llama 3.2 1B over 2 ranks at 128 and 512
+    tokens. Its step holds the 16-bit gradient partition beside the fp32 copy and no gathered parameters
+    (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward keeps gathered
+    parameters alive up to stage3_max_live_parameters (deepspeed_gathered_bytes): 0.14-0.16 % low. Its backward peaks
+    at the first bucket reduced (zero_bucket.first_bucket): the gradient partition made, the bucket's gradients
+    flattened beside it, half the activations freed; the estimate counts the forward's gathered parameters there,
+    which DeepSpeed has partly released: 3.2-3.4 % high (without that moment 1.4 % and 5.3 % low)."""
     est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
     assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 16 * 1024
-    for phase, gap in (("forward", 0.0017), ("backward", 0.015)):
-        assert 0 <= m[phase]["peak_bytes"] - est[phase] <= gap * m[phase]["peak_bytes"], phase
+    assert 0 <= m["forward"]["peak_bytes"] - est["forward"] <= 0.0017 * m["forward"]["peak_bytes"]
+    assert 0.03 * m["backward"]["peak_bytes"] <= est["backward"] - m["backward"]["peak_bytes"] <= \
+        0.034 * m["backward"]["peak_bytes"]
     assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
 
 

@@ -285,7 +285,7 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("llama-3.2-1b", 64, 2, 2, 10_000_000),
     _zero("llama-3.1-8b", 64, 2, 2), _zero("llama-3.1-8b", 1024, 8, 2),
     # ZeRO-3: real tensors (it does not partition fake ones), so a 1B model over 2 ranks at a short sequence
-    _zero("llama-3.2-1b", 128, 2, 3),
+    _zero("llama-3.2-1b", 128, 2, 3), _zero("llama-3.2-1b", 512, 2, 3),
     # LoRA: the frozen base whole on every rank, the adapters' states partitioned, the reduce bucket whole
     _zero("llama-3.2-1b", 1024, 2, 2, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, lora=QV),
     _zero("llama-3.2-1b", 64, 4, 1, lora=QV), _zero("llama-3.2-1b", 64, 2, 2, 10_000_000, lora=QV),
