@@ -76,9 +76,9 @@ DEEPSPEED_RESERVE_SPAN = (0.005, 0.169)
 DEEPSPEED_MEASURED_RECIPE = {C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}  # the span's rows
 DEEPSPEED_NOTE = (
     "not replayed: a DeepSpeed rank's step is planned by the hand model, not traced at the row's shape; DeepSpeed's "
-    "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 23 measured cases: "
-    "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B, 64-4,096 tokens, without and with full "
-    "checkpointing, with and without accumulation or overlap_comm, both end ranks), needed "
+    "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 24 measured cases: "
+    "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B and Mistral 7B, 64-4,096 tokens, without and with "
+    "full checkpointing, with and without accumulation or overlap_comm, both end ranks), needed "
     f"{100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the peak, the most where the "
     "optimizer step peaks (its first step makes AdamW's state in the pool the backward left): the reserve assumed is "
     "the default, the decision page's band that span for rows of their recipes (AdamW, no or full checkpointing; "

@@ -108,6 +108,10 @@ def test_the_last_ranks_first_bucket_by_hand():
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=10_000_000)) == (1, 0, tied, tied)
     # every gradient but the tied head's in one bucket (16 layers x 60.8 M < 2e9): reduced at the backward's end
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, reduce_bucket=2_000_000_000)) == (0, 0, 0, 0)
+    # Mistral 7B: an untied head of 32,000 x 4,096 elements, smaller than the bucket, goes into it (no gradient of
+    # its own beside the partition); the final norm's 4,096 and one layer of 218,112,000 fit before it is reduced
+    assert (500_000_000 - 32_000 * 4_096 - 4_096) // 218_112_000 == 1
+    assert first_bucket(get_preset("mistral-7b"), bf16, z2) == (1, 1, 0, 0)
     # ZeRO-3: every rank makes its partition there, beside the 8 layers' gradients flattened for the reduce-scatter
     z3 = Layout(dp=2, zero=3, reduce_bucket=500_000_000)
     assert first_bucket(one_b, bf16, z3) == (1, 8, tied + 8 * layer * 2, 0)

@@ -57,7 +57,7 @@ def test_the_step_within_half_a_percent_and_the_forward_within_64_kib(case):
     placed: within 4 KiB a layer."""
     est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
     assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 0.005 * m["optimizer"]["peak_bytes"]
-    layers = {"llama-3.2-1b": 16, "llama-3.1-8b": 32}[case["inputs"]["model"]]
+    layers = case["hf_config"]["num_hidden_layers"]
     bound = 4096 * layers if case["inputs"]["checkpointing"] == "full" else 64 * 1024
     assert abs(est["forward"] - m["forward"]["peak_bytes"]) <= bound
 
@@ -98,6 +98,14 @@ def test_the_last_rank_makes_its_gradient_partition_at_the_first_bucket():
     # ends at three embedding gradients beside it (the head's, the embedding's and their sum): 8 % above rank 0's
     tied = _case(2, 2, 64)["measured"]["ranks"]
     assert tied["1"]["backward"]["peak_bytes"] > 1.08 * tied["0"]["backward"]["peak_bytes"]
+    # Mistral 7B over 8 (an untied head smaller than the bucket, which holds it and one layer): the last rank's
+    # partition is made in the second layer's backward, 2.8 % above rank 0; the estimate counts that layer's
+    # activations whole, 22 MB (0.05 %) high
+    case = _case(8, 2, 1024, model="mistral-7b")
+    ranks = case["measured"]["ranks"]
+    last = ranks["7"]["backward"]["peak_bytes"]
+    assert last > 1.027 * ranks["0"]["backward"]["peak_bytes"]
+    assert 0 <= A.estimate_case(case)["phases"]["backward"] - last <= 0.0006 * last
 
 
 SHORT = [c for c in ZERO12 if c["inputs"]["seq_len"] < 1024 and not c["inputs"].get("finetune")]

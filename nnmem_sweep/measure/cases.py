@@ -300,6 +300,8 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     # beside the last rank's partition, and the reserve of such a step
     _zero("llama-3.2-1b", 2048, 2, 2, ckpt="full"), _zero("llama-3.1-8b", 4096, 8, 2, ckpt="full"),
     _zero("llama-3.2-1b", 2048, 4, 1, ckpt="full"),
+    # an untied head smaller than the bucket (Mistral 7B's 131 M elements): the first bucket after one layer
+    _zero("mistral-7b", 1024, 8, 2),
     # overlap_comm: two reduce buckets, the reduction on a stream of its own (the CPU's streams run in order)
     _zero("llama-3.2-1b", 1024, 2, 2, overlap=True), _zero("llama-3.2-1b", 64, 2, 2, overlap=True),
 ]
