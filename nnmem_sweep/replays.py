@@ -73,7 +73,9 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
 # case) and replayed as a scenario's recipes are, needed this span of the peak (tests/test_deepspeed_reserve.py holds
 # it to them), the most where the optimizer step peaks: its first step makes AdamW's state in a pool the backward left
 DEEPSPEED_RESERVE_SPAN = (0.005, 0.169)
-DEEPSPEED_MEASURED_RECIPE = {C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}  # the span's rows
+# the rows the span stands for: the measured cases' stages and recipes (ZeRO-3's steps gather and release parameters
+# in patterns none of these sequences has)
+DEEPSPEED_MEASURED_RECIPE = {C.ZERO_STAGE: ("1", "2"), C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}
 DEEPSPEED_NOTE = (
     "not replayed: a DeepSpeed rank's step is planned by the hand model, not traced at the row's shape; DeepSpeed's "
     "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 24 measured cases: "
@@ -81,8 +83,8 @@ DEEPSPEED_NOTE = (
     "full checkpointing, with and without accumulation or overlap_comm, both end ranks), needed "
     f"{100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the peak, the most where the "
     "optimizer step peaks (its first step makes AdamW's state in the pool the backward left): the reserve assumed is "
-    "the default, the decision page's band that span for rows of their recipes (AdamW, no or full checkpointing; "
-    "others the one-GPU range, 0.5-32.5 %); verify such rows by measuring")
+    "the default, the decision page's band that span for ZeRO-1/2 rows of their recipes (AdamW, no or full "
+    "checkpointing; others, ZeRO-3's included, the one-GPU range, 0.5-32.5 %); verify such rows by measuring")
 
 
 def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:

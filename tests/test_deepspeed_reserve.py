@@ -41,8 +41,10 @@ def test_every_zero12_case_has_a_fresh_sequence_on_both_end_ranks():
     assert len(RUNS) == 2 * len(ZERO12) >= 30
     assert all(sequence_path(FOLDER, c["id"], r).is_file() for c, r in RUNS)
     # the recipe the span is printed for (replays.DEEPSPEED_MEASURED_RECIPE) is every measured case's
-    assert all(c[axis] in values for c in ZERO12 for axis, values in DEEPSPEED_MEASURED_RECIPE.items())
-    assert {c["checkpointing"] for c in ZERO12} == set(DEEPSPEED_MEASURED_RECIPE["checkpointing"])
+    recipes = [{"zero_stage": str(c["deepspeed"]["zero_stage"]), **c} for c in ZERO12]
+    assert all(r[axis] in values for r in recipes for axis, values in DEEPSPEED_MEASURED_RECIPE.items())
+    assert {r["checkpointing"] for r in recipes} == set(DEEPSPEED_MEASURED_RECIPE["checkpointing"])
+    assert {r["zero_stage"] for r in recipes} == set(DEEPSPEED_MEASURED_RECIPE["zero_stage"])
 
 
 @pytest.mark.parametrize("case", ZERO12, ids=[c["id"] for c in ZERO12])
@@ -83,9 +85,11 @@ def test_a_deepspeed_scenario_says_so_and_its_band_is_that_span():
     sc = result.scenario
     assert sc.overheads.reserve_note == DEEPSPEED_NOTE and sc.overheads.reserve_fraction == 0.05
     rows = result.results
-    ds = rows[rows[C.REDUCE_BUCKET].astype(int) > 0].iloc[0]
+    ds = rows[(rows[C.REDUCE_BUCKET].astype(int) > 0) & (rows[C.ZERO_STAGE].astype(int) == 2)].iloc[0]
+    ddp = rows[rows[C.ZERO_STAGE].astype(int) == 0].iloc[0]  # zero_stage 0: PyTorch's DDP, not DeepSpeed's ZeRO
+    assert fragmentation_source(ddp.to_dict(), sc) == (FRAGMENTATION, "default")
     assert fragmentation_source(ds.to_dict(), sc) == (DEEPSPEED_RESERVE_SPAN, "deepspeed")
-    unmeasured = ds.to_dict() | {C.CHECKPOINTING: "selective"}  # a recipe none of them measured: the one-GPU range
-    assert fragmentation_source(unmeasured, sc) == (FRAGMENTATION, "default")
+    for unmeasured in ({C.CHECKPOINTING: "selective"}, {C.ZERO_STAGE: 3}):  # none of them measured: the one-GPU range
+        assert fragmentation_source(ds.to_dict() | unmeasured, sc) == (FRAGMENTATION, "default")
     plain = run_scenario(parse_scenario_text(text % ""))  # FSDP's layouts of a hand model: the one-GPU range
     assert fragmentation_source(plain.results.iloc[0].to_dict(), plain.scenario) == (FRAGMENTATION, "default")

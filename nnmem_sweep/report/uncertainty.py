@@ -83,8 +83,8 @@ def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, flo
 
 def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[float, float], str]:
     """(band, whence): the row's recipe's replays (a fresh and a resumed run, replays.py) where it was replayed
-    ("replayed"); on a DeepSpeed layout with a recipe like those measured (AdamW, no or full checkpointing), what
-    DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"); else FRAGMENTATION
+    ("replayed"); on a DeepSpeed ZeRO-1/2 layout with a recipe like those measured (AdamW, no or full checkpointing),
+    what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"); else FRAGMENTATION
     ("default")."""
     ov = sc.overheads
     if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
