@@ -112,9 +112,9 @@ def test_the_last_ranks_first_bucket_by_hand():
     # its own beside the partition); the final norm's 4,096 and one layer of 218,112,000 fit before it is reduced
     assert (500_000_000 - 32_000 * 4_096 - 4_096) // 218_112_000 == 1
     assert first_bucket(get_preset("mistral-7b"), bf16, z2) == (1, 1, 0, 0)
-    # ZeRO-3: every rank makes its partition there, beside the 8 layers' gradients flattened for the reduce-scatter
+    # ZeRO-3: every rank holds there, beside the partition it keeps, the 8 layers' gradients flattened
     z3 = Layout(dp=2, zero=3, reduce_bucket=500_000_000)
-    assert first_bucket(one_b, bf16, z3) == (1, 8, tied + 8 * layer * 2, 0)
+    assert first_bucket(one_b, bf16, z3) == (0, 8, tied + 8 * layer * 2, 0)  # its partition kept from the step before
     # no reduce bucket (contiguous_gradients false): no such moment, but the tied head's gradient is still outside
     # ZeRO-2's partition to the backward's end
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, prefetch_bucket=50_000_000)) == (0, 0, 0, tied)

@@ -33,7 +33,7 @@ def _lora_zero3(case) -> bool:
     return bool(case["inputs"].get("finetune")) and case["inputs"]["deepspeed"]["zero_stage"] == 3
 
 
-HELD = [c for c in CASES if not _lora_zero3(c)]
+HELD = CASES  # LoRA under ZeRO-3 too, since its truth holds the bucket kept from step to step
 
 
 @pytest.mark.parametrize("case", HELD, ids=[c["case_id"] for c in HELD])
@@ -144,22 +144,17 @@ def test_lora_ranks_hold_the_whole_base_and_their_share_of_the_adapters():
 
 
 @pytest.mark.parametrize("case", LORA3, ids=[c["case_id"] for c in LORA3])
-def test_lora_under_zero3_forward_and_step_within_0_6_percent_backward_high_by_at_most_4_6(case):
+def test_lora_under_zero3_every_phase_within_half_a_percent(case):
     """DeepSpeed ZeRO-3 (real tensors), the frozen base partitioned and gathered as a full fine-tune's, its linears
-    saving their inputs (finetune.zero3_linear_inputs): forward 0.47 % (q, v at 128 tokens) and 0.50 % (every linear
-    over 4 ranks at 512) low, the gathered parameters' overshoot of stage3_max_live_parameters (18.5 MB in the
-    first, as in the full fine-tune's case), the step to 86 KB and 3.4 MB. The backward keeps the forward's gathered
-    parameters, where DeepSpeed has released the tied head's 525 MB after its backward and prefetched 332 MB of
-    layers back: 4.5 % high where the backward's peak comes at the last layer's attention (q, v), 0.55 % low where it
-    comes at its first linear (every linear). Accumulating (q, v, 2 micro-batches), the kept bucket in the second's
-    forward and loss (parallel.deepspeed_kept_bucket): forward 0.37 % and backward 0.39 % low. The peak's phase is
-    the measured one."""
+    saving their inputs (finetune.zero3_linear_inputs), the reduce bucket and the adapters' gradient partition kept
+    from the step before (parallel.deepspeed_kept_bucket, grads_live_in_forward): forward and backward 0.37-0.50 %
+    low (the gathered parameters' overshoot of stage3_max_live_parameters, 18.5 MB in the q/v case), the step to
+    86 KB and 3.4 MB. The backward was '4.5 % high' on the q/v case while the truth missed the kept bucket (1.0 GB,
+    unregistered until the backward's first use of it). The peak's phase is the measured one."""
     est, m = A.estimate_case(case), case["measured"]
     assert est["peak_phase"] == m["peak_phase"] == "backward"
-    for phase, within in (("forward", 0.006), ("optimizer", 0.002)):
+    for phase, within in (("forward", 0.006), ("backward", 0.005), ("optimizer", 0.002)):
         assert abs(est["phases"][phase] - m["phases"][phase]["peak_bytes"]) <= within * m["phases"][phase]["peak_bytes"]
-    back = m["phases"]["backward"]["peak_bytes"]
-    assert -0.006 * back <= est["phases"]["backward"] - back <= 0.046 * back
 
 
 def test_lora_under_zero3_ranks_hold_their_partition_and_the_small_adapters_whole():
@@ -185,18 +180,19 @@ def test_lora_under_zero3_ranks_hold_their_partition_and_the_small_adapters_whol
 
 
 @pytest.mark.parametrize("case", ZERO3, ids=[c["case_id"] for c in ZERO3])
-def test_zero3_its_step_to_the_byte_its_forward_within_a_fifth_of_a_percent_its_backward_high(case):
+def test_zero3_its_step_to_the_byte_its_forward_within_a_fifth_of_a_percent_its_backward_within_3_4(case):
     """DeepSpeed's ZeRO-3 (real tensors: it does not partition fake ones), Llama 3.2 1B over 2 ranks at 128 and 512
     tokens. Its step holds the 16-bit gradient partition beside the fp32 copy and no gathered parameters
     (parallel/states.py deepspeed_step_gradients): to 2,348 B (it was 11.7 % low). Its forward keeps gathered
-    parameters alive up to stage3_max_live_parameters (deepspeed_gathered_bytes): 0.14-0.16 % low. Its backward peaks
-    at the first bucket reduced (zero_bucket.first_bucket): the gradient partition made, the bucket's gradients
-    flattened beside it, half the activations freed; the estimate counts the forward's gathered parameters there,
-    which DeepSpeed has partly released: 3.2-3.4 % high (without that moment 1.4 % and 5.3 % low)."""
+    parameters alive up to stage3_max_live_parameters (deepspeed_gathered_bytes) beside the bucket and gradient
+    partition kept from the step before: 0.12-0.14 % low. Its backward peaks at the first bucket reduced
+    (zero_bucket.first_bucket), the bucket's gradients flattened beside it, half the activations freed: at 512 tokens
+    (the backward the peak) 0.11 % low; at 128 tokens 3.3 % high, counting the forward's gathered parameters there,
+    which DeepSpeed has partly released."""
     est, m = A.estimate_case(case)["phases"], case["measured"]["phases"]
     assert abs(est["optimizer"] - m["optimizer"]["peak_bytes"]) <= 16 * 1024
     assert 0 <= m["forward"]["peak_bytes"] - est["forward"] <= 0.0017 * m["forward"]["peak_bytes"]
-    assert 0.03 * m["backward"]["peak_bytes"] <= est["backward"] - m["backward"]["peak_bytes"] <= \
+    assert -0.0015 * m["backward"]["peak_bytes"] <= est["backward"] - m["backward"]["peak_bytes"] <= \
         0.034 * m["backward"]["peak_bytes"]
     assert case["measured"]["totals"]["param_bytes"] == 1_235_814_400 + 33 * 2_048 * 2  # partition + whole norms
 
@@ -231,15 +227,19 @@ def test_zero1_with_accumulation_keeps_the_bucket_beside_the_whole_gradients():
     assert m["forward"]["start_bytes"] - one["forward"]["start_bytes"] == 1_235_814_400 * 2 + 500_000_000 * 2
 
 
-def test_zero3_with_accumulation_keeps_its_bucket_too():
-    """LoRA under ZeRO-3, 2 micro-batches: the second starts with the reduce bucket (5e8 bf16 elements) and the
-    adapters' 16-bit gradient partition (and 2 KiB more), so its forward and its loss's moment hold the bucket: the
-    estimate was 20 % and 8 % low there without it (parallel.deepspeed_kept_bucket), now 0.37 % and 0.39 %."""
-    (accum,) = [c for c in LORA3 if c["inputs"].get("gradient_accumulation")]
-    (one,) = [c for c in LORA3 if c["inputs"]["seq_len"] == accum["inputs"]["seq_len"]
-              and not c["inputs"].get("gradient_accumulation")]
-    held = accum["measured"]["phases"]["forward"]["start_bytes"] - one["measured"]["phases"]["forward"]["start_bytes"]
-    assert 0 <= held - (1_000_000_000 + 2 * 851_968) <= 4096
+def test_zero3_keeps_its_bucket_and_gradient_partition_from_step_to_step():
+    """ZeRO-3 makes its reduce bucket (5e8 bf16 elements) and its flat 16-bit gradient partition once and keeps them
+    (stage3.py): a step, or a micro-batch, starts with both (the truth registers them: zero_engine.held_tensors). The
+    full fine-tune's partition is half of Llama 3.2 1B's 1,235,814,400 parameters, LoRA's half of its q/v adapters'
+    1,703,936 (2 KiB more with accumulation); the estimate holds both in every phase (deepspeed_kept_bucket,
+    grads_live_in_forward), where without them it was 16 % low in the forward (they were missing in the truth too)."""
+    full = next(c for c in ZERO3 if c["inputs"]["seq_len"] == 128)["measured"]["totals"]
+    assert full["grad_bytes"] == 1_000_000_000 + 1_235_814_400
+    for case in LORA3:
+        kept = case["measured"]["totals"]["grad_bytes"] - 1_000_000_000
+        world = case["inputs"]["deepspeed"]["world"]
+        if case["inputs"]["finetune"]["targets"] == ["q_proj", "v_proj"]:
+            assert 0 <= kept - 2 * 1_703_936 // world <= 4096
 
 
 def test_zero1_holds_what_zero2_holds_from_the_backwards_end():

@@ -43,16 +43,16 @@ def test_lora_under_zero2_keeps_the_base_whole_and_shards_the_adapters_states():
 
 def test_lora_under_zero3_partitions_the_base_and_keeps_the_small_adapters_whole():
     """The scenario's rows of the measured ZeRO-3 case's layout (tests/data/truth/deepspeed/...-qv-adaptermodel-ds2z3-
-    ...-s128, measured 4,467,737,364 B at the backward's peak): the held weights are the base's partition, the
-    adapters whole (each at most 1e5 elements) and their partition; the estimate is high there by the gathered
-    parameters DeepSpeed has released by then (test_deepspeed_truth.py)."""
+    ...-s128, measured 5,078,444,820 B at the backward's peak, the reduce bucket kept from the step before): the held
+    weights are the base's partition, the adapters whole (each at most 1e5 elements) and their partition; the
+    estimate within 0.4 % (test_deepspeed_truth.py)."""
     text = _text(LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true}").replace("seq_len: 1024", "seq_len: 128")
     (row,) = [r for _, r in run_scenario(parse_scenario_text(text, "lora-ds3.yaml"), bands=False).results.iterrows()]
     adapters = 1_703_936
     gathered = 2 * 1_000_000_000  # stage3_max_live_parameters of bf16 parameters
     assert row[C.WEIGHTS] == 1_235_814_400 + 2 * adapters + adapters + gathered
     assert row[C.MASTER_WEIGHTS] == 4 * adapters // 2
-    assert 4_467_737_364 <= row[C.PEAK_ALLOCATED] <= 1.046 * 4_467_737_364
+    assert abs(row[C.PEAK_ALLOCATED] - 5_078_444_820) <= 0.004 * 5_078_444_820
     three = "Under ZeRO-3 the frozen base is partitioned"
     from nnmem_sweep.report.assumptions import assumptions
 

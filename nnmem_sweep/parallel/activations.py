@@ -102,8 +102,10 @@ def first_stage_layer_micro_batches(arch: Architecture, lay: Layout) -> tuple[in
 
 def grads_live_in_forward(lay: Layout, in_flight: int) -> bool:
     """Gradients of earlier micro-batches are live while the next ones run forward (accumulation, pipelines), or
-    of the step before (DDP's gradient_as_bucket_view: the gradients are views of buckets that stay allocated)."""
-    return lay.accum > 1 or lay.micro_batches > in_flight or (lay.ddp and lay.bucket_view)
+    of the step before (DDP's gradient_as_bucket_view: the gradients are views of buckets that stay allocated;
+    DeepSpeed ZeRO-3 on the GPU: its flat 16-bit gradient partition, made once, grad_partitions_flat_buffer)."""
+    return lay.accum > 1 or lay.micro_batches > in_flight or (lay.ddp and lay.bucket_view) or \
+        (lay.deepspeed and lay.zero == 3 and lay.offload == "none")
 
 
 def stage_activations(arch: Architecture, p: Precision, attention: str, checkpointing: str, lay: Layout,

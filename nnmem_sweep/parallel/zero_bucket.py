@@ -8,9 +8,10 @@ the backward's first bucket, beside the activations of every layer the backward 
 the embedding. A tied head's gradient waits in the autograd engine until the embedding's is added to it, so it
 stays beside the partition to the end. The estimate is the last rank's: every rank must fit.
 
-ZeRO-3 cuts every parameter over the ranks, so each rank makes its gradient partition at the backward's first bucket
-(stage3.py), beside the bucket's gradients flattened for their reduce-scatter; its gathered parameters there are
-counted as the forward's (parallel.deepspeed_buffers), which DeepSpeed has partly released by then.
+ZeRO-3 keeps its gradient partition and its bucket from one step to the next (stage3.py, made once); at the
+backward's first bucket every rank holds, beside them, the bucket's gradients flattened for their reduce-scatter; its
+gathered parameters there are counted as the forward's (parallel.deepspeed_buffers), which DeepSpeed has partly
+released by then.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def _tied(arch: Architecture) -> bool:
          "the last rank, at the first bucket reduced: its gradient partition n_z·g and the reduce bucket beside the "
          "activations of the layers not yet reached, L − k of them, k = ⌊(B − head − final norm) / layer⌋ "
          "(head = 0 where tied); beside them an untied head's gradient V·h·g where the head alone exceeds B (then "
-         "k = 0), a tied head's V·h·g always; ZeRO-3: every rank, and the k layers' gradients flattened, "
-         "k·layer·g, beside them", DEEPSPEED_ZERO,
+         "k = 0), a tied head's V·h·g always; ZeRO-3: every rank, its partition kept from the step before, the k "
+         "layers' gradients flattened, k·layer·g, beside it", DEEPSPEED_ZERO,
          where="stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads: a bucket is reduced when the next "
                "gradient would overflow its B = reduce_bucket_size elements, a tensor larger than B alone; "
                "reduce_ipg_grads -> copy_grads_in_partition makes grads_in_partition (torch.empty of the rank's "
@@ -66,8 +67,9 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
     k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
     if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
         return 0, 0, 0, 0
-    if lay.zero == 3:  # the bucket's gradients flattened (torch.cat) beside it as it is reduce-scattered
-        return 1, int(k), (head_grad if tied else 0) + k * parts["per_layer"] * prec.grad_bytes, 0
+    if lay.zero == 3:  # the bucket's gradients flattened (torch.cat) beside it as it is reduce-scattered; the
+        # partition is not made here: ZeRO-3 keeps it from step to step (activations.grads_live_in_forward)
+        return 0, int(k), (head_grad if tied else 0) + k * parts["per_layer"] * prec.grad_bytes, 0
     return 1, int(k), head_grad if tied else 0, head_grad if tied else 0
 
 

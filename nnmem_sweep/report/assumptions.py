@@ -168,10 +168,12 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                          "yet freed (2.1 % above rank 0 for Llama 3.1 8B over 8 at 1,024 tokens). Measured on "
                          "DeepSpeed's own engine, ranks 0 and the last (tests/data/truth/deepspeed): ZeRO-1/2 peaks "
                          "within 0.13 %, their backward within 0.15 %, LoRA within 0.21 %, "
-                         "accumulating over 2 micro-batches within 0.11 %; ZeRO-3 two cases (Llama 3.2 1B over 2 "
-                         "ranks, 128 and 512 tokens): its step to the byte, its forward 0.14-0.16 % above the "
-                         "estimate, its backward 3.2-3.4 % below it (at its first bucket the estimate counts the "
-                         "gathered parameters of the forward's end, some of which DeepSpeed has released).")
+                         "accumulating over 2 micro-batches within 0.11 %; ZeRO-3, which keeps its reduce bucket and "
+                         "16-bit gradient partition from one step to the next, two cases (Llama 3.2 1B over 2 ranks, "
+                         "128 and 512 tokens): its step to the byte, its forward 0.12-0.14 % above the estimate, its "
+                         "backward 0.11 % above where it is the peak (3.3 % below at 128 tokens, where the estimate "
+                         "counts at its first bucket the gathered parameters of the forward's end); LoRA under ZeRO-3 "
+                         "within 0.5 %.")
         if any(axes[C.FP32_GRAD_ACCUMULATION]):
             items.append("fp32 grads: Megatron-style fp32 main gradients replace the 16-bit ones (4 bytes per "
                          "parameter, 18 per parameter with bf16-master and Adam).")

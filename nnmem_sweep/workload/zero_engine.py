@@ -122,16 +122,21 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
 def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
     """What a rank holds between steps, by kind: the model's parameters (ZeRO-1/2: views of DeepSpeed's flat 16-bit
     buffers; ZeRO-3: the persistent ones whole, the others' partitions in its flat 16-bit groups or, frozen, each in its
-    own ds_tensor) and buffers, the
-    fp32 partitions (master weights) and the optimizer's state over them."""
+    own ds_tensor) and buffers, the fp32 partitions (master weights) and the optimizer's state over them; ZeRO-3 also
+    its 16-bit gradient partition and reduce bucket, which it keeps from one step to the next ("grad")."""
     stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
     params = list(engine.module.parameters())
     if stage3:  # the trainable partitions in the flat groups; a frozen parameter's (LoRA's base) its own ds_tensor
         params += list(zero.fp16_partitioned_groups_flat) + [getattr(p, "ds_tensor", None) for p in params]
     master = zero.fp32_partitioned_groups_flat if stage3 else zero.single_partition_of_fp32_groups
-    return {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
+    held = {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
             "master": [t for t in master if isinstance(t, torch.Tensor)],
             "opt": [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]}
+    if stage3:  # kept from one step to the next: the 16-bit gradient partition and the reduce bucket (stage3.py)
+        kept = [getattr(zero, "grad_partitions_flat_buffer", None)]
+        kept += [getattr(b, "buffer", None) for b in getattr(zero, "ipg_buckets", {}).values()]
+        held["grad"] = [t for t in kept if isinstance(t, torch.Tensor)]
+    return held
 
 
 class EngineOptimizer:
