@@ -115,6 +115,9 @@ def test_the_last_ranks_first_bucket_by_hand():
     # ZeRO-3: every rank holds there, beside the partition it keeps, the 8 layers' gradients flattened
     z3 = Layout(dp=2, zero=3, reduce_bucket=500_000_000)
     assert first_bucket(one_b, bf16, z3) == (0, 8, tied + 8 * layer * 2, 0)  # its partition kept from the step before
+    # an untied head larger than the bucket under ZeRO-3: its gradient beside the partition it keeps, not a second one
+    assert first_bucket(get_preset("llama-3.1-8b"), bf16, Layout(dp=8, zero=3, reduce_bucket=500_000_000)) == \
+        (0, 0, 2 * head_8b, 0)
     # no reduce bucket (contiguous_gradients false): no such moment, but the tied head's gradient is still outside
     # ZeRO-2's partition to the backward's end
     assert first_bucket(one_b, bf16, Layout(dp=2, zero=2, prefetch_bucket=50_000_000)) == (0, 0, 0, tied)

@@ -25,10 +25,6 @@ from .layout import Layout
 from .states import DEEPSPEED_ZERO
 
 
-def _tied(arch: Architecture) -> bool:
-    return bool(arch.tied_embeddings) and arch.head in ("causal_lm", "masked_lm")
-
-
 @formula("parallel.deepspeed_first_bucket",
          "the last rank, at the first bucket reduced: its gradient partition n_z·g and the reduce bucket beside the "
          "activations of the layers not yet reached, L − k of them, k = ⌊(B − head − final norm) / layer⌋ "
@@ -57,20 +53,21 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
             (arch.finetune is not None and arch.finetune.adapters):
         return 0, 0, 0, 0
     parts = params_breakdown(arch)
-    bucket, tied = lay.reduce_bucket, _tied(arch)
-    head_grad = (arch.vocab * arch.hidden if tied else parts["head"]) * prec.grad_bytes
+    tied_grad = act.tied_head_gradient(arch, prec).const  # 0 where the head is not tied
+    bucket, head = lay.reduce_bucket, 0 if tied_grad else parts["head"]
     if bucket <= 0:  # no reduce bucket (contiguous_gradients false): each gradient kept as it is reduced, the
-        return 0, 0, 0, head_grad if tied and lay.zero == 2 else 0  # tied head's still outside them to the end
-    head = 0 if tied else parts["head"]
+        return 0, 0, 0, tied_grad if lay.zero == 2 else 0  # tied head's still outside them to the end
     if head > bucket:  # reduced alone at the next gradient, while it is copied into the partition
-        return 1, 0, head_grad, 0
-    k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
-    if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
-        return 0, 0, 0, 0
+        k, alive = 0, head * prec.grad_bytes
+    else:
+        k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
+        if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
+            return 0, 0, 0, 0
+        alive = tied_grad
     if lay.zero == 3:  # the bucket's gradients flattened (torch.cat) beside it as it is reduce-scattered; the
         # partition is not made here: ZeRO-3 keeps it from step to step (activations.grads_live_in_forward)
-        return 0, int(k), (head_grad if tied else 0) + k * parts["per_layer"] * prec.grad_bytes, 0
-    return 1, int(k), head_grad if tied else 0, head_grad if tied else 0
+        return 0, int(k), alive + k * parts["per_layer"] * prec.grad_bytes, 0
+    return 1, int(k), alive, tied_grad
 
 
 @formula("parallel.deepspeed_zero1_reduction",
