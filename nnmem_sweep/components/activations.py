@@ -165,13 +165,18 @@ def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: b
             + mlp_saved(arch, p, device))
 
 
+def per_layer_saved(arch: Architecture, p: Precision, attention: str, checkpointing: str,
+                    device: str = "cuda") -> Term:
+    """One layer's saved activations under `checkpointing`: what train_activations counts L times."""
+    return checkpointed_layer_saved(arch, p) if checkpointing == "full" else \
+        layer_saved(arch, p, attention, drop_scores=checkpointing == "selective", device=device)
+
+
 @formula("rope_saved_bytes", "2 · s · d · r  (cos and sin for every position, shared by the batch and all layers)",
          HF_MODELING, where="LlamaRotaryEmbedding returns cos, sin cast to the hidden dtype; apply_rotary_pos_emb "
          "multiplies q and k by them, so autograd keeps them")
 def rope_saved(arch: Architecture, p: Precision) -> Term:
-    if arch.position != "rope":
-        return Term()
-    return Term(pos=2 * arch.head_dim * p.residual_bytes)
+    return Term(pos=2 * arch.head_dim * p.residual_bytes) if arch.position == "rope" else Term()
 
 
 @formula("checkpointed_layer_saved_bytes", "r·h per layer (the block input)", KORTHIKANTI_2022, TORCH_CKPT,
@@ -279,12 +284,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     """Training terms of a transformer for one (precision, attention, checkpointing) combination."""
     L = arch.layers
     full_layer = layer_saved(arch, p, attention, device=device)
-    if checkpointing == "full":
-        layers = L * checkpointed_layer_saved(arch, p)
-    elif checkpointing == "selective":
-        layers = L * layer_saved(arch, p, attention, drop_scores=True, device=device)
-    else:
-        layers = L * full_layer
+    layers = L * per_layer_saved(arch, p, attention, checkpointing, device)
     inputs = inputs_term(arch)
     copies = Term(const=autocast_copies_bytes(arch, p))
     saved = (inputs + copies + embedding_saved(arch, p, device) + rope_saved(arch, p) + layers

@@ -260,8 +260,6 @@ DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TOLERANCE = {"peak": 0.005, "states": 0.001}  # one rank's peak: issue 22's 0.5 %
 
 
-
-
 def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
           lora: tuple[str, ...] = (), accum: int = 1, ckpt: str = "none", overlap: bool = False) -> dict[str, Any]:
     # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
@@ -269,8 +267,7 @@ def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_00
         _train(model, 2, seq, "bf16-master", ckpt=ckpt)
     tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", "")) + \
         ("ov" if overlap else "") + (f"-accum{accum}" if accum > 1 else "")
-    tolerance = DEEPSPEED_TOLERANCE
-    return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": tolerance,
+    return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": DEEPSPEED_TOLERANCE,
             "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket,
                           **({"overlap_comm": True} if overlap else {})},
             **({"gradient_accumulation": accum} if accum > 1 else {})}

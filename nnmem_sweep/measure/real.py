@@ -193,8 +193,7 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
     """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
     cannot hold ends with `error` set (OOM ...), the figures measured before it kept."""
     # a sharded point: one rank on PyTorch's fake process group (DeepSpeed's: with its comm layer on it), every run
-    group = zero_engine.comm(zero_engine.check(case["deepspeed"])[0], int(case["deepspeed"].get("rank", 0))) \
-        if case.get("deepspeed") else sharding(case)
+    group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
     with frozen_heap(), group:
         return _measure_point(case, device, steps=steps, timing_steps=timing_steps, resume=resume, bisect=bisect,
                               resolution=resolution, snapshot=snapshot, deadline=deadline, say=say)

@@ -148,10 +148,7 @@ DEEPSPEED_METHOD_REAL = (
 
 
 def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
-    """Measure a DeepSpeed case (measure/zero_step.py) and return its JSON record. Each case in a process of its own:
-    DeepSpeed keeps its process groups at module level, past the fake group's lifetime."""
-    import multiprocessing
-
+    """Measure a DeepSpeed case (measure/zero_step.py) on its end ranks (per_rank) and return its JSON record."""
     from ..derive.cache import installed
     from ..workload.build import case_config
     from .zero_step import measure
@@ -159,10 +156,7 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
     cfg, origin = case_config(case)
     world = int(case["deepspeed"]["world"])
     fake = int(case["deepspeed"]["zero_stage"]) < 3
-    by_rank = {}
-    for rank in end_ranks(case):
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            by_rank[rank] = pool.apply(measure, (case, cfg, rank))
+    by_rank = per_rank(measure, case, cfg)
     measured = worst_rank(by_rank)
     method = DEEPSPEED_METHOD if fake else DEEPSPEED_METHOD_REAL
     if len(by_rank) > 1:
@@ -175,7 +169,7 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
 
 
 # A fresh run's first two steps on each end rank of a DeepSpeed ZeRO-1/2 case, as the allocator model replays them
-# (zero_step.fresh_events): the evidence of the reserve DeepSpeed's steps need (replays.DEEPSPEED_RESERVE_NOTE)
+# (zero_step.fresh_events): the evidence of the reserve DeepSpeed's steps need (replays.DEEPSPEED_RESERVE_SPAN)
 SEQUENCES_DIR = "sequences"
 
 
@@ -186,7 +180,6 @@ def sequence_path(folder: Path, case_id: str, rank: int) -> Path:
 def write_sequences(case: dict[str, Any], folder: Path) -> list[Path]:
     """Each end rank's fresh sequence (zero_step.fresh_events, a process of its own each), compressed."""
     import io
-    import multiprocessing
 
     import numpy as np
 
@@ -194,11 +187,8 @@ def write_sequences(case: dict[str, Any], folder: Path) -> list[Path]:
     from ..workload.build import case_config
     from .zero_step import fresh_events
 
-    cfg, _ = case_config(case)
     out = []
-    for rank in end_ranks(case):
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            events = pool.apply(fresh_events, (case, cfg, rank))
+    for rank, events in per_rank(fresh_events, case, case_config(case)[0]).items():
         buf = io.BytesIO()
         np.savez_compressed(buf, events=events)
         out.append(atomic_write_bytes(sequence_path(folder, case["id"], rank), buf.getvalue()))
@@ -210,6 +200,19 @@ DEEPSPEED_RANKS = (
     "embedding) and rank {last} (the end: the last layers and an untied head, whose gradients come first, so its "
     "gradient partition is made at the backward's first bucket) are each measured in a process of their own; "
     "`measured` is per phase the larger of the two (every rank must fit), `measured.ranks` each one's.")
+
+
+def per_rank(fn, case: dict[str, Any], cfg: dict[str, Any]) -> dict[int, Any]:  # noqa: ANN001
+    """{rank: fn(the case at that rank, cfg)} over end_ranks, each in a process of its own: DeepSpeed keeps its process
+    groups at module level, past the fake group's lifetime."""
+    import multiprocessing
+
+    out = {}
+    for rank in end_ranks(case):
+        at_rank = {**case, "deepspeed": {**case["deepspeed"], "rank": rank}}
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            out[rank] = pool.apply(fn, (at_rank, cfg))
+    return out
 
 
 def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:

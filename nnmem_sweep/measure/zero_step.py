@@ -20,21 +20,22 @@ from typing import Any
 import numpy as np
 
 
-def measure(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0) -> dict[str, Any]:
-    """The measured record of one rank of a DeepSpeed case (case["deepspeed"]: workload/zero_engine.py KEYS)."""
-    rec, params, totals = _recorded(case, cfg, rank, untraced=1, traced=1)
+def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The measured record of one rank (its `rank`, 0 by default) of a DeepSpeed case (case["deepspeed"]:
+    workload/zero_engine.py KEYS)."""
+    rec, params, totals = _recorded(case, cfg, untraced=1, traced=1)
     return {"params": params, **_phases(rec.trace(), totals)}
 
 
-def fresh_events(case: dict[str, Any], cfg: dict[str, Any], rank: int = 0, steps: int = 2) -> np.ndarray:
+def fresh_events(case: dict[str, Any], cfg: dict[str, Any], steps: int = 2) -> np.ndarray:
     """The allocation sequence of a fresh run's first `steps` steps on one rank, from what the engine holds when
     deepspeed.initialize() returns (the 16-bit parameters, the fp32 partition: the optimizer state is made in the
     first step), as (storage id, signed bytes) events: what the caching-allocator model replays (replays.py)."""
-    rec, _, _ = _recorded(case, cfg, rank, untraced=0, traced=steps)
+    rec, _, _ = _recorded(case, cfg, untraced=0, traced=steps)
     return np.ascontiguousarray(rec.trace().events[:, :2], dtype=np.int64)
 
 
-def _recorded(case: dict[str, Any], cfg: dict[str, Any], rank: int, untraced: int, traced: int):
+def _recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: int):
     """(the Recorder of `traced` steps after `untraced` ones, parameters of the model, bytes held by kind when the
     recording started)."""
     import torch
@@ -44,9 +45,9 @@ def _recorded(case: dict[str, Any], cfg: dict[str, Any], rank: int, untraced: in
     from ..workload import zero_engine as Z
     from ..workload.build import run_contexts
 
-    world, stage = Z.check(case["deepspeed"])
-    fake = stage < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
-    with Z.comm(world, rank), FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+    fake = Z.check(case["deepspeed"])[1] < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with Z.rank_comm(case["deepspeed"]), fake_mode:
         torch.manual_seed(0)
         w = Z.engine_workload(case, cfg, fake)
         engine, zero, inputs, accum = w.model, w.optimizer.zero, w.inputs, w.accum

@@ -147,14 +147,14 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
 
 def _first_bucket(arch, precs, a_names, c_names, layouts, sizes, device, states, g, g_fwd, saved
                   ) -> tuple[list, np.ndarray | None]:
-    """DeepSpeed ZeRO-2's last rank when its first bucket is reduced (zero_bucket.first_bucket): its gradient
-    partition beside the activations of the layers not yet reached; and what a tied head's gradient adds to the
-    backward's end moments beside the partition (None: nothing). No moment where no layout is ZeRO-2's."""
+    """DeepSpeed ZeRO-2's last rank (ZeRO-3: every rank) when its first bucket is reduced (zero_bucket.first_bucket):
+    its gradient partition beside the activations of the layers not yet reached; and what a tied head's gradient adds
+    to the backward's end moments beside the partition (None: nothing). No moment where no layout is ZeRO-2/3's."""
     tables = _layout_tables(lambda p, lay: zero_bucket.first_bucket(arch, p, lay), precs, layouts, sizes, (0, 5))
     if tables is None:
         return [], None
     made, k, alive, tied_end = tables
-    layer = lift(terms_array([zero_bucket.layer_saved(arch, p, a, c, device) for p in precs for a in a_names
+    layer = lift(terms_array([act.per_layer_saved(arch, p, a, c, device) for p in precs for a in a_names
                               for c in c_names], (len(precs), len(a_names), len(c_names))), (0, 3, 4), sizes)
     return [("backward", dict(states, **{C.GRADIENTS: g_fwd + g * made[..., :1],
                                          C.ACTIVATIONS: saved - layer * k[..., :1], C.TEMPORARY: alive}))], tied_end

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-2's backward on its most loaded rank (issue 22).
+"""DeepSpeed ZeRO's backward moments on its most loaded rank (issue 22): ZeRO-2's first bucket, ZeRO-1's reduction
+after the backward, ZeRO-3's first bucket.
 
 ZeRO-2 cuts one flat buffer of the 16-bit parameters, in the order the model registers them, into the ranks'
 partitions: rank 0 holds the embedding's end, the last rank the last layers and an untied head. A rank makes its
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 from ..catalog.precisions import Precision
 from ..citations import formula
-from ..components.terms import Term
 from ..components import activations as act
 from ..models.arch import Architecture
 from ..models.count import params_breakdown
@@ -81,12 +81,3 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
 def zero1_reduction(lay: Layout) -> int:
     """1 where a ZeRO-1 rank reduces every gradient after the backward (its partition made beside them), else 0."""
     return int(lay.deepspeed and lay.zero == 1 and not lay.overlap_comm and lay.offload == "none")
-
-
-def layer_saved(arch: Architecture, p: Precision, attention: str, checkpointing: str, device: str) -> Term:
-    """One layer's saved activations under `checkpointing` (components/activations.train_activations' per layer)."""
-    if checkpointing == "full":
-        return act.checkpointed_layer_saved(arch, p)
-    if checkpointing == "selective":
-        return act.layer_saved(arch, p, attention, drop_scores=True, device=device)
-    return act.layer_saved(arch, p, attention, device=device)

@@ -76,6 +76,11 @@ def comm(world: int, rank: int = 0) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def rank_comm(spec: dict[str, Any]):  # noqa: ANN201 - comm's context manager
+    """comm() for the rank a spec names (`rank`, 0 by default) over its `world`."""
+    return comm(check(spec)[0], int(spec.get("rank", 0)))
+
+
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: dict[str, Any], batch: int,
                fake: bool, accum: int = 1):
     """(engine, ZeRO optimizer) for `model` (call inside comm(world) and, when fake, the FakeTensorMode); `accum`
