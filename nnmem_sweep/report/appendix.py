@@ -32,6 +32,8 @@ _ONLY_FOR = (
 )
 # and by the formula's name, where a module serves several kinds: (name prefix, what the scenario needs)
 _NAMED_FOR = (
+    ("parallel.fsdp", "fsdp"), ("parallel.deepspeed", "deepspeed"),  # a layout family's own, where it has one
+    ("parallel.deepspeed_adapter", "finetune"),
     ("parallel.", "parallel"), ("activation_bytes.layers", "layers"), ("activation_bytes.params", "params"),
     ("throughput.decode_", "infer"), ("throughput.inference_", "infer"), ("throughput.training_", "train"),
 )
@@ -39,17 +41,20 @@ _NAMED_FOR = (
 
 def applies(f: Any, sc: Any) -> bool:  # noqa: ANN401 - a citations.Formula, a Scenario
     """Whether formula `f` can enter a row of scenario `sc`: a fine-tune's formulas where the model is fine-tuned,
-    a parallel layout's where the scenario has one, serving's and the KV cache's in infer mode, the optimizers' and
-    training throughput's in train mode, a layer list's for a layer-list model (a parameter count's for a model of
-    parameters), a derived plan's where the model or its replayed reserve is planned from code; a per-kind formula
+    a parallel layout's where the scenario has one (FSDP's and DeepSpeed's only where a layout is theirs), serving's
+    and the KV cache's in infer mode, the optimizers' and training throughput's in train mode, a layer list's for a
+    layer-list model (a parameter count's for a model of parameters), a derived plan's where the model or its replayed reserve is planned from code; a per-kind formula
     ('name.kind') only where the grid has that kind (an optimizer, a quantized precision)."""
+    from ..parallel.layout import deepspeed_layouts
     from ..serving import applies as serving_applies
 
     model = sc.model
+    deepspeed = bool(sc.parallel) and deepspeed_layouts(sc.parallel)
     replayed = sc.overheads.replayed_reserve_fraction is not None
     have = {"finetune": model.finetune is not None, "parallel": bool(sc.parallel), "serving": serving_applies(sc),
             "infer": sc.mode == "infer", "train": sc.mode == "train", "layers": model.kind == "layers",
-            "params": model.kind == "params", "derived": model.kind == "derived" or replayed, "cpu": False}
+            "params": model.kind == "params", "derived": model.kind == "derived" or replayed, "cpu": False,
+            "deepspeed": deepspeed, "fsdp": bool(sc.parallel) and not deepspeed_layouts(sc.parallel, every=True)}
     if any(f.module.startswith(prefix) and not have[need] for prefix, need in _ONLY_FOR) or \
             any(f.name.startswith(prefix) and not have[need] for prefix, need in _NAMED_FOR):
         return False

@@ -283,6 +283,21 @@ def test_formulas_come_from_citations_those_the_scenario_can_use(fixed, run):
                                                        "throughput.training_mfu_default")] == [False, True, False, True]
 
 
+def test_a_layout_familys_formulas_only_where_a_layout_is_theirs():
+    """A DeepSpeed scenario's appendix lists DeepSpeed's formulas, not FSDP2's moments; an FSDP scenario's the reverse;
+    the adapters' DeepSpeed formulas only where the model is fine-tuned with adapters."""
+    from nnmem_sweep import formulas as registered
+    from nnmem_sweep.config import load_scenario
+    from nnmem_sweep.report.appendix import applies
+
+    named = {f.name: f for f in registered.all_formulas()}
+    ds, fsdp = load_scenario("configs/llama-8b-deepspeed.yaml"), load_scenario("configs/llama-70b-qlora-fsdp.yaml")
+    asked = ("parallel.deepspeed_first_bucket", "parallel.fsdp2_last_block", "parallel.deepspeed_adapters",
+             "parallel.zero_sharded_params")
+    assert [applies(named[n], ds) for n in asked] == [True, False, False, True]
+    assert [applies(named[n], fsdp) for n in asked] == [False, True, False, True]
+
+
 def _git(cwd, *args, date="2026-02-03T04:05:06Z"):
     env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
