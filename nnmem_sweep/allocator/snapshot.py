@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..paths import file_sha256, sources_digest
 from .model import CachingAllocatorModel
 from .options import AllocatorOptions
@@ -64,6 +66,27 @@ def load(path: Path) -> dict[str, Any]:
         return json.loads(gzip.decompress(path.read_bytes()))
     with open(path, "rb") as f:
         return slim(pickle.load(f))
+
+
+def sequence(doc: dict[str, Any]) -> np.ndarray:
+    """The recording's allocation sequence, as the replays take one: (id, +size) at each alloc, (id, -size) at its
+    free_completed, each with its stream (0 the default one, then 1, 2 ... in order of first use; two columns where
+    only the default stream is used). A block freed that the recording did not allocate is skipped; the segments'
+    releases (empty_cache) are not events of a sequence (a plan's least capacity is a fresh run's)."""
+    rows: list[tuple[int, int, int]] = []
+    live: dict[int, tuple[int, int, int]] = {}
+    streams: dict[int, int] = {0: 0}
+    for e in doc["trace"]:
+        action, addr, size = e[0], e[1], e[2]
+        if action == ALLOC:
+            stream = streams.setdefault(e[3] if len(e) > 3 else 0, len(streams))
+            live[addr] = (len(rows), size, stream)  # the row's index: an id no other block has
+            rows.append(live[addr])
+        elif action == FREE and addr in live:
+            i, size, stream = live.pop(addr)
+            rows.append((i, -size, stream))
+    seq = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return seq if seq[:, 2].any() else np.ascontiguousarray(seq[:, :2])
 
 
 class Unreplayable(ValueError):

@@ -14,7 +14,10 @@ goes, so a stopped run keeps every point it finished:
 OUT defaults to validation/gpu/<gpu>/<date>/ (<date>-<name> for another points file: gpu-fsdp.yaml's <date>-fsdp).
 Several points files run one after the other within the one budget (a lent GPU's minutes are few: one command
 measures them all), each into its own OUT (with --out DIR, DIR/<name>). A point with an `allocator:` setting
-(PYTORCH_CUDA_ALLOC_CONF, read when CUDA starts) runs in a child process of its own. The points run in the files'
+(PYTORCH_CUDA_ALLOC_CONF, read when CUDA starts) runs in a child process of its own, as does a DeepSpeed point, and
+each capped run of its bisection too (fresh_probe: its engine outlives a run). A bisection's first probes are at the
+allocator model's need on the measured run's own recording and a step below it (real.model_guess): where the model
+is right, two runs. The points run in the files'
 order until --budget seconds have passed; the rest are listed as not run. The comparison with the estimate is made
 afterwards, on any machine, by `make accuracy` (gpu_compare.py).
 
@@ -38,6 +41,7 @@ from typing import Any
 
 from ..gpu_points import DEFAULT_POINTS, OTHERS_ENV, KitError, case_of, load_points, others_bytes
 
+PROBE_OOM = 3  # fresh_probe's exit code for a capped run that ran out of memory
 # the dry run's widths: set always, and where the config has the key
 TINY_HF = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "vocab_size": 512}
@@ -138,9 +142,24 @@ def _add_to_zip(zpath: Path, name: str, src: Path) -> None:
     os.replace(tmp, zpath)
 
 
+def fresh_probe(point: dict[str, Any], points: Path, dry: bool):  # noqa: ANN201 - real.Probe
+    """A capped run of the point in a process of its own (`--probe CAP`): DeepSpeed's engine outlives its run in a
+    process (its hooks and module-level lists hold it; workload/zero_engine.py destroy), so the probes of one
+    process would each start on top of the runs before them (the H100's first DeepSpeed run, 2026-11-27)."""
+    def probe(cap: int) -> bool:
+        cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--only", point["id"], "--child",
+               "--probe", str(cap)] + (["--dry-run"] if dry else [])
+        code = subprocess.run(cmd, check=False).returncode
+        if code not in (0, PROBE_OOM):
+            raise RuntimeError(f"the run capped at {cap:,} B failed (exit code {code})")
+        return code == 0
+    return probe
+
+
 def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dry: bool,
-              say) -> dict[str, Any]:  # noqa: ANN001
-    """Measure one point here (this process); its record."""
+              say, points: Path | None = None) -> dict[str, Any]:  # noqa: ANN001
+    """Measure one point here (this process); its record. A DeepSpeed point's capped runs are processes of their
+    own (fresh_probe; `points`, the file it is in, names it to them)."""
     from ..workload.build import case_config
     from .real import capped_path, measure_point
 
@@ -154,7 +173,9 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
         rec.update(measure_point(run_case, device, resume=bool(point.get("resume")),
                                  bisect=bool(point.get("bisect", True)) and case["mode"] == "train",
                                  timing_steps=int(point.get("timing_steps", 1 if dry else 2)),
-                                 resolution=0.05 if dry else 0.005, snapshot=snap, deadline=deadline, say=say))
+                                 resolution=0.05 if dry else 0.005, snapshot=snap, deadline=deadline, say=say,
+                                 probe=fresh_probe(point, points, dry) if point.get("deepspeed") and points
+                                 else None))
     except Exception as e:  # noqa: BLE001 - one point the device cannot run must not lose the others
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     rec["seconds"] = round(time.monotonic() - t0, 1)
@@ -190,6 +211,21 @@ def _child(point: dict[str, Any], points: Path, args: argparse.Namespace, out: P
     subprocess.run(cmd, env=env, check=False)
 
 
+def _probe(args: argparse.Namespace) -> int:
+    """One capped run of the one point --only names (fresh_probe): exit 0 where it completed, PROBE_OOM where it ran
+    out of memory, 1 where it failed otherwise."""
+    from .real import capped_run
+
+    (point,) = [p for path in args.points for p in load_points(path) if p["id"] in args.only]
+    case = tiny(case_of(point)) if args.dry_run else case_of(point)
+    try:
+        return 0 if capped_run(case, "cpu" if args.dry_run else "cuda", args.probe) else PROBE_OOM
+    except Exception as e:  # noqa: BLE001 - said, and the bisection that asked stops
+        print(f"gpu-check: {point['id']}: the run capped at {args.probe:,} B failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nnmem_sweep.measure.kit", description=__doc__.split("\n\n")[0])
     ap.add_argument("points", nargs="*", type=Path, default=[DEFAULT_POINTS],
@@ -200,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="run only these point ids")
     ap.add_argument("--dry-run", action="store_true", help="tiny models on the CPU: checks the kit, not memory")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--probe", type=int, metavar="CAP", help=argparse.SUPPRESS)  # fresh_probe's capped run
     args = ap.parse_args(argv)
+    if args.probe is not None:
+        return _probe(args)
     start = time.monotonic()
     try:
         files = [(path, load_points(path)) for path in dict.fromkeys(args.points)]
@@ -280,7 +319,7 @@ def _run_points(todo: list[dict[str, Any]], points: Path, args: argparse.Namespa
             continue
         print(f"gpu-check: {tag}: {point.get('why', '')}", flush=True)
         rec = run_point(point, device, out, deadline, args.dry_run,
-                        lambda line, tag=tag: print(f"gpu-check: {tag}: {line}", flush=True))
+                        lambda line, tag=tag: print(f"gpu-check: {tag}: {line}", flush=True), points)
         rec["env"] = env
         _append(out / "results.jsonl", rec)
         print(f"gpu-check: {tag}: {_summary(rec)} ({rec['seconds']} s; {deadline - time.monotonic():.0f} s left)",

@@ -11,7 +11,9 @@ script does (run_steps: forward keeping the loss, backward, optimizer step, zero
   - the memory outside PyTorch after the run (the CUDA context and the libraries' modules);
   - the least capacity in which a fresh run's measured steps complete: a bisection of the allocator's cap
     (set_per_process_memory_fraction), each probe a fresh build, to `resolution` of the peak; the counterpart of
-    the caching-allocator replay's least capacity (replays.least_capacity);
+    the caching-allocator replay's least capacity (replays.least_capacity), which on the measured run's own
+    recording gives the first probe (model_guess). Each probe must release down to what the measured run left
+    (LeftAllocated); a DeepSpeed engine does not, so the kit gives its probes a process each (kit.fresh_probe);
   - optionally one memory snapshot of the measured run (torch.cuda.memory._dump_snapshot, the format PyTorch's
     memory_viz reads), recorded without stack traces, and one of a run at the least capacity found (its releases
     and retries under the cap).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +42,17 @@ RESOLUTION = 0.005  # the bisection stops within 0.5 % of the peak, as the repla
 
 class OutOfTime(Exception):
     """The deadline passed between two probes of a bisection."""
+
+
+class LeftAllocated(Exception):
+    """A run's tensors outlived it: the runs after it would start on top of them, so no cap can be measured."""
+
+
+def _check_released(meter, baseline: int | None, what: str) -> None:  # noqa: ANN001
+    """Raise LeftAllocated where more is allocated now, the last run released, than before the first run."""
+    if baseline is not None and meter.allocated() > baseline:
+        raise LeftAllocated(f"{what} left {meter.allocated() - baseline:,} B allocated after it ended: a capped run "
+                            f"would start on top of it, so no least capacity was measured")
 
 
 def _optimizer_tensors(opt) -> list[torch.Tensor]:  # noqa: ANN001
@@ -99,8 +113,12 @@ def run_once(case: dict[str, Any], meter, steps: int, state: dict | None = None)
                  *(_optimizer_tensors(w.optimizer) if w.optimizer is not None else [])]
     before = storage_bytes(externals)
     finite = zero_engine.answered_finite(w.optimizer.zero) if case.get("deepspeed") else contextlib.nullcontext()
-    with run_contexts(case, fake=False), meter.run(externals), finite:
-        totals = run_steps(w, meter)
+    try:
+        with run_contexts(case, fake=False), meter.run(externals), finite:
+            totals = run_steps(w, meter)
+    finally:
+        if case.get("deepspeed"):  # else the engine outlives the run, and the next run starts on top of it
+            zero_engine.destroy(w)
     return {"records": list(meter.records), "before_bytes": before, "totals": totals}
 
 
@@ -118,35 +136,90 @@ def _steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def least_capacity(case: dict[str, Any], meter, steps: int, low: int, high: int, *,  # noqa: ANN001
-                   state: dict | None = None, resolution: float = RESOLUTION, deadline: float | None = None,
-                   on_probe: Callable[[int, bool], None] | None = None) -> tuple[int, list[dict[str, Any]]]:
-    """The least cap in [low, high] within which a fresh run's `steps` complete (`high` must complete, `low`
-    must not), to `resolution` of `high`; and every probe. Completing is taken as monotone in the cap."""
+Probe = Callable[[int], bool]  # a fresh run under a cap of so many bytes: whether its steps completed
+
+
+def probe_here(case: dict[str, Any], meter, steps: int, state: dict | None = None,  # noqa: ANN001
+               baseline: int | None = None) -> Probe:
+    """Probes run in this process, one fresh build each. With a `baseline` (what was allocated after the measured
+    run had released), each must release down to it (LeftAllocated): a run whose tensors outlive it would have the
+    next one start on top of them."""
+    def probe(cap: int) -> bool:
+        meter.limit(cap)
+        ok = True
+        try:
+            run_once(case, meter, steps, state)
+        except torch.OutOfMemoryError:
+            ok = False
+        finally:
+            meter.limit(None)
+        _collect(meter)  # after the except block: the exception's frames no longer hold the run's tensors
+        _check_released(meter, baseline, f"the run capped at {cap:,} B")
+        return ok
+    return probe
+
+
+def least_capacity(probe: Probe, low: int, high: int, *, resolution: float = RESOLUTION,
+                   deadline: float | None = None, on_probe: Callable[[int, bool], None] | None = None,
+                   guess: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The least cap in [low, high] within which a fresh run completes (`high` must complete, `low` must not), to
+    `resolution` of `high`; and every probe. Completing is taken as monotone in the cap. With a `guess` inside the
+    bracket (the allocator model's need on the measured run's own recording), the first probes are at the guess and
+    one step below it (above it where the guess fails): a right model is confirmed in two runs, and a wrong one
+    leaves a bracket the bisection goes on from."""
     probes: list[dict[str, Any]] = []
     step = max(int(resolution * high), 1)
-    try:
-        while high - low > step:
-            if deadline is not None and time.monotonic() > deadline:
-                raise OutOfTime(f"bisection stopped between {low:,} and {high:,} B")
-            mid = (low + high) // 2
-            meter.limit(mid)
-            ok = True
-            try:
-                run_once(case, meter, steps, state)
-            except torch.OutOfMemoryError:
-                ok = False
-            _collect(meter)  # after the except block: the exception's frames no longer hold the run's tensors
-            probes.append({"cap": mid, "completed": ok})
-            if on_probe is not None:
-                on_probe(mid, ok)
-            if ok:
-                high = mid
-            else:
-                low = mid
-    finally:
-        meter.limit(None)
+
+    def run(cap: int) -> bool:
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime(f"bisection stopped between {low:,} and {high:,} B")
+        ok = probe(cap)
+        probes.append({"cap": cap, "completed": ok})
+        if on_probe is not None:
+            on_probe(cap, ok)
+        return ok
+
+    tries = [] if guess is None or not low < guess < high else [guess]
+    while tries or high - low > step:
+        cap = tries.pop() if tries else (low + high) // 2
+        if run(cap):
+            high = cap
+            nxt = cap - step
+        else:
+            low = cap
+            nxt = cap + step
+        if cap == guess and low < nxt < high:
+            tries.append(nxt)
     return high, probes
+
+
+def capped_run(case: dict[str, Any], device: str, cap: int, steps: int = 2) -> bool:
+    """One fresh run of the case under `cap` in this process, its rank's process group around it (the GPU kit's
+    --probe: a DeepSpeed point's capped run in a process of its own); whether its steps completed. Refused where the
+    device has less free than the cap (memory other processes hold is no cap of this one's)."""
+    group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
+    meter = meter_for(device)
+    if device == "cuda":
+        free = torch.cuda.mem_get_info()[0]
+        if free < cap:
+            raise RuntimeError(f"the device has {free:,} B free, less than the cap of {cap:,} B")
+    with frozen_heap(), group:
+        return probe_here(case, meter, steps)(cap)
+
+
+def model_guess(path: Path) -> int | None:
+    """The allocator model's least capacity on a run's own recording (replays.least_capacity over
+    allocator.snapshot.sequence, under the process's PYTORCH_CUDA_ALLOC_CONF), the bisection's first probe; None
+    where the recording cannot be replayed so."""
+    from ..allocator import AllocatorOptions
+    from ..allocator.snapshot import load, sequence
+    from ..replays import least_capacity as replayed
+
+    try:
+        options = AllocatorOptions.from_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        return int(replayed(sequence(load(path)), options)[1])
+    except Exception:  # noqa: BLE001 - a first guess: without it the bisection starts from the middle
+        return None
 
 
 def _collect(meter) -> None:  # noqa: ANN001
@@ -189,19 +262,20 @@ def _snapshot(path: Path | None, device: str):
 def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_steps: int = 2,
                   resume: bool = False, bisect: bool = True, resolution: float = RESOLUTION,
                   snapshot: Path | None = None, deadline: float | None = None,
-                  say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+                  say: Callable[[str], None] = lambda line: None, probe: Probe | None = None) -> dict[str, Any]:
     """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
-    cannot hold ends with `error` set (OOM ...), the figures measured before it kept."""
+    cannot hold ends with `error` set (OOM ...), the figures measured before it kept. `probe`: how a capped run
+    is made, where not in this process (the GPU kit's DeepSpeed points: a process each, kit.fresh_probe)."""
     # a sharded point: one rank on PyTorch's fake process group (DeepSpeed's: with its comm layer on it), every run
     group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
     with frozen_heap(), group:
         return _measure_point(case, device, steps=steps, timing_steps=timing_steps, resume=resume, bisect=bisect,
-                              resolution=resolution, snapshot=snapshot, deadline=deadline, say=say)
+                              resolution=resolution, snapshot=snapshot, deadline=deadline, say=say, probe=probe)
 
 
 def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_steps: int, resume: bool, bisect: bool,
                    resolution: float, snapshot: Path | None, deadline: float | None,
-                   say: Callable[[str], None]) -> dict[str, Any]:
+                   say: Callable[[str], None], probe: Probe | None = None) -> dict[str, Any]:
     meter = meter_for(device)
     train = case["mode"] == "train"
     rec: dict[str, Any] = {"device": device, "steps_measured": steps if train else 1, "resume": resume}
@@ -230,18 +304,26 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
         high = rec["max_reserved"] if device == "cuda" else rec["max_allocated"]
         high = max(high + int(resolution * high), high + 1)  # a cap at the unlimited run's peak reserved completes
         try:
-            need, probes = least_capacity(case, meter, steps, rec["max_allocated"] - 1, high, state=state,
-                                          resolution=resolution, deadline=deadline,
+            guess = model_guess(snapshot) if (snapshot is not None and snapshot.exists()) else None
+            if guess is not None:
+                rec["model_least_capacity"] = guess
+                say(f"  the allocator model on this run's recording needs {guess:,} B")
+            here = probe_here(case, meter, steps, state, meter.allocated() if device == "cuda" else None)
+            need, probes = least_capacity(probe or here, rec["max_allocated"] - 1, high, resolution=resolution,
+                                          deadline=deadline, guess=guess,
                                           on_probe=lambda cap, ok: say(f"  cap {cap:,} B: "
                                                                        f"{'completes' if ok else 'out of memory'}"))
             rec["least_capacity"] = need
             rec["bisection"] = probes
-        except OutOfTime as e:
+        except (OutOfTime, LeftAllocated) as e:
             rec["bisection_note"] = str(e)
+            say(str(e))
         # outside the bisection: whatever befalls the extra recording, the point's figures above are kept
         if "least_capacity" in rec and snapshot is not None and device == "cuda" and \
                 (deadline is None or time.monotonic() < deadline):
-            rec.update(_capped_snapshot(case, meter, steps, state, rec["least_capacity"], snapshot))
+            rec.update(_capped_snapshot(case, meter, steps, state, rec["least_capacity"], snapshot) if probe is None
+                       else {"capped_snapshot_note": "not recorded: this point's capped runs are processes of "
+                                                     "their own"})
         _collect(meter)
     return rec
 

@@ -163,6 +163,22 @@ class EngineOptimizer:
         return None
 
 
+def destroy(w) -> None:  # noqa: ANN001 - a Workload engine_workload made
+    """Let go what DeepSpeed lets go of a workload's engine, model and optimizer, at the end of a run. Without it
+    they outlive every reference: the ZeRO optimizer's gradient hooks hold them from autograd's C++ nodes, where no
+    collection reaches (engine.destroy() removes them), and ZeRO-3 appends the model to DeepSpeed's module-level
+    FWD_MODULE_STACK at initialisation and never takes it off (deepspeed/runtime/zero/parameter_offload.py, 0.19.8).
+    ZeRO-3 still keeps its engine (a class-level lru_cache of its parameter coordinator holds it), so the GPU kit
+    runs each capped run of a DeepSpeed point in a process of its own (measure/kit.py fresh_probe): on its first
+    DeepSpeed run (H100, 2026-11-27) every capped run of one process started on top of the runs before it."""
+    from deepspeed.runtime.zero import parameter_offload
+
+    engine = w.optimizer.engine
+    engine.destroy()
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [m for m in stack if m is not engine.module]
+
+
 def engine_workload(case: dict[str, Any], cfg: dict[str, Any], fake: bool = False):  # noqa: ANN201 - a Workload
     """One rank of DeepSpeed's engine for `case`, inside comm(world) (and FakeTensorMode when fake: the truth,
     measure/zero_step.py; the device's context for the GPU kit, measure/real.py): the model built in bf16

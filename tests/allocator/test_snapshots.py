@@ -179,3 +179,37 @@ if __name__ == "__main__":  # python tests/allocator/test_snapshots.py --write: 
 
     if sys.argv[1:] == ["--write"]:
         print(S.write_evidence(SNAPSHOTS[0].parent))
+
+
+def test_a_recording_is_the_sequence_of_its_allocations_and_completed_frees():
+    """allocator.snapshot.sequence, the GPU kit's first guess of a least capacity: an alloc is (id, +size) on its
+    stream (numbered in order of first use, the default stream 0), its free_completed (id, -size) on the same;
+    free_requested is no event, a free of a block allocated before the recording began is skipped."""
+    A, F, SEG = S.ALLOC, S.FREE, S.SEGMENT
+    doc = {"segments": [], "trace": [[SEG, 0, 2 << 20], [A, 0, 512], [A, 512, 1024, 77], [F, 4096, 8],
+                                     [A, 2048, 96, 99], [F, 0, 512], [F, 512, 1024, 77], [A, 0, 64]]}
+    seq = S.sequence(doc)
+    assert seq.tolist() == [[0, 512, 0], [1, 1024, 1], [2, 96, 2], [0, -512, 0], [1, -1024, 1], [5, 64, 0]]
+    plain = S.sequence({"segments": [], "trace": [[A, 0, 512], [F, 0, 512]]})
+    assert plain.tolist() == [[0, 512], [0, -512]]
+
+
+@pytest.mark.parametrize("path", KIT[:3], ids=lambda p: p.name)
+def test_a_kit_recordings_sequence_ends_with_what_the_recording_left_allocated(path):
+    """Replayed, the sequence of a kit recording leaves allocated exactly the blocks the snapshot holds at its end,
+    less those allocated before the recording began (an earlier point's cuBLAS workspace), and reaches the GPU's
+    peak allocated with them."""
+    from nnmem_sweep.allocator import replay
+
+    doc = S.load(path)
+    r = replay(S.sequence(doc))
+    made_here = {e[1] for e in doc["trace"] if e[0] == S.ALLOC}
+    ends = [(addr in made_here, size) for seg in doc["segments"] for addr, size, allocated in seg["blocks"]
+            if allocated]
+    assert r.end_allocated_bytes == sum(size for here, size in ends if here)
+    # the peak: the GPU's max_memory_allocated over the run's steps, the blocks from before the recording on top
+    src = S.load(path)["source"]
+    with open(REPO / src["path"].replace("snapshots.zip", "results.jsonl")) as f:
+        (rec,) = [json.loads(x) for x in f if json.loads(x)["id"] == src["member"].removesuffix(".pickle")][-1:]
+    before = sum(size for here, size in ends if not here)
+    assert r.peak_allocated_bytes + before == max(p["max_allocated"] for p in rec["parts"])
