@@ -28,6 +28,7 @@ import pandas as pd
 from . import columns as C
 from .accuracy import architecture_of, case_frame
 from .catalog.gpus import list_gpus
+from .components.runtime import nccl_bytes
 from .derive import stored_only
 from .estimate import estimate_frame
 from .derive.arch import derived_twin
@@ -131,6 +132,30 @@ def estimate_beside(rec: dict[str, Any], gpu: GPUSpec, runtime: tuple[tuple[str,
     return out
 
 
+def measured_least_capacity(rec: dict[str, Any]) -> tuple[int | None, str]:
+    """(the record's least capacity, "") where a run at that cap completed (a probe of its bisection, or the
+    recording at it), or it comes from a kit that recorded no probes; else (None, why not). The kit used to take
+    the top of its bracket (the uncapped run's peak reserved + 0.5 %) unprobed where every probe ran out of memory:
+    on the H100's first DeepSpeed run (2026-11-27) every probe and the recording at the top did, the engine of each
+    run still allocated under the next."""
+    need = rec.get("least_capacity")
+    if need is None:
+        return None, str(rec.get("bisection_note") or "")
+    probes = rec.get("bisection")
+    if probes is None or any(p["completed"] and p["cap"] == need for p in probes) or rec.get("capped_snapshot"):
+        return int(need), ""
+    if "out of memory" in str(rec.get("capped_snapshot_note") or "") or not any(p["completed"] for p in probes):
+        return None, (f"no capped run completed, not even at {int(need):,} B (the kit's runs of one process each "
+                      f"held the last one's engine): not a measurement")
+    return int(need), ""
+
+
+def sharded_world(case: dict[str, Any]) -> int:
+    """The ranks of a sharded kit point (its fake process group's world); 1 for one GPU."""
+    spec = case.get("deepspeed") or case.get("fsdp") or {}
+    return int(spec.get("world", 1))
+
+
 def errors(row: dict[str, Any]) -> dict[str, float]:
     """(estimate − measured) / measured of each of FIGURES that has both sides."""
     out = {}
@@ -152,7 +177,9 @@ def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.D
         if "error" in rec:
             rows.append({**row, "status": rec["error"]})
             continue
-        row.update({k: rec.get(k) for k in ("max_allocated", "max_reserved", "least_capacity", "outside_bytes")})
+        row.update({k: rec.get(k) for k in ("max_allocated", "max_reserved", "outside_bytes",
+                                            "model_least_capacity")})
+        row["least_capacity"], why = measured_least_capacity(rec)
         if (rec.get("point") or {}).get("allocator") and "others_bytes" not in rec:
             # run in a child process by a kit that did not yet take the parent's memory on the GPU off
             # (measure/meters.py, OTHERS_ENV): the figure holds the parent's CUDA context too
@@ -161,7 +188,17 @@ def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.D
         try:
             with contextlib.nullcontext() if trace else stored_only():
                 row.update(estimate_beside(rec, gpu, runtime, allow_deriving=trace))
-            row["status"] = "measured"
+            row["status"] = "measured" + (f"; least capacity not measured: {why}" if why else "")
+            model = rec.get("model_least_capacity")
+            if model:
+                row["status"] += (f"; the allocator model on the GPU's own recording needs {model:,} B" +
+                                  (f" ({model / row['least_capacity'] - 1:+.1%})" if row["least_capacity"] else ""))
+            world = sharded_world(rec["case"])
+            if world > 1:  # the kit's fake process group makes no NCCL communicator, and moves nothing
+                row["estimated_non_torch"] -= sum(i.bytes for i in nccl_bytes({"data_parallel": world}))
+                row.pop("estimated_tokens_per_s", None)
+                row["status"] += ("; outside PyTorch without NCCL's buffers, no tokens/s (one rank on a fake "
+                                  "process group: no communicator, collectives that move nothing)")
         except Exception as e:  # noqa: BLE001 - a point the estimator cannot take must not hide the others
             row["status"] = f"measured; not estimated: {str(e).splitlines()[0][:200]}"
         row.update(errors(row))

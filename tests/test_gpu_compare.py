@@ -121,3 +121,40 @@ def test_a_child_process_outside_figure_counts_only_once_the_kit_took_its_parent
     (folder / "results.jsonl").write_text(json.dumps(_record(point, others_bytes=904_724_480, **figures)) + "\n")
     (row,) = G.compare_run(folder)[1].to_dict("records")
     assert row["outside_bytes"] == 1_705_377_792
+
+
+def test_a_least_capacity_no_run_completed_at_is_not_shown_as_measured():
+    """The H100's first DeepSpeed run: every probe and the recording at the figure ran out of memory, so the
+    figure was the unprobed top of the bracket. It is not compared; one a probe completed at is."""
+    probes = [{"cap": 21_688_278_629, "completed": False}, {"cap": 26_594_282_770, "completed": False}]
+    bad = {"least_capacity": 26_672_155_852, "bisection": probes,
+           "capped_snapshot_note": "the run at 26,672,155,852 B ran out of memory this time: not recorded"}
+    need, why = G.measured_least_capacity(bad)
+    assert need is None and "not a measurement" in why
+    good = {"least_capacity": 18_411_063_160, "bisection": [*probes[:1], {"cap": 18_411_063_160, "completed": True}]}
+    assert G.measured_least_capacity(good) == (18_411_063_160, "")
+    assert G.measured_least_capacity({"least_capacity": 5, "capped_snapshot": "x-capped.pickle"}) == (5, "")
+    assert G.measured_least_capacity({"bisection_note": "bisection stopped between 1 and 2 B"}) == \
+        (None, "bisection stopped between 1 and 2 B")
+
+
+def test_a_sharded_points_outside_figure_has_no_nccl_buffers(tmp_path):
+    """One rank on the kit's fake process group makes no NCCL communicator: the estimate compared with what it held
+    outside PyTorch is the one-GPU process's (the row a real job plans adds one communicator per group)."""
+    folder = _run(tmp_path, [])
+    (p,) = [p for p in load_points("validation/gpu-fsdp.yaml") if p["id"] == "qwen3-0.6b-fsdp2z3-bf16-adamw-b4-s2048"]
+    case = case_of(p)
+    rec = {"id": p["id"], "why": p["why"], "point": p, "case": case,
+           "hf_config": hf_dict_for_transformers(case["model"]), "resume": False, "max_allocated": 33 * 2**30, "max_reserved": 36 * 2**30, "outside_bytes": 837 * 2**20}
+    (folder / "results.jsonl").write_text(json.dumps(rec) + "\n")
+    _, df = G.compare_run(folder)
+    row = df.iloc[0]
+    full = G.estimate_beside(rec, G.gpu_of(H100_ENV), G.runtime_of(H100_ENV))
+    nccl = full["estimated_non_torch"] - row["estimated_non_torch"]
+    assert nccl == sum(i.bytes for i in G.nccl_bytes({"data_parallel": 2})) > 10**9
+    assert "fake process group" in row["status"] and _missing_speed(row)
+
+
+def _missing_speed(row) -> bool:
+    v = row.get("estimated_tokens_per_s")
+    return v is None or v != v

@@ -44,6 +44,10 @@ class OutOfTime(Exception):
     """The deadline passed between two probes of a bisection."""
 
 
+class NoneCompleted(Exception):
+    """Not even the top of a bisection's bracket (the uncapped run's peak reserved and a step) completed."""
+
+
 class LeftAllocated(Exception):
     """A run's tensors outlived it: the runs after it would start on top of them, so no cap can be measured."""
 
@@ -166,7 +170,8 @@ def least_capacity(probe: Probe, low: int, high: int, *, resolution: float = RES
     `resolution` of `high`; and every probe. Completing is taken as monotone in the cap. With a `guess` inside the
     bracket (the allocator model's need on the measured run's own recording), the first probes are at the guess and
     one step below it (above it where the guess fails): a right model is confirmed in two runs, and a wrong one
-    leaves a bracket the bisection goes on from."""
+    leaves a bracket the bisection goes on from. Where every probe ran out of memory, the top is probed too: a
+    figure no run completed at is no measurement (NoneCompleted)."""
     probes: list[dict[str, Any]] = []
     step = max(int(resolution * high), 1)
 
@@ -190,6 +195,8 @@ def least_capacity(probe: Probe, low: int, high: int, *, resolution: float = RES
             nxt = cap + step
         if cap == guess and low < nxt < high:
             tries.append(nxt)
+    if probes and not any(p["completed"] for p in probes) and not run(high):
+        raise NoneCompleted(f"no capped run completed, not even at the top of the bracket, {high:,} B")
     return high, probes
 
 
@@ -315,7 +322,7 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
                                                                        f"{'completes' if ok else 'out of memory'}"))
             rec["least_capacity"] = need
             rec["bisection"] = probes
-        except (OutOfTime, LeftAllocated) as e:
+        except (OutOfTime, LeftAllocated, NoneCompleted) as e:
             rec["bisection_note"] = str(e)
             say(str(e))
         # outside the bisection: whatever befalls the extra recording, the point's figures above are kept

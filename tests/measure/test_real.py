@@ -334,3 +334,14 @@ def test_a_deepspeed_run_lets_its_engine_go_at_zero_2_not_at_zero_3(stage):
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     alive = int(done.stdout.strip().splitlines()[-1])
     assert alive == (0 if stage == 2 else 2)
+
+
+def test_a_bracket_no_run_completes_in_is_no_measurement():
+    """Every probe out of memory, the top of the bracket too (as each of the H100's first DeepSpeed runs did): the
+    bisection raises instead of answering its unprobed top."""
+    from nnmem_sweep.measure.real import NoneCompleted
+
+    calls = []
+    with pytest.raises(NoneCompleted):
+        least_capacity(_threshold(10**12, calls), 999_999, 1_600_000)
+    assert calls[-1] == 1_600_000 and len(calls) == len(set(calls))
