@@ -83,11 +83,32 @@ def test_the_shipped_evidence_is_of_the_committed_recordings_only():
 def test_with_its_own_addresses_the_model_reserves_the_gpus_peak_in_one_of_the_two_orders(path):
     """A plan's replays do not know where the driver puts a segment: they replay both orders of their own addresses
     (each new segment above the last, or below it) and take the larger need. On every recording one of the two
-    reserves the GPU's peak exactly, and the other never more."""
+    reserves the GPU's peak exactly, and the larger, the one a plan takes, is never less; the other order reserves
+    more on two recordings only (test_where_the_other_order_reserves_more)."""
     doc = S.load(path)
     rising, falling = S.check(doc, addresses=False), S.check(doc, addresses=False, descending=True)
-    assert rising.ok or falling.ok
-    assert max(rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes) == rising.peak_reserved_bytes
+    peaks = (rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes)
+    assert rising.peak_reserved_bytes in peaks and max(peaks) >= rising.peak_reserved_bytes
+    if path.name not in OTHER_ORDER_MORE:
+        assert max(peaks) == rising.peak_reserved_bytes
+
+
+OTHER_ORDER_MORE = {  # recording: (rising, falling, the GPU's peak reserved)
+    "kit-h100-llama-3.2-1b-lora-r16-qv-ds2z3-bf16-master-adamw-b2-s1024.json.gz":
+        (12_903_776_256, 12_882_804_736, 12_882_804_736),
+    "kit-h100-qwen3-0.6b-lora-r16-all-fsdp2z3-b4-s2048-capped.json.gz": (40_401_633_280, 40_418_410_496, 40_401_633_280),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_ORDER_MORE))
+def test_where_the_other_order_reserves_more(name):
+    """Two of the H100's sharded recordings (2026-11-27: LoRA under DeepSpeed ZeRO-3, LoRA under FSDP2 at its least
+    capacity), whose blocks live on three streams: the order that is not the GPU's reserves 0.16 % and 0.04 % more.
+    A plan, which takes the larger, is safe by that much."""
+    doc = S.load(REPO / "tests" / "data" / "snapshots" / name)
+    rising, falling = S.check(doc, addresses=False), S.check(doc, addresses=False, descending=True)
+    assert (rising.model_peak_reserved_bytes, falling.model_peak_reserved_bytes, rising.peak_reserved_bytes) == \
+        OTHER_ORDER_MORE[name]
 
 
 def test_eager_attention_on_the_h100_needs_the_falling_order():
@@ -174,13 +195,6 @@ def test_a_recording_that_frees_what_it_never_saw_allocated_is_refused():
         S.check(doc)
 
 
-if __name__ == "__main__":  # python tests/allocator/test_snapshots.py --write: evidence.json anew
-    import sys
-
-    if sys.argv[1:] == ["--write"]:
-        print(S.write_evidence(SNAPSHOTS[0].parent))
-
-
 def test_a_recording_is_the_sequence_of_its_allocations_and_completed_frees():
     """allocator.snapshot.sequence, the GPU kit's first guess of a least capacity: an alloc is (id, +size) on its
     stream (numbered in order of first use, the default stream 0), its free_completed (id, -size) on the same;
@@ -213,3 +227,10 @@ def test_a_kit_recordings_sequence_ends_with_what_the_recording_left_allocated(p
         (rec,) = [json.loads(x) for x in f if json.loads(x)["id"] == src["member"].removesuffix(".pickle")][-1:]
     before = sum(size for here, size in ends if not here)
     assert r.peak_allocated_bytes + before == max(p["max_allocated"] for p in rec["parts"])
+
+
+if __name__ == "__main__":  # python tests/allocator/test_snapshots.py --write: evidence.json anew
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        print(S.write_evidence(SNAPSHOTS[0].parent))
