@@ -72,7 +72,7 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
 # own ZeRO-1/2 steps, measured (tests/data/truth/deepspeed/sequences: fresh runs of two steps, both end ranks of each
 # case) and replayed as a scenario's recipes are, needed this span of the peak (tests/test_deepspeed_reserve.py holds
 # it to them), the most where the optimizer step peaks: its first step makes AdamW's state in a pool the backward left
-DEEPSPEED_RESERVE_SPAN = (0.005, 0.169)
+DEEPSPEED_RESERVE_SPAN = (0.005, 0.171)
 # the rows the span stands for: the measured cases' stages and recipes (ZeRO-3's steps gather and release parameters
 # in patterns none of these sequences has)
 DEEPSPEED_MEASURED_RECIPE = {C.ZERO_STAGE: ("1", "2"), C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}
@@ -80,7 +80,8 @@ DEEPSPEED_NOTE = (
     "not replayed: a DeepSpeed rank's step is planned by the hand model, not traced at the row's shape; DeepSpeed's "
     "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 24 measured cases: "
     "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B and Mistral 7B, 64-4,096 tokens, without and with "
-    "full checkpointing, with and without accumulation or overlap_comm, both end ranks), needed "
+    "full checkpointing, with and without accumulation or overlap_comm, both end ranks, with the two cuBLAS "
+    "workspaces a CUDA run makes: an H100 measured one of them within 0.2 %), needed "
     f"{100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the peak, the most where the "
     "optimizer step peaks (its first step makes AdamW's state in the pool the backward left): the reserve assumed is "
     "the default, the decision page's band that span for ZeRO-1/2 rows of their recipes (AdamW, no or full "

@@ -68,15 +68,27 @@ def load(path: Path) -> dict[str, Any]:
         return slim(pickle.load(f))
 
 
-def sequence(doc: dict[str, Any]) -> np.ndarray:
+def sequence(doc: dict[str, Any], after_release: bool = False) -> np.ndarray:
     """The recording's allocation sequence, as the replays take one: (id, +size) at each alloc, (id, -size) at its
     free_completed, each with its stream (0 the default one, then 1, 2 ... in order of first use; two columns where
     only the default stream is used). A block freed that the recording did not allocate is skipped; the segments'
-    releases (empty_cache) are not events of a sequence (a plan's least capacity is a fresh run's)."""
+    releases (empty_cache) are not events of a sequence (a plan's least capacity is a fresh run's). `after_release`:
+    from the last run of releases on (a script's empty_cache once its model is loaded; DeepSpeed's at the end of
+    initialize), the blocks live then allocated first, in the order they were: what a cache emptied there holds."""
+    trace = doc["trace"]
+    if after_release:
+        cut = max((i for i, e in enumerate(trace) if e[0] == SEGMENT_FREE), default=-1) + 1
+        live_then: dict[int, list[int]] = {}
+        for e in trace[:cut]:
+            if e[0] == ALLOC:
+                live_then[e[1]] = e
+            elif e[0] == FREE:
+                live_then.pop(e[1], None)
+        trace = list(live_then.values()) + trace[cut:]
     rows: list[tuple[int, int, int]] = []
     live: dict[int, tuple[int, int, int]] = {}
     streams: dict[int, int] = {0: 0}
-    for e in doc["trace"]:
+    for e in trace:
         action, addr, size = e[0], e[1], e[2]
         if action == ALLOC:
             stream = streams.setdefault(e[3] if len(e) > 3 else 0, len(streams))

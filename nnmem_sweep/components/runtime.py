@@ -162,6 +162,11 @@ def cublas_config_bytes(config: str) -> int:
     return sum(int(size) * KiB * int(count) for size, count in pairs)
 
 
+def large_cublas_workspace_bytes() -> int:
+    """One cuBLAS workspace on compute capability 9.x and up (Hopper, Blackwell): 32 MiB."""
+    return int(_data()["cublas"]["large_bytes"])
+
+
 def cublas_workspace(rt: Runtime, mode: str = "train") -> list[Item]:
     """cuBLAS (and, when not unified, cuBLASLt) workspaces: one per (handle, stream) pair. Through the caching
     allocator since torch 2.0 (pytorch#95668 shows 8,519,680 B in memory_allocated after one Linear; 1.13 did not);

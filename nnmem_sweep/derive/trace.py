@@ -11,6 +11,12 @@ torch.cpu.stream()) are the ones device-agnostic code such as FSDP2 selects wher
 sharded step's all-gathers and reduce-scatters show the streams their blocks belong to on a GPU (0: the default
 stream; 1, 2, ...: the others, in the order they first allocate). A free belongs to its allocation's stream.
 
+With `workspace_bytes`, the recording also holds the cuBLAS workspaces a CUDA run makes through the caching
+allocator (pytorch#95668): one per thread at its first matrix product, the forward's on the main thread and the
+backward's on autograd's device thread, never freed. The backward's lands among the step's cached blocks and can
+split a segment a later large request needed: on an H100 (DeepSpeed ZeRO-2, Llama 3.2 1B, 2026-11-27) it raised the
+least capacity from +4.4 % to the GPU's +10.2 % of the peak.
+
 Storages that exist before recording starts (parameters, buffers, inputs) are registered with `external()` and
 count from the start. Frees arrive through Python reference counting; tensors held only by reference cycles are
 freed at the phase marks (step.collector_paused, Recorder.mark), so the order does not depend on when the cyclic
@@ -28,6 +34,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import budget
+
+
+# the aten ops that call cuBLAS on a CUDA device (matmul and linear reach them): the first on a thread makes the
+# thread's workspace (Recorder(workspace_bytes=...))
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation",
+                        "_scaled_mm"})
 
 
 @dataclass
@@ -106,8 +118,14 @@ class Recorder(TorchDispatchMode):
             trace = rec.trace()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, workspace_bytes: int = 0) -> None:
+        """workspace_bytes: where > 0, the cuBLAS workspace a CUDA run allocates through the caching allocator at
+        its first matrix product on each thread, never freed: one at the forward's first (the main thread), one at
+        the backward's first (autograd's device thread, a handle of its own), each right after that product's
+        output (module docstring). Only for a sequence to be replayed: the live bytes it adds are no tensor's."""
         super().__init__()
+        self.workspace_bytes = int(workspace_bytes)
+        self._workspaces: set[str] = set()  # the threads ("forward", "backward") that have made theirs
         self._ids: dict[int, int] = {}  # id(storage object) -> our storage id, while it lives
         self._size: dict[int, int] = {}  # our id -> bytes
         self._refs: dict[int, weakref.ref] = {}
@@ -251,8 +269,20 @@ class Recorder(TorchDispatchMode):
         name = func.overloadpacket.__name__
         for t in _tensors(out):
             self._see(t, name)
+        if self.workspace_bytes and name in CUBLAS_OPS:
+            self._workspace()
         budget.check_event(len(self._events))  # events, seconds, memory: bounded (budget.py)
         return out
+
+    def _workspace(self) -> None:
+        """The thread's cuBLAS workspace, at its first matrix product: the backward's after a "backward" mark."""
+        last = max(self._marks.items(), key=lambda kv: kv[1])[0] if self._marks else ""
+        thread = "backward" if last.startswith("backward") else "forward"
+        if thread not in self._workspaces:
+            self._workspaces.add(thread)
+            sid, self._next = self._next, self._next + 1
+            self._size[sid] = self.workspace_bytes  # never freed: held by the handle for the process's life
+            self._record(sid, self.workspace_bytes, "cublas_workspace")
 
     def trace(self) -> Trace:
         events, ops, streams = _canonical(self._events, self._ops, self._streams)

@@ -208,6 +208,16 @@ def test_a_recording_is_the_sequence_of_its_allocations_and_completed_frees():
     assert plain.tolist() == [[0, 512], [0, -512]]
 
 
+def test_after_a_release_the_sequence_starts_from_what_was_live_then():
+    """sequence(after_release=True): from the last run of segment releases (an empty_cache) on, the blocks live then
+    allocated first, in the order they were; what was freed before it is gone."""
+    A, F, SEG, REL = S.ALLOC, S.FREE, S.SEGMENT, S.SEGMENT_FREE
+    doc = {"segments": [], "trace": [[SEG, 0, 4 << 20], [A, 0, 512], [A, 512, 2048], [A, 4096, 64], [F, 512, 2048],
+                                     [REL, 1 << 22, 2 << 20], [A, 8192, 96], [F, 0, 512]]}
+    assert S.sequence(doc, after_release=True).tolist() == [[0, 512], [1, 64], [2, 96], [0, -512]]
+    assert S.sequence(doc).tolist() == [[0, 512], [1, 2048], [2, 64], [1, -2048], [4, 96], [0, -512]]
+
+
 @pytest.mark.parametrize("path", KIT[:3], ids=lambda p: p.name)
 def test_a_kit_recordings_sequence_ends_with_what_the_recording_left_allocated(path):
     """Replayed, the sequence of a kit recording leaves allocated exactly the blocks the snapshot holds at its end,
