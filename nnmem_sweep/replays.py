@@ -148,10 +148,11 @@ def _bisect(fails, low: int, high: int, step: int) -> int:
 @functools.cache
 def _code_digest() -> str:
     """The code a replay's result depends on (the allocator model, how a row's sequence is built, how events are
-    stored): a cached result is recomputed when any of it changes."""
+    stored): a cached result is recomputed when any of it changes. Not allocator/snapshot.py, which reads real
+    GPUs' recordings and replays nothing of a row's."""
     root = Path(__file__).resolve().parent
-    files = sorted((root / "allocator").glob("*.py")) + [root / "components" / "reserve.py",
-                                                          root / "derive" / "events.py"]
+    files = sorted(p for p in (root / "allocator").glob("*.py") if p.name != "snapshot.py") + \
+        [root / "components" / "reserve.py", root / "derive" / "events.py"]
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 

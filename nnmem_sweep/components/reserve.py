@@ -26,6 +26,8 @@ needs torch and minutes: never during a report), plans derived before sequences 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,12 +184,30 @@ def row_sequences(arch, mode: str, rows: pd.DataFrame, device: str = "cuda", ste
             continue
         st = None if mode != "train" else {x: int(states[x][int(state_code[i])]) for x in ("M", "S", "T")}
         out.append(_row_sequence(recipes[int(key[i])], mode, int(b[i]), int(s[i]),
-                                 None if dec is None else int(dec[i]), rows.iloc[i], st, steps, lazy_state))
+                                 None if dec is None else int(dec[i]), rows.iloc[i], st, steps, lazy_state,
+                                 trained_shapes(arch)))
     return out
 
 
+def trained_shapes(arch) -> list[tuple[int, ...]] | None:
+    """The shapes of the parameters that train, one per tensor, where some are frozen (a base under peft's
+    adapters: the model card's trainable tensors); None where every parameter trains (the plan's own parameter
+    storages are then the ones the optimizer's blocks are split over)."""
+    card = getattr(getattr(arch, "derived", None), "card", None)
+    if card is None or not card.frozen:
+        return None
+    return [tuple(t.shape) for t in card.tensors if t.trainable for _ in range(t.count)]
+
+
+def _trained_weights(shapes: list[tuple[int, ...]], row: pd.Series) -> list[int]:
+    """Elements per trained tensor on the row's rank: a FULL_SHARD / SHARD_GRAD_OP layout (FSDP2, zero_stage 2 or 3)
+    cuts each along dim 0 into data_parallel chunks, padded to the first's (fully_shard's chunk)."""
+    world = int(row.get(C.DATA_PARALLEL, 1) or 1) if int(row.get(C.ZERO_STAGE, 0) or 0) >= 2 else 1
+    return [-(-shape[0] // world) * math.prod(shape[1:]) if shape else 1 for shape in shapes]
+
+
 def _row_sequence(plan, mode: str, bi: int, si: int, dec: int | None, row: pd.Series, st: dict | None, steps: int,
-                  lazy_state: bool) -> tuple[str, np.ndarray | None]:
+                  lazy_state: bool, trained: list[tuple[int, ...]] | None = None) -> tuple[str, np.ndarray | None]:
     try:
         ev, kind, kinds = E.region_events(plan, bi, si)
     except ValueError as e:
@@ -203,13 +223,18 @@ def _row_sequence(plan, mode: str, bi: int, si: int, dec: int | None, row: pd.Se
         opt = get_optimizer(str(row[C.OPTIMIZER]))
         impl = str(row[C.OPTIMIZER_IMPL])
         M, S, T = st["M"], st["S"], st["T"]
-        before, state = _split(M, params, 1), _split(S, params, _state_blocks(opt))
+        # over what trains: a fine-tune's adapters, not the frozen base (their state blocks are small: an H100's
+        # LoRA under FSDP2 made 784 of 32-96 KiB, where a split over every parameter made some of 4.86 MiB that
+        # shifted the step's segments, the plan's need 7 % under the GPU's)
+        weights = params if trained is None else _trained_weights(trained, row)
+        before, state = _split(M, weights, 1), _split(S, weights, _state_blocks(opt))
         if not lazy_state:
             before, state = before + state, []
-        temps = _split(T, params, 1) if impl == "foreach" else ([T] if T > 0 else [])
-        what += (f"; M {M:,} B in {len(_split(M, params, 1))} blocks before step 1, S {S:,} B in "
-                 f"{len(_split(S, params, _state_blocks(opt)))} {'made in' if lazy_state else 'before'} step 1, "
-                 f"T_opt {T:,} B in {len(temps)} ({opt.name} {impl})")
+        temps = _split(T, weights, 1) if impl == "foreach" else ([T] if T > 0 else [])
+        what += (f"; M {M:,} B in {len(_split(M, weights, 1))} blocks before step 1, S {S:,} B in "
+                 f"{len(_split(S, weights, _state_blocks(opt)))} {'made in' if lazy_state else 'before'} step 1, "
+                 f"T_opt {T:,} B in {len(temps)} ({opt.name} {impl}"
+                 + (f", over the {len(weights)} tensors that train)" if trained is not None else ")"))
     else:
         what += f" (the traced request: prefill and {DECODE_STEPS} decode steps, the row generates {dec})"
     seq = _sequence(ev, kind, kinds, before, state, temps, steps)

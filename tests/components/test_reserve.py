@@ -119,3 +119,31 @@ def test_shipped_qwen3_replays_without_torch_work(tmp_path, monkeypatch):
     out = R.replayed_reserve(arch, "train", rows)
     assert out.traced_peak_bytes[0] == est["peak_allocated_bytes"][0]
     assert out.peak_reserved_bytes[0] >= out.peak_allocated_bytes[0] >= out.traced_peak_bytes[0]
+
+
+def test_a_fine_tunes_optimizer_blocks_are_split_over_what_trains():
+    """A model card with frozen tensors (a base under peft's adapters): the optimizer's blocks are split over its
+    trainable tensors, each a rank's chunk along dim 0 under FULL_SHARD / SHARD_GRAD_OP (fully_shard pads every
+    rank's to the first's), whole on one GPU or under DDP; a card where everything trains gives None (the plan's own
+    parameter storages)."""
+    from nnmem_sweep.derive.arch import DerivedModel
+    from nnmem_sweep.derive.card import ModelCard, TensorInfo
+
+    lora = ModelCard("X", "llama", 0, (TensorInfo("base.w", (2048, 1024), 2, trainable=False),
+                                       TensorInfo("lora_A", (16, 1024), 2, adapter=True),
+                                       TensorInfo("lora_B", (2047, 16), 1, adapter=True)), 0)
+
+    class Arch:
+        derived = DerivedModel(card=lora, source=None)
+
+    shapes = R.trained_shapes(Arch)
+    assert shapes == [(16, 1024), (16, 1024), (2047, 16)]
+    fsdp = pd.Series({"data_parallel": 2, "zero_stage": 3})
+    assert R._trained_weights(shapes, fsdp) == [8 * 1024, 8 * 1024, 1024 * 16]  # ceil(2047 / 2) = 1024 rows
+    assert R._trained_weights(shapes, pd.Series({"data_parallel": 2, "zero_stage": 0})) == [16384, 16384, 32752]
+    assert R._trained_weights(shapes, pd.Series(dtype=object)) == [16384, 16384, 32752]
+
+    class Full:
+        derived = DerivedModel(card=ModelCard("X", "llama", 0, (TensorInfo("w", (4, 4)),), 0), source=None)
+
+    assert R.trained_shapes(Full) is None
