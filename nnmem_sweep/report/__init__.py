@@ -47,13 +47,15 @@ def load_formulas() -> list:
     return formulas.all_formulas()
 
 
-def load_validation(truth_dir: Path | None = None):
-    """accuracy.compare over the committed measured cases, or None when there are none (section omitted)."""
+def load_validation(truth_dir: Path | None = None, sharded: bool = False):
+    """accuracy.compare over the committed measured cases (with `sharded`, the sharded steps': one rank of FSDP2,
+    of DeepSpeed), or None when there are none (section omitted)."""
     folder = truth_dir or next((d for d in (Path("tests/data/truth"), REPO_ROOT / "tests/data/truth")
                                 if d.is_dir()), None)
     if folder is None or not any(folder.glob("*.json")):
         return None
-    return accuracy.compare(accuracy.load_cases(folder))
+    cases = accuracy.load_cases(folder, sharded=sharded)
+    return accuracy.compare(cases) if cases else None
 
 
 def load_gpu_evidence(validation: Any = AUTO) -> dict[str, Any] | None:
@@ -131,7 +133,8 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
                         load_validation() if isinstance(validation, str) and validation == AUTO else validation,
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
                         getattr(result, "cluster", None), load_published_comparison(validation, published),
-                        load_gpu_evidence(validation))
+                        load_gpu_evidence(validation),
+                        load_validation(sharded=True) if isinstance(validation, str) and validation == AUTO else None)
     # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
     ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
     checkpoint("html")

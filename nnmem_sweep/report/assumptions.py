@@ -372,11 +372,12 @@ def runtime_assumptions(sc: Scenario) -> list[str]:
     return items
 
 
-def assumptions(sc: Scenario, validation_table: Any = None) -> dict[str, Any]:
+def assumptions(sc: Scenario, validation_table: Any = None, sharded_table: Any = None) -> dict[str, Any]:
     o = sc.overheads
     cov = None
-    if validation_table is not None:
-        cov = {axis: covered(validation_table, axis) for axis in (C.PRECISION, C.OPTIMIZER)}
+    if validation_table is not None:  # a recipe a sharded step's case measures is measured too
+        cov = {axis: covered(validation_table, axis) | covered(sharded_table, axis)
+               for axis in (C.PRECISION, C.OPTIMIZER)}
     return {
         "precisions": _with_coverage(
             _catalog("precisions", [str(v) for v in sc.grid.get(C.PRECISION, ()) if v is not None]),

@@ -52,13 +52,16 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
                   serving_context: pd.DataFrame | None = None, changes: Any = None,
                   cluster_options: pd.DataFrame | None = None,
                   published_table: pd.DataFrame | None = None,
-                  gpu_evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+                  gpu_evidence: dict[str, Any] | None = None,
+                  sharded_table: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything the templates show. No clock, no elapsed time: the same inputs give the same context.
     `serving_plan`/`serving_context`: max_concurrency / max_context of an infer run (the "Serving capacity"
     section, report/serving.py); None leaves the section out. `changes`: a diff.Changes (the "Changes since REV"
     section, report/changes.py); None leaves it out. `cluster_options`: cluster_options.csv of a scenario with a
     `cluster:` block (the "Cluster options" section, report/cluster.py); None leaves it out. `gpu_evidence`: the
-    real-GPU allocator snapshots replayed and the committed kit runs (report.load_gpu_evidence), in Validation."""
+    real-GPU allocator snapshots replayed and the committed kit runs (report.load_gpu_evidence), in Validation.
+    `sharded_table`: the sharded steps' cases compared (one rank of FSDP2, of DeepSpeed), which count towards the
+    recipes a measured case exercises (a DeepSpeed bf16-master case measures bf16-master)."""
     point = reference_point(sc)
     usable = usable_by_gpu(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)
@@ -68,7 +71,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     paper = str(sc.report.get("paper", "A4"))
     n_points = len(results)
     page = decision(sc, max_batch, serving_plan, cluster_options, prov.config_path)
-    assumed = assumptions(sc, validation_table)
+    assumed = assumptions(sc, validation_table, sharded_table)
     if page["assumed"]:
         assumed["groups"].append({"title": "Throughput estimate", "items": throughput_assumptions(sc, page["assumed"])})
     shown = formulas(all_formulas, sc)  # those this scenario's rows can use; the note counts the others

@@ -28,3 +28,18 @@ def test_entries_say_yes_not_yet_or_nothing():
     entries = [{"id": "bf16"}, {"id": "bf16-master"}]
     assert [e["measured"] for e in _with_coverage(entries, {"bf16"})] == ["yes", "not yet"]
     assert [e["measured"] for e in _with_coverage(entries, None)] == ["", ""]
+
+
+def test_a_recipe_only_sharded_steps_measure_is_measured():
+    """bf16-master is measured by DeepSpeed's cases only (one rank of its engine, tests/data/truth/deepspeed/): a
+    report's precision table says so ("yes"), where it said "not yet" counting one-GPU cases alone."""
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.report.assumptions import assumptions
+
+    sc = parse_scenario_text("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 1024, "
+                             "precision: [bf16, bf16-master], optimizer: adamw}\ngpus: [h100-sxm]\n")
+    one_gpu, sharded = compare(load_cases(TRUTH)), compare(load_cases(TRUTH, sharded=True))
+    said = {e["id"]: e["measured"] for e in assumptions(sc, one_gpu)["precisions"]}
+    assert said == {"bf16": "yes", "bf16-master": "not yet"}
+    said = {e["id"]: e["measured"] for e in assumptions(sc, one_gpu, sharded)["precisions"]}
+    assert said == {"bf16": "yes", "bf16-master": "yes"}
