@@ -77,7 +77,7 @@ BUDGET  ?= 420
 POINTS  ?= validation/gpu.yaml
 gpu-check:
 	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) PYTHONUNBUFFERED=1 $(KITPY) -m nnmem_sweep.measure.kit $(POINTS) --budget $(BUDGET) \
-		$(if $(DRY),--dry-run) $(if $(GPU_OUT),--out $(GPU_OUT))
+		$(if $(DRY),--dry-run) $(if $(GPU_OUT),--out $(GPU_OUT)) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf $(VENV) build *.egg-info
