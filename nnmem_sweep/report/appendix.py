@@ -114,11 +114,14 @@ def published(table: pd.DataFrame | None) -> dict[str, Any] | None:
 
 
 def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None = None,
-               gpu_evidence: dict[str, Any] | None = None) -> dict[str, Any] | None:
+               gpu_evidence: dict[str, Any] | None = None,
+               sharded_table: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """Measured vs estimated (accuracy.compare's frame): one row per case, GiB and signed relative error; with
     published_compare's frame, the published real-GPU measurements too (`published`); with `gpu_evidence`, the
-    allocator snapshots of real GPUs replayed (`snapshots`) and the committed GPU-kit runs (`gpu_runs`)."""
-    extra = {"published": published(published_table), **_gpu_evidence(gpu_evidence)}
+    allocator snapshots of real GPUs replayed (`snapshots`) and the committed GPU-kit runs (`gpu_runs`); with
+    `sharded_table` (the sharded steps' cases compared), a line of their figures (`sharded`)."""
+    extra = {"published": published(published_table), **_gpu_evidence(gpu_evidence),
+             "sharded": sharded_line(sharded_table)}
     if table is None or len(table) == 0:
         if not any(extra.values()):
             return None
@@ -137,6 +140,24 @@ def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None 
                 stats += f"; {int(table['within_tolerance'].sum())} of {len(table)} within their stated tolerance"
             stats += "."
     return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats, **extra}
+
+
+def sharded_line(table: pd.DataFrame | None) -> str:
+    """One sentence of the sharded steps' cases: how many of each framework, the median and largest |error| of the
+    peak, how many within their tolerance ("" without cases)."""
+    if table is None or not len(table):
+        return ""
+    ids = table["case"].astype(str)
+    fsdp, ds = int(ids.str.contains("-fsdp").sum()), int(ids.str.contains("-ds[0-9]", regex=True).sum())
+    err = table["error"].abs().dropna()
+    err = err[np.isfinite(err)]
+    if not len(err):
+        return ""
+    return (f"Besides these, {len(table)} cases of one rank of a sharded step ({fsdp} of FSDP2 on PyTorch's fake "
+            f"process group, tests/data/truth/sharded; {ds} of DeepSpeed's ZeRO engine, tests/data/truth/deepspeed, "
+            f"ZeRO-1/2's on both end ranks, the larger taken): median |error| {err.median() * 100:.2f}%, largest "
+            f"{err.max() * 100:.2f}%, {int(table['within_tolerance'].sum())} within their stated tolerance "
+            "(make accuracy lists them).")
 
 
 def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:

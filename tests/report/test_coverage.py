@@ -43,3 +43,16 @@ def test_a_recipe_only_sharded_steps_measure_is_measured():
     assert said == {"bf16": "yes", "bf16-master": "not yet"}
     said = {e["id"]: e["measured"] for e in assumptions(sc, one_gpu, sharded)["precisions"]}
     assert said == {"bf16": "yes", "bf16-master": "yes"}
+
+
+def test_the_validation_section_says_what_the_sharded_cases_measured():
+    """The Validation section's note counts the sharded steps' cases by framework and gives their errors (a
+    DeepSpeed report listed only one-GPU cases)."""
+    from nnmem_sweep.report.appendix import sharded_line, validation
+
+    table = pd.DataFrame({"case": ["qwen3-0.6b-fsdp2z3-train-b2", "llama-3.2-1b-ds2z2-train-b2", "x-ds8z3-train"],
+                          "error": [0.001, -0.004, 0.02], "within_tolerance": [True, True, False]})
+    line = sharded_line(table)
+    assert "3 cases" in line and "1 of FSDP2" in line and "2 of DeepSpeed" in line
+    assert "median |error| 0.40%, largest 2.00%, 2 within" in line
+    assert sharded_line(None) == "" and validation(None, None, None, table)["sharded"] == line
