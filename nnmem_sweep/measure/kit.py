@@ -146,9 +146,9 @@ def fresh_probe(point: dict[str, Any], points: Path, dry: bool):  # noqa: ANN201
     """A capped run of the point in a process of its own (`--probe CAP`): DeepSpeed's engine outlives its run in a
     process (its hooks and module-level lists hold it; workload/zero_engine.py destroy), so the probes of one
     process would each start on top of the runs before them (the H100's first DeepSpeed run, 2026-11-27)."""
-    def probe(cap: int) -> bool:
+    def probe(cap: int, record: Path | None = None) -> bool:
         cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--only", point["id"], "--child",
-               "--probe", str(cap)] + (["--dry-run"] if dry else [])
+               "--probe", str(cap)] + (["--dry-run"] if dry else []) + (["--record", str(record)] if record else [])
         code = subprocess.run(cmd, check=False).returncode
         if code not in (0, PROBE_OOM):
             raise RuntimeError(f"the run capped at {cap:,} B failed (exit code {code})")
@@ -219,7 +219,7 @@ def _probe(args: argparse.Namespace) -> int:
     (point,) = [p for path in args.points for p in load_points(path) if p["id"] in args.only]
     case = tiny(case_of(point)) if args.dry_run else case_of(point)
     try:
-        return 0 if capped_run(case, "cpu" if args.dry_run else "cuda", args.probe) else PROBE_OOM
+        return 0 if capped_run(case, "cpu" if args.dry_run else "cuda", args.probe, record=args.record) else PROBE_OOM
     except Exception as e:  # noqa: BLE001 - said, and the bisection that asked stops
         print(f"gpu-check: {point['id']}: the run capped at {args.probe:,} B failed: {type(e).__name__}: {e}",
               file=sys.stderr)
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny models on the CPU: checks the kit, not memory")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--probe", type=int, metavar="CAP", help=argparse.SUPPRESS)  # fresh_probe's capped run
+    ap.add_argument("--record", type=Path, help=argparse.SUPPRESS)  # and where its allocator history goes
     args = ap.parse_args(argv)
     if args.probe is not None:
         return _probe(args)

@@ -140,7 +140,7 @@ def _steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-Probe = Callable[[int], bool]  # a fresh run under a cap of so many bytes: whether its steps completed
+Probe = Callable[..., bool]  # a fresh run under a cap of so many bytes: whether its steps completed
 
 
 def probe_here(case: dict[str, Any], meter, steps: int, state: dict | None = None,  # noqa: ANN001
@@ -200,17 +200,18 @@ def least_capacity(probe: Probe, low: int, high: int, *, resolution: float = RES
     return high, probes
 
 
-def capped_run(case: dict[str, Any], device: str, cap: int, steps: int = 2) -> bool:
+def capped_run(case: dict[str, Any], device: str, cap: int, steps: int = 2, record: Path | None = None) -> bool:
     """One fresh run of the case under `cap` in this process, its rank's process group around it (the GPU kit's
-    --probe: a DeepSpeed point's capped run in a process of its own); whether its steps completed. Refused where the
-    device has less free than the cap (memory other processes hold is no cap of this one's)."""
+    --probe: a DeepSpeed point's capped run in a process of its own); whether its steps completed; `record`: its
+    allocator history dumped there (CUDA). Refused where the device has less free than the cap (memory other
+    processes hold is no cap of this one's)."""
     group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
     meter = meter_for(device)
     if device == "cuda":
         free = torch.cuda.mem_get_info()[0]
         if free < cap:
             raise RuntimeError(f"the device has {free:,} B free, less than the cap of {cap:,} B")
-    with frozen_heap(), group:
+    with frozen_heap(), group, _snapshot(record, device):
         return probe_here(case, meter, steps)(cap)
 
 
@@ -330,8 +331,7 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
         if "least_capacity" in rec and snapshot is not None and device == "cuda" and \
                 (deadline is None or time.monotonic() < deadline):
             rec.update(_capped_snapshot(case, meter, steps, state, rec["least_capacity"], snapshot) if probe is None
-                       else {"capped_snapshot_note": "not recorded: this point's capped runs are processes of "
-                                                     "their own"})
+                       else _capped_elsewhere(probe, rec["least_capacity"], snapshot))
         _collect(meter)
     return rec
 
@@ -361,6 +361,21 @@ def _capped_snapshot(case: dict[str, Any], meter, steps: int, state: dict | None
     finally:
         meter.limit(None)
         _collect(meter)
+
+
+def _capped_elsewhere(probe, cap: int, snapshot: Path) -> dict[str, Any]:  # noqa: ANN001 - kit.fresh_probe's
+    """_capped_snapshot's recording made by a probe in a process of its own (`probe(cap, record=path)`)."""
+    capped = capped_path(snapshot)
+    try:
+        ok = probe(cap, record=capped)
+    except Exception as e:  # noqa: BLE001 - an extra recording: its failure is said, the point's figures stand
+        ok, text = False, " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        capped.unlink(missing_ok=True)
+        return {"capped_snapshot_note": f"the run at {cap:,} B failed ({text}): not recorded"}
+    if ok and capped.exists():
+        return {"capped_snapshot": capped.name}
+    capped.unlink(missing_ok=True)
+    return {"capped_snapshot_note": f"the run at {cap:,} B ran out of memory this time: not recorded"}
 
 
 def _throughput(case: dict[str, Any], parts: list[dict[str, Any]], steps: int) -> dict[str, float]:

@@ -345,3 +345,24 @@ def test_a_bracket_no_run_completes_in_is_no_measurement():
     with pytest.raises(NoneCompleted):
         least_capacity(_threshold(10**12, calls), 999_999, 1_600_000)
     assert calls[-1] == 1_600_000 and len(calls) == len(set(calls))
+
+
+def test_a_probe_in_its_own_process_records_the_run_at_the_least_capacity(tmp_path):
+    """A DeepSpeed point's run at its least capacity is recorded by a probe in a process of its own (kit
+    fresh_probe's --record), kept where it completed; one that runs out of memory this time, or fails, is said."""
+    from nnmem_sweep.measure import real
+
+    def probe(cap, record=None):
+        record.write_bytes(b"snapshot")
+        if cap == 2:
+            raise RuntimeError("the run capped at 2 B failed (exit code 1)")
+        return cap >= 100
+
+    assert real._capped_elsewhere(probe, 123, tmp_path / "p.pickle") == {"capped_snapshot": "p-capped.pickle"}
+    assert (tmp_path / "p-capped.pickle").read_bytes() == b"snapshot"
+    out = real._capped_elsewhere(probe, 99, tmp_path / "q.pickle")
+    assert out == {"capped_snapshot_note": "the run at 99 B ran out of memory this time: not recorded"}
+    assert not (tmp_path / "q-capped.pickle").exists()
+    out = real._capped_elsewhere(probe, 2, tmp_path / "r.pickle")
+    assert out["capped_snapshot_note"].startswith("the run at 2 B failed (RuntimeError: the run capped")
+    assert not (tmp_path / "r-capped.pickle").exists()
