@@ -134,7 +134,9 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
                         getattr(result, "cluster", None), load_published_comparison(validation, published),
                         load_gpu_evidence(validation),
-                        load_validation(sharded=True) if isinstance(validation, str) and validation == AUTO else None)
+                        # a layout's scenario: its recipes measured by a sharded step count, and the section says so
+                        load_validation(sharded=True) if isinstance(validation, str) and validation == AUTO and
+                        sc.parallel else None)
     # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
     ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
     checkpoint("html")

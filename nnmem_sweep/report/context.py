@@ -60,8 +60,9 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     section, report/changes.py); None leaves it out. `cluster_options`: cluster_options.csv of a scenario with a
     `cluster:` block (the "Cluster options" section, report/cluster.py); None leaves it out. `gpu_evidence`: the
     real-GPU allocator snapshots replayed and the committed kit runs (report.load_gpu_evidence), in Validation.
-    `sharded_table`: the sharded steps' cases compared (one rank of FSDP2, of DeepSpeed), which count towards the
-    recipes a measured case exercises (a DeepSpeed bf16-master case measures bf16-master)."""
+    `sharded_table`: the sharded steps' cases compared (one rank of FSDP2, of DeepSpeed; a scenario with a parallel
+    layout's), which count towards the recipes a measured case exercises (a DeepSpeed bf16-master case measures
+    bf16-master) and have a line in Validation."""
     point = reference_point(sc)
     usable = usable_by_gpu(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)
