@@ -280,8 +280,7 @@ class Recorder(TorchDispatchMode):
         thread = "backward" if last.startswith("backward") else "forward"
         if thread not in self._workspaces:
             self._workspaces.add(thread)
-            sid, self._next = self._next, self._next + 1
-            self._size[sid] = self.workspace_bytes  # never freed: held by the handle for the process's life
+            sid, self._next = self._next, self._next + 1  # never freed: held by the handle for the process's life
             self._record(sid, self.workspace_bytes, "cublas_workspace")
 
     def trace(self) -> Trace:

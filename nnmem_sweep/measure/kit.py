@@ -147,8 +147,7 @@ def fresh_probe(point: dict[str, Any], points: Path, dry: bool):  # noqa: ANN201
     process (its hooks and module-level lists hold it; workload/zero_engine.py destroy), so the probes of one
     process would each start on top of the runs before them (the H100's first DeepSpeed run, 2026-11-27)."""
     def probe(cap: int, record: Path | None = None) -> bool:
-        cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--only", point["id"], "--child",
-               "--probe", str(cap)] + (["--dry-run"] if dry else []) + (["--record", str(record)] if record else [])
+        cmd = _kit_command(points, point, dry, "--probe", str(cap), *(["--record", str(record)] if record else []))
         code = subprocess.run(cmd, check=False).returncode
         if code not in (0, PROBE_OOM):
             raise RuntimeError(f"the run capped at {cap:,} B failed (exit code {code})")
@@ -206,9 +205,14 @@ def _child(point: dict[str, Any], points: Path, args: argparse.Namespace, out: P
     env = dict(os.environ, **{OTHERS_ENV: str(_held_on_gpu())})
     if point.get("allocator"):
         env["PYTORCH_CUDA_ALLOC_CONF"] = str(point["allocator"])
-    cmd = [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--out", str(out), "--only",
-           point["id"], "--budget", str(max(int(left), 1)), "--child"] + (["--dry-run"] if args.dry_run else [])
-    subprocess.run(cmd, env=env, check=False)
+    subprocess.run(_kit_command(points, point, args.dry_run, "--out", str(out), "--budget", str(max(int(left), 1))),
+                   env=env, check=False)
+
+
+def _kit_command(points: Path, point: dict[str, Any], dry: bool, *extra: str) -> list[str]:
+    """This kit as a child process for one point of `points` (_child's run of it, fresh_probe's capped runs)."""
+    return [sys.executable, "-m", "nnmem_sweep.measure.kit", str(points), "--only", point["id"], "--child",
+            *(["--dry-run"] if dry else []), *extra]
 
 
 def _probe(args: argparse.Namespace) -> int:

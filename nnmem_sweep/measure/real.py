@@ -148,16 +148,17 @@ def probe_here(case: dict[str, Any], meter, steps: int, state: dict | None = Non
     """Probes run in this process, one fresh build each. With a `baseline` (what was allocated after the measured
     run had released), each must release down to it (LeftAllocated): a run whose tensors outlive it would have the
     next one start on top of them."""
-    def probe(cap: int) -> bool:
+    def probe(cap: int, record: Path | None = None) -> bool:
         meter.limit(cap)
         ok = True
         try:
-            run_once(case, meter, steps, state)
+            with _snapshot(record, "cuda"):  # asked for on a GPU only (measure_point records there alone)
+                run_once(case, meter, steps, state)
         except torch.OutOfMemoryError:
             ok = False
         finally:
             meter.limit(None)
-        _collect(meter)  # after the except block: the exception's frames no longer hold the run's tensors
+            _collect(meter)  # after the except block: the exception's frames no longer hold the run's tensors
         _check_released(meter, baseline, f"the run capped at {cap:,} B")
         return ok
     return probe
@@ -205,14 +206,13 @@ def capped_run(case: dict[str, Any], device: str, cap: int, steps: int = 2, reco
     --probe: a DeepSpeed point's capped run in a process of its own); whether its steps completed; `record`: its
     allocator history dumped there (CUDA). Refused where the device has less free than the cap (memory other
     processes hold is no cap of this one's)."""
-    group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
     meter = meter_for(device)
     if device == "cuda":
         free = torch.cuda.mem_get_info()[0]
         if free < cap:
             raise RuntimeError(f"the device has {free:,} B free, less than the cap of {cap:,} B")
-    with frozen_heap(), group, _snapshot(record, device):
-        return probe_here(case, meter, steps)(cap)
+    with frozen_heap(), rank_group(case):
+        return probe_here(case, meter, steps)(cap, record)
 
 
 def model_guess(path: Path) -> int | None:
@@ -268,6 +268,12 @@ def _snapshot(path: Path | None, device: str):
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def rank_group(case: dict[str, Any]):  # noqa: ANN201 - a context manager
+    """What every run of a sharded point happens inside: one rank on PyTorch's fake process group (DeepSpeed's: with
+    its comm layer on it); nothing for one GPU."""
+    return zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
+
+
 def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_steps: int = 2,
                   resume: bool = False, bisect: bool = True, resolution: float = RESOLUTION,
                   snapshot: Path | None = None, deadline: float | None = None,
@@ -275,9 +281,7 @@ def measure_point(case: dict[str, Any], device: str, *, steps: int = 2, timing_s
     """Every figure of one point (see the module docstring) as plain ints, floats and strings. A point the device
     cannot hold ends with `error` set (OOM ...), the figures measured before it kept. `probe`: how a capped run
     is made, where not in this process (the GPU kit's DeepSpeed points: a process each, kit.fresh_probe)."""
-    # a sharded point: one rank on PyTorch's fake process group (DeepSpeed's: with its comm layer on it), every run
-    group = zero_engine.rank_comm(case["deepspeed"]) if case.get("deepspeed") else sharding(case)
-    with frozen_heap(), group:
+    with frozen_heap(), rank_group(case):
         return _measure_point(case, device, steps=steps, timing_steps=timing_steps, resume=resume, bisect=bisect,
                               resolution=resolution, snapshot=snapshot, deadline=deadline, say=say, probe=probe)
 
@@ -317,8 +321,8 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
             if guess is not None:
                 rec["model_least_capacity"] = guess
                 say(f"  the allocator model on this run's recording needs {guess:,} B")
-            here = probe_here(case, meter, steps, state, meter.allocated() if device == "cuda" else None)
-            need, probes = least_capacity(probe or here, rec["max_allocated"] - 1, high, resolution=resolution,
+            probe = probe or probe_here(case, meter, steps, state, meter.allocated() if device == "cuda" else None)
+            need, probes = least_capacity(probe, rec["max_allocated"] - 1, high, resolution=resolution,
                                           deadline=deadline, guess=guess,
                                           on_probe=lambda cap, ok: say(f"  cap {cap:,} B: "
                                                                        f"{'completes' if ok else 'out of memory'}"))
@@ -330,8 +334,7 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
         # outside the bisection: whatever befalls the extra recording, the point's figures above are kept
         if "least_capacity" in rec and snapshot is not None and device == "cuda" and \
                 (deadline is None or time.monotonic() < deadline):
-            rec.update(_capped_snapshot(case, meter, steps, state, rec["least_capacity"], snapshot) if probe is None
-                       else _capped_elsewhere(probe, rec["least_capacity"], snapshot))
+            rec.update(_capped_by(probe, rec["least_capacity"], snapshot))
         _collect(meter)
     return rec
 
@@ -345,32 +348,20 @@ def _capped_snapshot(case: dict[str, Any], meter, steps: int, state: dict | None
                      snapshot: Path) -> dict[str, Any]:
     """One more run at the least capacity, its allocator history recorded beside the uncapped one's
     (`<name>-capped.pickle`): what the allocator did under the cap (its releases and retries), which a replay of the
-    uncapped recording can only infer (docs/accuracy.md: the Qwen3 LoRA point)."""
-    capped = capped_path(snapshot)
-    meter.limit(cap)
-    try:
-        with _snapshot(capped, "cuda"):
-            run_once(case, meter, steps, state)
-        return {"capped_snapshot": capped.name}
-    except torch.OutOfMemoryError:
-        return {"capped_snapshot_note": f"the run at {cap:,} B ran out of memory this time: not recorded"}
-    except Exception as e:  # noqa: BLE001 - an extra recording: its failure is said, the point's figures stand
-        capped.unlink(missing_ok=True)
-        text = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        return {"capped_snapshot_note": f"the run at {cap:,} B failed ({text}): not recorded"}
-    finally:
-        meter.limit(None)
-        _collect(meter)
+    uncapped recording can only infer (docs/accuracy.md: the Qwen3 LoRA point). In this process: _capped_by."""
+    return _capped_by(probe_here(case, meter, steps, state), cap, snapshot)
 
 
-def _capped_elsewhere(probe, cap: int, snapshot: Path) -> dict[str, Any]:  # noqa: ANN001 - kit.fresh_probe's
-    """_capped_snapshot's recording made by a probe in a process of its own (`probe(cap, record=path)`)."""
+def _capped_by(probe: Probe, cap: int, snapshot: Path) -> dict[str, Any]:
+    """The run at `cap` made and recorded by `probe(cap, record=path)` (probe_here's in this process; a DeepSpeed
+    point's in a process of its own, kit.fresh_probe), kept where it completed; one that runs out of memory this
+    time, or fails, is said, not recorded."""
     capped = capped_path(snapshot)
     try:
         ok = probe(cap, record=capped)
     except Exception as e:  # noqa: BLE001 - an extra recording: its failure is said, the point's figures stand
-        ok, text = False, " ".join(f"{type(e).__name__}: {e}".split())[:300]
         capped.unlink(missing_ok=True)
+        text = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         return {"capped_snapshot_note": f"the run at {cap:,} B failed ({text}): not recorded"}
     if ok and capped.exists():
         return {"capped_snapshot": capped.name}

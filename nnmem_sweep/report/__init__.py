@@ -128,15 +128,15 @@ def render_report(result: Any, out_dir: Path, config_path: str | Path | None = N
     path = Path(config_path or sc.path)
     prov = provenance or collect(config_path or sc.path,
                                  sc.source_text.encode("utf-8") if not path.is_file() else None)
+    auto = isinstance(validation, str) and validation == AUTO
     ctx = build_context(sc, result.results, result.max_batch, prov,
                         load_formulas() if formulas == AUTO else formulas,
-                        load_validation() if isinstance(validation, str) and validation == AUTO else validation,
+                        load_validation() if auto else validation,
                         getattr(result, "serving", None), getattr(result, "serving_context", None), changes,
                         getattr(result, "cluster", None), load_published_comparison(validation, published),
                         load_gpu_evidence(validation),
                         # a layout's scenario: its recipes measured by a sharded step count, and the section says so
-                        load_validation(sharded=True) if isinstance(validation, str) and validation == AUTO and
-                        sc.parallel else None)
+                        load_validation(sharded=True) if auto and sc.parallel else None)
     # the set's identity, beside the config's sha256 in the header (build_context leaves it to the writer)
     ctx["provenance"]["run_id"] = run_id or tables_run_id(result, prov.sha256)
     checkpoint("html")

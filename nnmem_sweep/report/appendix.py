@@ -130,16 +130,22 @@ def validation(table: pd.DataFrame | None, published_table: pd.DataFrame | None 
     rows = [[_cell(c, v) for (c, _), v in zip(cols, rec)]
             for rec in table[[c for c, _ in cols]].itertuples(index=False, name=None)]
     stats = ""
-    if "error" in table.columns:
-        err = table["error"].abs().dropna()
-        err = err[np.isfinite(err)]
-        if len(err):
-            stats = (f"Median |error| {err.median() * 100:.1f}%, largest {err.max() * 100:.1f}% over {len(err)} "
-                     f"cases the estimator could take")
-            if "within_tolerance" in table.columns:
-                stats += f"; {int(table['within_tolerance'].sum())} of {len(table)} within their stated tolerance"
-            stats += "."
+    err = _abs_errors(table)
+    if len(err):
+        stats = (f"Median |error| {err.median() * 100:.1f}%, largest {err.max() * 100:.1f}% over {len(err)} "
+                 f"cases the estimator could take")
+        if "within_tolerance" in table.columns:
+            stats += f"; {int(table['within_tolerance'].sum())} of {len(table)} within their stated tolerance"
+        stats += "."
     return {"headers": [h for _, h in cols], "rows": rows, "count": str(len(rows)), "stats": stats, **extra}
+
+
+def _abs_errors(table: pd.DataFrame) -> pd.Series:
+    """|error| of the cases accuracy.compare could estimate (finite; empty where the frame has no errors)."""
+    if "error" not in table.columns:
+        return pd.Series(dtype=float)
+    err = table["error"].abs().dropna()
+    return err[np.isfinite(err)]
 
 
 def sharded_line(table: pd.DataFrame | None) -> str:
@@ -149,8 +155,7 @@ def sharded_line(table: pd.DataFrame | None) -> str:
         return ""
     ids = table["case"].astype(str)
     fsdp, ds = int(ids.str.contains("-fsdp").sum()), int(ids.str.contains("-ds[0-9]", regex=True).sum())
-    err = table["error"].abs().dropna()
-    err = err[np.isfinite(err)]
+    err = _abs_errors(table)
     if not len(err):
         return ""
     return (f"Besides these, {len(table)} cases of one rank of a sharded step ({fsdp} of FSDP2 on PyTorch's fake "

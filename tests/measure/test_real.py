@@ -358,11 +358,11 @@ def test_a_probe_in_its_own_process_records_the_run_at_the_least_capacity(tmp_pa
             raise RuntimeError("the run capped at 2 B failed (exit code 1)")
         return cap >= 100
 
-    assert real._capped_elsewhere(probe, 123, tmp_path / "p.pickle") == {"capped_snapshot": "p-capped.pickle"}
+    assert real._capped_by(probe, 123, tmp_path / "p.pickle") == {"capped_snapshot": "p-capped.pickle"}
     assert (tmp_path / "p-capped.pickle").read_bytes() == b"snapshot"
-    out = real._capped_elsewhere(probe, 99, tmp_path / "q.pickle")
+    out = real._capped_by(probe, 99, tmp_path / "q.pickle")
     assert out == {"capped_snapshot_note": "the run at 99 B ran out of memory this time: not recorded"}
     assert not (tmp_path / "q-capped.pickle").exists()
-    out = real._capped_elsewhere(probe, 2, tmp_path / "r.pickle")
+    out = real._capped_by(probe, 2, tmp_path / "r.pickle")
     assert out["capped_snapshot_note"].startswith("the run at 2 B failed (RuntimeError: the run capped")
     assert not (tmp_path / "r-capped.pickle").exists()
