@@ -273,6 +273,9 @@ def run_summaries(root: Path = VALIDATION) -> list[dict[str, Any]]:
         for label, m, _ in FIGURES:
             err = done[f"{m}_error"].abs().dropna() if f"{m}_error" in done else pd.Series(dtype=float)
             line[label] = (float(err.median()), float(err.max()), len(err)) if len(err) else None
+        # measured points whose least capacity is no measurement (measured_least_capacity) or was not reached
+        line["least capacity not measured"] = int(done["status"].str.contains("least capacity not measured").sum()) \
+            if len(done) else 0
         out.append(line)
     return out
 

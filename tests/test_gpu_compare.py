@@ -158,3 +158,18 @@ def test_a_sharded_points_outside_figure_has_no_nccl_buffers(tmp_path):
 def _missing_speed(row) -> bool:
     v = row.get("estimated_tokens_per_s")
     return v is None or v != v
+
+
+def test_a_runs_summary_says_on_how_many_points_the_least_capacity_was_not_measured(tmp_path):
+    """The report's line of a kit run counts the points whose least capacity is no measurement (every capped run out
+    of memory, the H100's first DeepSpeed run): left out of the error figures, and said."""
+    from nnmem_sweep.report.appendix import _gpu_evidence
+
+    failed = [{"cap": 31 * 2**30, "completed": False}]
+    _run(tmp_path, [_record(POINT, max_allocated=30 * 2**30, max_reserved=33 * 2**30, least_capacity=34 * 2**30,
+                            outside_bytes=520 * 2**20, bisection=failed,
+                            capped_snapshot_note="the run at 1 B ran out of memory this time: not recorded")])
+    (line,) = G.run_summaries(tmp_path / "validation" / "gpu")
+    assert line["least capacity not measured"] == 1 and line["least capacity"] is None
+    (text,) = _gpu_evidence({"snapshots": [], "gpu_runs": [line]})["gpu_runs"]["lines"]
+    assert "least capacity not measured on 1 point (" in text and "least capacity median" not in text

@@ -198,8 +198,12 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
         figs = "; ".join(f"{label} median |error| {v[0] * 100:.1f}%, largest {v[1] * 100:.1f}% ({v[2]} points)"
                          for label, v in ((k, r.get(k)) for k in ("peak allocated", "least capacity",
                                                                   "outside PyTorch")) if v)
+        missing = r.get("least capacity not measured") or 0
         lines.append(f"{r['gpu']}, {r['run']} ({r['stack']}): {r['measured']} of {r['points']} points measured"
-                     + (f"; {figs}" if figs else ""))
+                     + (f"; {figs}" if figs else "")
+                     + (f"; least capacity not measured on {missing} point{'s' if missing > 1 else ''} (no capped run "
+                        "completed at the figure, or the bisection stopped: make accuracy says which)"
+                        if missing else ""))
     return {"snapshots": snapshots, "gpu_runs": {"lines": lines or [
         "none committed yet: the GPU kit (`make gpu-check`, validation/gpu.yaml) measures each claim no GPU has "
         "confirmed (the replayed reserve, the memory outside PyTorch, throughput) on the first GPU lent"]}}
