@@ -146,9 +146,9 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         # micro-batches accumulated per optimizer step (one GPU): peak.one_gpu reads it
         **({C.GRADIENT_ACCUMULATION: [int(i["gradient_accumulation"])]} if "gradient_accumulation" in i else {}),
         **({C.GRADIENT_SYNC: [i["gradient_sync"]]} if "gradient_sync" in i else {}),
-        # one rank of an FSDP2 step: the layout the estimate reads (parallel/)
-        **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])]}
-           if i.get("fsdp") else {}),
+        # one rank of an FSDP step (FSDP1 or FSDP2): the layout the estimate reads (parallel/)
+        **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])],
+            C.FSDP_VERSION: [int(i["fsdp"].get("version", 2))]} if i.get("fsdp") else {}),
         # one rank of a DeepSpeed ZeRO step: the layout and DeepSpeed's bucket settings (parallel/deepspeed.py)
         **(_deepspeed_axes(i["deepspeed"]) if i.get("deepspeed") else {}),
     })
@@ -178,6 +178,8 @@ def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
         if arch.kind != "derived":
             return 0
         return 4 * sum(t.count for t in arch.derived.card.tensors if t.trainable)
+    if int((inputs.get("fsdp") or {}).get("version", 2)) == 1:  # one flat parameter per FSDP1 unit: the blocks, root
+        return 4 * (arch.layers + 1)
     return 4 * param_summary(arch).n_tensors
 
 

@@ -54,9 +54,9 @@ OPTIONS_PER_GPU = 5  # GPU counts listed per GPU type in the report (all are in 
 _CKPT_ORDER = {"none": 0, "selective": 1, "full": 2}
 RANK_BY = ("gpus", "cost_per_token")
 
-# parallel axes every candidate takes from the scenario's first value: DeepSpeed's buffers, and how the accumulation
-# steps sync their gradients (FSDP's no_sync keeps them whole: parallel.gradient_sync)
-KEPT_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_SYNC)
+# parallel axes every candidate takes from the scenario's first value: DeepSpeed's buffers, how the accumulation
+# steps sync their gradients (FSDP's no_sync keeps them whole: parallel.gradient_sync), and FSDP's version
+KEPT_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_SYNC, C.FSDP_VERSION)
 
 # cluster_options.csv
 GPUS = "gpus"

@@ -77,7 +77,8 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
             f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
         ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
                       f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
-                      "sharded as FSDP shards them (zero_stage 2 or 3, with or without accumulation)", key=True)
+                      "sharded as FSDP2 shards them (zero_stage 2 or 3, with or without accumulation; "
+                      "fsdp_version 2)", key=True)
     if isinstance(data.get("cluster"), dict):
         ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
                key=True)

@@ -225,8 +225,12 @@ SHARDED_CASES: list[dict[str, Any]] = [
     for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
 ] + [  # a short sequence: the backward's peak past the loss, in the blocks' backward or at its end
     _fsdp(_train("llama-3.2-1b", 2, 128, "bf16"), w, z) for w in (2, 4) for z in (2, 3)
-] + [  # FSDP1, accelerate's default (workload/fsdp.py _shard_fsdp1), held to the FSDP2 estimate
-    _fsdp1(_train("llama-3.2-1b", 2, s, "bf16"), 2, z) for s in (1024, 128) for z in (2, 3)
+] + [  # FSDP1, accelerate's default (workload/fsdp.py _shard_fsdp1; layout fsdp_version 1: parallel/fsdp.py)
+    _fsdp1(_train("llama-3.2-1b", 2, s, "bf16"), w, z) for w in (2, 4) for s in (1024, 128) for z in (2, 3)
+] + [  # ... an untied head's root over 8 ranks (FULL_SHARD: the root's concatenation, 2·root, the step's peak)
+    _fsdp1(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
+] + [  # ... with every layer checkpointed
+    _fsdp1(_train("llama-3.2-1b", 2, s, "bf16", ckpt="full"), 2, z) for s in (1024, 128) for z in (2, 3)
 ] + [  # ... and an untied head's (Llama 3.1 8B: the root holds the embedding and the head)
     _fsdp(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
 ] + [

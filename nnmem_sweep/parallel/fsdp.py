@@ -1,6 +1,7 @@
-"""FSDP2's parameters, gradients and buffers moment by moment on one rank (issue 22), beside the ZeRO states of
-states.rank_states: what fully_shard holds unsharded from forward to backward, in the blocks' backward and at the
-embedding's, measured on one rank of the fake process group (tests/data/truth/sharded/). plan.py adds them to the
+"""FSDP's parameters, gradients and buffers moment by moment on one rank (issue 22), beside the ZeRO states of
+states.rank_states: what fully_shard (FSDP2) holds unsharded from forward to backward, in the blocks' backward and at
+the embedding's, measured on one rank of the fake process group (tests/data/truth/sharded/); and where
+FullyShardedDataParallel (FSDP1, layout fsdp_version 1) holds other bytes at those moments. plan.py adds them to the
 phases of a layout sharded by FSDP over data-parallel ranks alone."""
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ FSDP2 = source("torch-fsdp2", "PyTorch FSDP2 (torch.distributed.fsdp.fully_shard
                "(reshard_after_forward None), the next block prefetched; measured: tests/data/truth/sharded "
                "(FSDPMemTracker, fake process group)",
                "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
+FSDP1 = source("torch-fsdp1", "PyTorch FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, use_orig_params "
+               "False, as accelerate's FSDP plugin wraps a model by default): each unit's parameters one flat "
+               "parameter, all-gathered into its _full_param_padded and freed after the unit's forward "
+               "(_runtime_utils._post_forward_reshard), its gradient reduce-scattered and the unsharded one dropped "
+               "(_runtime_utils._reduce_grad), autograd concatenating the unit's view gradients into flat_param.grad; "
+               "measured: tests/data/truth/sharded/*-fsdp1w*",
+               "https://docs.pytorch.org/docs/stable/fsdp.html")
 
 
 def fsdp_applies(arch: Architecture, lay) -> bool:
@@ -70,9 +78,10 @@ def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, i
     if not fsdp_applies(arch, lay):
         return 0, 0, 0, 0
     u = _units(arch, prec, lay)
+    kept = 0 if lay.fsdp_version == 1 else u.block  # FSDP1 keeps no block's all-gather output to the loss
     if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
-        return u.shard + u.block, u.shard, u.shard, u.shard - u.full
-    return (u.root + u.block - u.gathered, u.root + u.block - u.gathered, u.root + 2 * u.block - u.gathered,
+        return u.shard + kept, u.shard, u.shard, u.shard - u.full
+    return (u.root + kept - u.gathered, u.root + u.block - u.gathered, u.root + 2 * u.block - u.gathered,
             -u.gathered)
 
 
@@ -92,7 +101,8 @@ def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, in
         return 0, 0, 0, 0
     u = _units(arch, prec, lay)
     weights = u.shard + u.root - u.full if lay.zero == 2 else u.root - u.gathered
-    return weights, -u.root_grad_shard, u.block, u.root + u.block
+    held = 0 if lay.fsdp_version == 1 else u.block  # FSDP1 drops a reduce-scattered input (fsdp1_flat_gradients)
+    return weights, -u.root_grad_shard, held, u.root + held
 
 
 def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
@@ -102,7 +112,7 @@ def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
     if not fsdp_applies(arch, lay):
         return 0
     u = _units(arch, prec, lay)
-    return u.head_grad + u.block_grad_shard
+    return u.head_grad + (0 if lay.fsdp_version == 1 else u.block_grad_shard)
 
 
 @formula("parallel.fsdp2_second_block",
@@ -112,12 +122,16 @@ def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
          FSDP2, where="block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.2 1B over 2 and 4 ranks and Llama 3.1 8B over 8 at 128 tokens, where the step "
               "peaks there with every block but the top one unsharded")
-def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int]:
-    """(weights, temporaries) that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise."""
+def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
+    """(weights, temporaries, 1 where FSDP1's flat-gradient concatenation stands in for the layer's temporaries)
+    that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise. FSDP1: the top block's own
+    concatenation (parallel.fsdp1_flat_gradients), its weights not yet resharded."""
     if not fsdp_applies(arch, lay) or lay.zero != 2:
-        return 0, 0
+        return 0, 0, 0
     block = _units(arch, prec, lay).block
-    return -block, 2 * block
+    if lay.fsdp_version == 1:
+        return 0, 2 * block + fsdp1_norm_gradient(arch, prec), 1
+    return -block, 2 * block, 0
 
 
 @formula("parallel.fsdp2_last_block",
@@ -127,12 +141,50 @@ def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, in
          "inputs and one layer's saved",
          FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there")
-def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
-    """(weights, gradients, temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise."""
+def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
+    """(weights, gradients, temporaries, 1 where FSDP1's flat-gradient concatenation stands in for the layer's
+    temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise. FSDP1: block 1's
+    concatenation with block 0 prefetched (parallel.fsdp1_flat_gradients), the same parameters and shards."""
     if not fsdp_applies(arch, lay) or lay.zero != 3:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     u = _units(arch, prec, lay)
-    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block
+    if lay.fsdp_version == 1:
+        return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + fsdp1_norm_gradient(arch, prec), 1
+    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block, 0
+
+
+def fsdp1_norm_gradient(arch: Architecture, prec: Precision) -> int:
+    """The final norm's weight gradient (h·g), the root's, waiting through the blocks' backward for the root's
+    reduce-scatter: FSDP1's flat-gradient moments hold it (FSDP2's count it among the rank's shards)."""
+    return arch.hidden * prec.grad_bytes
+
+
+@formula("parallel.fsdp1_flat_gradients",
+         "FSDP1 (use_orig_params False) at a unit's backward: autograd concatenates the unit's view gradients into "
+         "flat_param.grad, so the unit's gradients are held twice (2 blocks; 2·root at the root's, the backward's "
+         "last moment), beside the head's and the final norm's weight gradients and one b·s·h gradient, in place of "
+         "the layer's other temporaries; SHARD_GRAD_OP peaks at the top block's (every block unsharded), "
+         "FULL_SHARD at block 1's with block 0 prefetched (+ 1 block). The unsharded gradient is dropped once "
+         "reduce-scattered (no input held to the next one, as FSDP2 holds), and no block's all-gather output "
+         "outlives its forward: the forward peaks at the loss or at the last block's output (its saved "
+         "activations and one b·s·h tensor, + its unsharded parameters under FULL_SHARD)",
+         FSDP1, where="block and root as in parallel.fsdp2_unsharded_parameters; b·s·h in the residual dtype",
+         note="Measured on Llama 3.2 1B over 2 and 4 ranks (s128, s1024) and Llama 3.1 8B over 8 (s128), "
+              "SHARD_GRAD_OP and FULL_SHARD: tests/data/truth/sharded/*-fsdp1w*. Llama 3.1 8B over 8 ranks with "
+              "FULL_SHARD holds 14,071,660,172 B at the root's concatenation, 9.9 % above FSDP2's estimate")
+def fsdp1_root_gradients(arch: Architecture, prec: Precision, lay) -> int:
+    """The temporaries of FSDP1's last backward moment, the root's concatenation (2·root); 0 for other layouts."""
+    if not fsdp_applies(arch, lay) or lay.fsdp_version != 1:
+        return 0
+    return 2 * _units(arch, prec, lay).root
+
+
+def fsdp1_last_forward(arch: Architecture, prec: Precision, lay) -> tuple[int, int]:
+    """(1 where the moment applies, the unsharded parameters it holds beyond the forward's) of FSDP1's last block's
+    forward, at its output (parallel.fsdp1_flat_gradients): the block's under FULL_SHARD; zeros for other layouts."""
+    if not fsdp_applies(arch, lay) or lay.fsdp_version != 1:
+        return 0, 0
+    return 1, _units(arch, prec, lay).block if lay.zero == 3 else 0
 
 
 @formula("parallel.fsdp2_first_block",
@@ -146,4 +198,4 @@ def fsdp_first_block(arch: Architecture, prec: Precision, lay) -> int:
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0
     u = _units(arch, prec, lay)
-    return u.root + u.block
+    return u.block if lay.fsdp_version == 1 else u.root + u.block  # FSDP1: the block's, gathered in place

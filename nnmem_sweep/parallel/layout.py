@@ -43,6 +43,7 @@ class Layout:
     prefetch_bucket: int = 0  # DeepSpeed stage3_prefetch_bucket_size (elements)
     sync: str = "each"  # gradient_sync: each | last (columns.GRADIENT_SYNC)
     bucket_view: bool = False  # ddp_bucket_view: DDP's gradient_as_bucket_view
+    fsdp_version: int = 2  # fsdp_version: FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard)
 
     @property
     def ddp(self) -> bool:
@@ -94,9 +95,11 @@ _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp",
            C.VIRTUAL_STAGES: "virtual", C.CONTEXT_PARALLEL: "cp", C.EXPERT_PARALLEL: "ep", C.OFFLOAD: "offload",
            C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
            C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket",
-           C.GRADIENT_SYNC: "sync", C.DDP_BUCKET_VIEW: "bucket_view"}
+           C.GRADIENT_SYNC: "sync", C.DDP_BUCKET_VIEW: "bucket_view",
+           C.FSDP_VERSION: "fsdp_version"}
 _STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD, C.GRADIENT_SYNC)
 GRADIENT_SYNCS = ("each", "last")
+FSDP_VERSIONS = (1, 2)
 
 
 _PARALLEL = frozenset(C.PARALLEL_AXES)
@@ -167,6 +170,9 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
                                          f"{lay.schedule!r}"))
     if lay.offload not in OFFLOADS:
         out.append((C.OFFLOAD, f"offload must be one of {', '.join(OFFLOADS)}, got {lay.offload!r}"))
+    if lay.fsdp_version not in FSDP_VERSIONS:
+        out.append((C.FSDP_VERSION, f"fsdp_version must be 1 (FullyShardedDataParallel) or 2 (fully_shard), got "
+                                    f"{lay.fsdp_version}"))
     if lay.sync not in GRADIENT_SYNCS:
         out.append((C.GRADIENT_SYNC, f"gradient_sync must be one of {', '.join(GRADIENT_SYNCS)}, got {lay.sync!r}"))
     if out:
@@ -175,6 +181,9 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
         # accelerate skips no_sync under DeepSpeed ZeRO >= 2, which reduces every micro-batch's gradients itself
         out.append((C.GRADIENT_SYNC, "gradient_sync last (FSDP's no_sync) is modelled for FSDP without offload; "
                                      "DeepSpeed ZeRO-2/3 reduces every micro-batch (use gradient_sync each)"))
+    if lay.fsdp_version == 1 and lay.deepspeed:
+        out.append((C.FSDP_VERSION, "fsdp_version 1 names PyTorch's FSDP1; this layout is DeepSpeed's ZeRO "
+                                    "(reduce_bucket_size given): leave fsdp_version at 2"))
     if lay.offload == "optimizer+params" and lay.zero != 3:
         out.append((C.OFFLOAD, f"offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
                                f"partitions), got zero_stage {lay.zero}"))

@@ -100,48 +100,70 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
     return out
 
 
+def _hidden(arch, precs, sizes) -> np.ndarray:
+    """One b·s·h tensor in the residual dtype, per precision."""
+    return lift(terms_array([Term(tok=arch.hidden * p.residual_bytes) for p in precs], (len(precs),)), (0,), sizes)
+
+
 def _first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) -> list:
     """FULL_SHARD's first block's forward (fsdp.fsdp_first_block): the all-gather outputs beside the inputs and the
-    hidden states entering the block; none where no layout is FSDP2's FULL_SHARD."""
+    hidden states entering the block; none where no layout is FSDP's FULL_SHARD."""
     tables = _layout_tables(lambda p, lay: (par_fsdp.fsdp_first_block(arch, p, lay),), precs, layouts, sizes, (0, 5))
     if tables is None:
         return []
-    hidden = lift(terms_array([Term(tok=arch.hidden * p.residual_bytes) for p in precs], (len(precs),)), (0,), sizes)
+    hidden = _hidden(arch, precs, sizes)
     return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: inputs + hidden, C.TEMPORARY: tables[0]}))]
+
+
+def _last_forward(arch, precs, layouts, sizes, states, g_fwd, saved) -> list:
+    """FSDP1's last block's forward, at its output (fsdp.fsdp1_last_forward): every saved activation and one b·s·h
+    tensor (+ the block's parameters under FULL_SHARD); none where no layout is FSDP1's. For the frame's other
+    layouts the moment holds the saved activations alone, below the loss's."""
+    tables = _layout_tables(lambda p, lay: par_fsdp.fsdp1_last_forward(arch, p, lay), precs, layouts, sizes, (0, 5))
+    if tables is None:
+        return []
+    applies, block = tables
+    temp = _hidden(arch, precs, sizes) * applies[..., :1] + block
+    return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: temp}))]
 
 
 def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                    bwd_start) -> list:
-    """FSDP2's moments in the blocks' backward, without checkpointing, each after the top layer's: SHARD_GRAD_OP's
-    second block (fsdp.fsdp_second_block), FULL_SHARD's last block (fsdp.fsdp_last_block). None where no layout
-    is FSDP2's. One GPU's top-layer temporaries stand for the block's, less their constant (that layer's first weight
-    gradient, here among the block's unsharded gradients)."""
+    """FSDP's moments in the blocks' backward, each after the top layer's: SHARD_GRAD_OP's second block
+    (fsdp.fsdp_second_block), FULL_SHARD's last block (fsdp.fsdp_last_block), FSDP2's without checkpointing; FSDP1's
+    flat-gradient concatenations in their place, with or without (fsdp.fsdp1_flat_gradients). None where no layout
+    is FSDP's. One GPU's top-layer temporaries stand for the block's, less their constant (that layer's first weight
+    gradient, here among the block's unsharded gradients); FSDP1's are its concatenation and one b·s·h gradient."""
     second = _layout_tables(lambda p, lay: par_fsdp.fsdp_second_block(arch, p, lay), precs, layouts, sizes, (0, 5))
     last = _layout_tables(lambda p, lay: par_fsdp.fsdp_last_block(arch, p, lay), precs, layouts, sizes, (0, 5))
-    if (second is None and last is None) or "none" not in c_names or len(bwd_start) < 2:
+    fsdp1 = any(lay.fsdp_version == 1 for lay in layouts)
+    if (second is None and last is None) or ("none" not in c_names and not fsdp1) or len(bwd_start) < 2:
         return []
     nA, nC = len(a_names), len(c_names)
-    flag = lift(consts([1 if c == "none" else 0 for c in c_names], (nC,)), (4,), sizes)[..., :1]
-
-    def per_combination(fn) -> np.ndarray:
-        return lift(terms_array([fn(p, a) if c == "none" else Term() for p in precs for a in a_names
-                                 for c in c_names], (len(precs), nA, nC)), (0, 3, 4), sizes)
-
-    layer = per_combination(lambda p, a: act.layer_saved(arch, p, a, device=device))
+    none = lift(consts([1 if c == "none" else 0 for c in c_names], (nC,)), (4,), sizes)[..., :1]
+    layer = lift(terms_array([act.per_layer_saved(arch, p, a, c, device) for p in precs for a in a_names
+                              for c in c_names], (len(precs), nA, nC)), (0, 3, 4), sizes)
     layer_temp = np.array(bwd_start[1])
-    layer_temp[..., 0] = np.where(flag[..., 0] > 0, 0, layer_temp[..., 0])
+    layer_temp[..., 0] = np.where(none[..., 0] > 0, 0, layer_temp[..., 0])
+    hidden = _hidden(arch, precs, sizes)
+
+    def moment(weights, temp, flat, grads=0, acts=None) -> tuple:
+        v1 = flat[..., :1]  # FSDP1's rows, checkpointed or not
+        flag = none + v1 - none * v1  # the rows the moment applies to
+        return ("backward", dict(states, **{
+            C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
+            C.ACTIVATIONS: saved if acts is None else np.where(flag > 0, acts(v1), saved),
+            C.TEMPORARY: layer_temp * (1 - v1) + hidden * v1 + temp * flag}))
+
     out = []
     if second is not None:  # the top layer's saved activations and the head's freed by then
-        head = per_combination(lambda p, a: act.head_saved(arch, p, device))
-        weights, temp = second
-        out.append(("backward", dict(states, **{
-            C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd,
-            C.ACTIVATIONS: saved - layer - head, C.TEMPORARY: layer_temp + temp * flag})))
-    if last is not None:  # every layer's saved activations freed but its own
-        weights, grads, temp = last
-        out.append(("backward", dict(states, **{
-            C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
-            C.ACTIVATIONS: np.where(flag > 0, inputs + layer, saved), C.TEMPORARY: layer_temp + temp * flag})))
+        head = lift(terms_array([act.head_saved(arch, p, device) for p in precs], (len(precs),)), (0,), sizes)
+        weights, temp, flat = second
+        out.append(moment(weights, temp, flat, acts=lambda v1: saved - layer - head))
+    if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
+        weights, grads, temp, flat = last
+        rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
+        out.append(moment(weights, temp, flat, grads, acts=lambda v1: inputs + layer + rope * v1))
     return out
 
 
@@ -173,7 +195,8 @@ def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tup
     """FSDP2's parameters moment by moment (fsdp.fsdp_weight_deltas) added to the weights of each phase: the
     forward, the backward's first moment (the loss's), its later moments (the blocks' backward, with what
     fsdp.fsdp_blocks_backward adds to their temporaries), the optimizer step; at the last `n_end` backward moments
-    (the embedding's) what FSDP2 holds there instead (fsdp.fsdp_backward_end)."""
+    (the embedding's) what FSDP holds there instead (fsdp.fsdp_backward_end), and after them FSDP1's root
+    concatenation (fsdp.fsdp1_root_gradients; below the embedding's moment for other layouts)."""
     deltas = _layout_tables(lambda p, lay: par_fsdp.fsdp_weight_deltas(arch, p, lay), precs, layouts, sizes, dims)
     if deltas is None:
         return phases
@@ -182,6 +205,8 @@ def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tup
                                                   layouts, sizes, dims)
     (blocks_t,) = _layout_tables(lambda p, lay: (par_fsdp.fsdp_blocks_backward(arch, p, lay),), precs, layouts,
                                  sizes, dims)
+    root_cat = _layout_tables(lambda p, lay: (par_fsdp.fsdp1_root_gradients(arch, p, lay),), precs, layouts, sizes,
+                              dims)
     last_bwd = max(i for i, (name, _) in enumerate(phases) if name == "backward")
     out, previous = [], ""
     for i, (name, comps) in enumerate(phases):
@@ -189,8 +214,12 @@ def _with_fsdp_units(arch, phases: list, precs, layouts, sizes: tuple, dims: tup
         if name == "backward" and last_bwd - n_end < i <= last_bwd:  # the embedding's moments
             comps[C.WEIGHTS] = comps[C.WEIGHTS] + end_w
             comps[C.GRADIENTS] = comps[C.GRADIENTS] + end_g
+            after = [(name, dict(comps, **{C.TEMPORARY: root_cat[0]}))] if i == last_bwd and root_cat else []
             comps[C.TEMPORARY] = comps[C.TEMPORARY] + (end_t2 if i == last_bwd else end_t1)
-        elif name == "backward" and previous == "backward":  # the blocks' backward
+            out += [(name, comps), *after]  # FSDP1's root concatenation last (fsdp1_root_gradients)
+            previous = name
+            continue
+        if name == "backward" and previous == "backward":  # the blocks' backward
             comps[C.WEIGHTS] = comps[C.WEIGHTS] + later
             comps[C.TEMPORARY] = comps[C.TEMPORARY] + blocks_t
         else:
@@ -260,6 +289,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             bwd_end = [t + tied_end for t in bwd_end]
         phases += [
             *(_first_block(arch, precs, layouts, sizes, states, g_fwd, inputs) if fsdp_moments else []),
+            *(_last_forward(arch, precs, layouts, sizes, states, g_fwd, saved) if fsdp_moments else []),
             ("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: fwd})),
             *[("backward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: t}))
               for t in bwd_start],

@@ -95,6 +95,17 @@ _UNSYNCED_TEXT = (
     "at its last micro-batch with them kept. The earlier micro-batches of 'last' hold no more than the last one.")
 
 
+_FSDP1_TEXT = (
+    "Layouts with parallel.fsdp_version 1 are FSDP1 (FullyShardedDataParallel per decoder block and at the root, "
+    "use_orig_params False, as accelerate's FSDP plugin wraps a model by default): no block's all-gather output kept "
+    "past its forward; each unit's gradients concatenated into its flat gradient, so a unit's backward holds them "
+    "twice (a block, and the root at the backward's last moment), and dropped once reduce-scattered (no input held "
+    "to the next one); AdamW's step counters one per flat parameter. Measured on one rank with MemTracker "
+    "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
+    "every phase within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
+    "stream's work completes: that is in the allocator reserve, not replayed for a parallel layout.")
+
+
 def _parallel_assumptions(sc: Scenario) -> list[str]:
     axes = axis_values(sc)
     items = ["Every figure is per GPU, on the most loaded rank (the first or the last pipeline stage, whichever holds "
@@ -128,8 +139,9 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                 "backward), ZeRO-3 as FULL_SHARD (the shard, the root unsharded from forward to backward, one "
                 "block's all-gather at the loss, two blocks in the rest of the backward); each block resharded after "
                 "its backward, the embedding's backward holding the blocks' gradient shards and two reduce-scatter "
-                "inputs. FSDP1 (accelerate's default) measured against this: its peak the same to 260 B at 1,024 "
-                "tokens, within 1.8 % at 128.")
+                "inputs. " + (_FSDP1_TEXT if 1 in {int(v) for v in axes.get(C.FSDP_VERSION, (2,))} else
+                              "FSDP1 (FullyShardedDataParallel, accelerate's default) holds other bytes: "
+                              "parallel.fsdp_version 1 models it."))
         items += [
             "Parameters per rank (Megatron-LM): attention and MLP matrices and the vocabulary-parallel embedding and "
             "head are split over TP, norms and row-parallel biases are replicated; a pipeline stage holds ⌈L/PP⌉ "

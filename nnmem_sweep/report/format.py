@@ -45,6 +45,7 @@ AXIS_LABELS = {
     "prefetch_bucket_size": "DS prefetch bucket",
     "gradient_sync": "grad sync",
     "ddp_bucket_view": "DDP bucket view",
+    "fsdp_version": "FSDP version",
 }
 
 COMPONENT_LABELS = {

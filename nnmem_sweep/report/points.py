@@ -151,6 +151,8 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
             parts.append(f"{thousands(value)} micro-batches")
         elif axis in (C.PIPELINE_SCHEDULE, C.OFFLOAD):
             parts.append(f"{AXIS_LABELS[axis]} {value}")
+        elif axis == C.FSDP_VERSION:
+            parts.append(f"FSDP{int(value)}")
         elif axis == C.ZERO_STAGE and int(value) >= 1 and deepspeed:
             parts.append(f"DeepSpeed ZeRO {axis_value(axis, value)}")  # parallel.deepspeed: its buffers counted
         else:
