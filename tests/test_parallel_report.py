@@ -284,3 +284,13 @@ def test_target_speaks_of_layouts(layouts):
     assert page["answer"] == ("32 × H100 SXM5 80GB (H100 80GB HBM3) with bf16-master adamw, selective checkpointing, "
                               "TP 4 + SP · PP 1 · DP 8 · ZeRO 1 (not the recipe asked: TP 4; the recipe asked fits no "
                               "GPU listed).")
+
+def test_a_layout_names_its_fsdp_version_where_fsdp_shards_it():
+    sc = parse_scenario_text(
+        "model: {preset: llama-3.2-1b}\nmode: train\n"
+        "grid: {batch: 1, seq_len: 1024, precision: bf16, optimizer: adamw}\n"
+        "parallel: {data_parallel: 8, zero_stage: [1, 3], fsdp_version: [1, 2]}\ngpus: [h100-sxm]\n")
+    row = {C.TENSOR_PARALLEL: 1, C.PIPELINE_PARALLEL: 1, C.DATA_PARALLEL: 8}
+    assert points.layout_text(sc, {**row, C.ZERO_STAGE: 3, C.FSDP_VERSION: 1}) == "TP 1 · PP 1 · DP 8 · ZeRO 3 · FSDP1"
+    assert points.layout_text(sc, {**row, C.ZERO_STAGE: 3, C.FSDP_VERSION: 2}).endswith("ZeRO 3 · FSDP2")
+    assert points.layout_text(sc, {**row, C.ZERO_STAGE: 1, C.FSDP_VERSION: 1}).endswith("ZeRO 1")  # not FSDP's

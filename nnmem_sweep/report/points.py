@@ -14,8 +14,8 @@ from .format import AXIS_LABELS, axis_value, thousands
 
 # the order a layout is written in: the model split first (TP with SP, PP with its micro-batches), then the data split
 LAYOUT_ORDER = (C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL, C.MICRO_BATCHES, C.PIPELINE_SCHEDULE,
-                 C.VIRTUAL_STAGES, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.DATA_PARALLEL, C.ZERO_STAGE, C.OFFLOAD,
-                 C.GRADIENT_ACCUMULATION, C.FP32_GRAD_ACCUMULATION)
+                 C.VIRTUAL_STAGES, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION,
+                 C.OFFLOAD, C.GRADIENT_ACCUMULATION, C.FP32_GRAD_ACCUMULATION)
 
 
 def axis_values(sc: Scenario) -> dict[str, tuple]:
@@ -151,8 +151,9 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
             parts.append(f"{thousands(value)} micro-batches")
         elif axis in (C.PIPELINE_SCHEDULE, C.OFFLOAD):
             parts.append(f"{AXIS_LABELS[axis]} {value}")
-        elif axis == C.FSDP_VERSION:
-            parts.append(f"FSDP{int(value)}")
+        elif axis == C.FSDP_VERSION:  # written where FSDP shards the layout (not ZeRO-0/1, not DeepSpeed's)
+            if int(point.get(C.ZERO_STAGE, 0)) >= 2 and not deepspeed:
+                parts.append(f"FSDP{int(value)}")
         elif axis == C.ZERO_STAGE and int(value) >= 1 and deepspeed:
             parts.append(f"DeepSpeed ZeRO {axis_value(axis, value)}")  # parallel.deepspeed: its buffers counted
         else:
