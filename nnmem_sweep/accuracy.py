@@ -255,6 +255,15 @@ def compare(cases: list[dict[str, Any]], derived: bool = False, trace: bool = Fa
         return _compare(cases, derived)
 
 
+def sharded_by(inputs: dict[str, Any]) -> str:
+    """Which framework shards a case's step: "FSDP1", "FSDP2", "DeepSpeed" ("" for one GPU's)."""
+    if inputs.get("deepspeed"):
+        return "DeepSpeed"
+    if inputs.get("fsdp"):
+        return f"FSDP{int(inputs['fsdp'].get('version', 2))}"
+    return ""
+
+
 def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
     rows = []
     for case in cases:
@@ -267,7 +276,8 @@ def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:
                                "estimated_attention": attention_for_estimate(case),
                                "device": device_for_estimate(case), "measured_phase": m["peak_phase"],
                                MEASURED: int(m["peak_bytes"]),
-                               "stack": stack_text(case.get("versions", {}))}  # a figure holds for its stack
+                               "stack": stack_text(case.get("versions", {})),  # a figure holds for its stack
+                               "sharded_by": sharded_by(i)}
         # the recipe the case exercises, so a report can say which of its own recipes a measurement covers
         row.update({axis: str(i.get(axis, default)) for axis, default in COVERAGE_AXES.items()})
         try:

@@ -92,8 +92,8 @@ def test_what_fsdp2_holds_at_the_backward_peak(case):
 
 @pytest.mark.parametrize("case", FSDP1, ids=[c["case_id"] for c in FSDP1])
 def test_fsdp1_as_accelerate_wraps_it_every_phase_within_16_kib(case):
-    """FSDP1 (FullyShardedDataParallel per block and at the root, use_orig_params False, limit_all_gathers: the
-    default of accelerate's FSDP plugin, so of the Trainer), layout fsdp_version 1 (parallel.fsdp1_flat_gradients):
+    """FSDP1 (FullyShardedDataParallel per block and at the root, limit_all_gathers; use_orig_params False, the
+    default of accelerate's FSDP plugin, or True, the Trainer's), layout fsdp_version 1 (parallel.fsdp1_flat_gradients):
     every phase of the rank within 16 KiB, over 2, 4 and 8 ranks, both strategies, 128 and 1,024 tokens, with and
     without checkpointing. limit_all_gathers changes when blocks are freed on a GPU, not what is allocated."""
     est, m = A.estimate_case(case), case["measured"]

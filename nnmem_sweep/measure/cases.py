@@ -215,9 +215,9 @@ def _fsdp(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
             "fsdp": {"world": world, "zero_stage": stage}}
 
 
-def _fsdp1(case: dict[str, Any], world: int, stage: int) -> dict[str, Any]:
-    return {**case, "id": case["id"].replace("-train-", f"-fsdp1w{world}z{stage}-train-", 1),
-            "fsdp": {"world": world, "zero_stage": stage, "version": 1}}
+def _fsdp1(case: dict[str, Any], world: int, stage: int, orig: bool = False) -> dict[str, Any]:
+    return {**case, "id": case["id"].replace("-train-", f"-fsdp1w{world}z{stage}{'orig' if orig else ''}-train-", 1),
+            "fsdp": {"world": world, "zero_stage": stage, "version": 1, **({"use_orig_params": True} if orig else {})}}
 
 
 SHARDED_CASES: list[dict[str, Any]] = [
@@ -231,6 +231,10 @@ SHARDED_CASES: list[dict[str, Any]] = [
     _fsdp1(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
 ] + [  # ... with every layer checkpointed
     _fsdp1(_train("llama-3.2-1b", 2, s, "bf16", ckpt="full"), 2, z) for s in (1024, 128) for z in (2, 3)
+] + [  # ... with use_orig_params, the Trainer's default: FULL_SHARD (SHARD_GRAD_OP's views fail under fake tensors)
+    _fsdp1(_train("llama-3.1-8b", 2, 128, "bf16"), 8, 3, orig=True),
+    _fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt="full"), 2, 3, orig=True),
+    _fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 4, 3, orig=True),
 ] + [  # ... and an untied head's (Llama 3.1 8B: the root holds the embedding and the head)
     _fsdp(_train("llama-3.1-8b", 2, 128, "bf16"), 8, z) for z in (2, 3)
 ] + [

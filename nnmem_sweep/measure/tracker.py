@@ -149,10 +149,13 @@ class _Phases:
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):  # noqa: ANN001, ANN201
         # MemTracker hooks every parameter's gradient, which raises on a frozen one (a LoRA base, MEASURING.md
-        # pitfall 2): mark frozen parameters as hooked already, with handles that remove nothing.
+        # pitfall 2) and on a view (FSDP1's original parameters under use_orig_params, views of the unsharded flat
+        # parameter in the forward): mark them as hooked already, with handles that remove nothing. Every storage
+        # is still counted; a view's gradient is its flat parameter's.
         if install_grad_hooks:
             for param in module.parameters():
-                if not param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                if (not param.requires_grad or not param.is_leaf) and \
+                        self._param_to_grad_hook_handles.get(param, None) is None:
                     self._param_to_grad_hook_handles[param] = (_NO_HANDLE, _NO_HANDLE)
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
 

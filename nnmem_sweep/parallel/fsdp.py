@@ -19,8 +19,9 @@ FSDP2 = source("torch-fsdp2", "PyTorch FSDP2 (torch.distributed.fsdp.fully_shard
                "(reshard_after_forward None), the next block prefetched; measured: tests/data/truth/sharded "
                "(FSDPMemTracker, fake process group)",
                "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
-FSDP1 = source("torch-fsdp1", "PyTorch FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, use_orig_params "
-               "False, as accelerate's FSDP plugin wraps a model by default): each unit's parameters one flat "
+FSDP1 = source("torch-fsdp1", "PyTorch FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel, as accelerate's FSDP "
+               "plugin (use_orig_params False) and the Hugging Face Trainer (True) wrap a model by default): each "
+               "unit's parameters one flat "
                "parameter, all-gathered into its _full_param_padded and freed after the unit's forward "
                "(_runtime_utils._post_forward_reshard), its gradient reduce-scattered and the unsharded one dropped "
                "(_runtime_utils._reduce_grad), autograd concatenating the unit's view gradients into flat_param.grad; "

@@ -153,13 +153,14 @@ def sharded_line(table: pd.DataFrame | None) -> str:
     peak, how many within their tolerance ("" without cases)."""
     if table is None or not len(table):
         return ""
-    ids = table["case"].astype(str)
-    fsdp, ds = int(ids.str.contains("-fsdp").sum()), int(ids.str.contains("-ds[0-9]", regex=True).sum())
+    by = table["sharded_by"].astype(str).value_counts()
     err = _abs_errors(table)
     if not len(err):
         return ""
-    return (f"Besides these, {len(table)} cases of one rank of a sharded step ({fsdp} of FSDP2 on PyTorch's fake "
-            f"process group, tests/data/truth/sharded; {ds} of DeepSpeed's ZeRO engine, tests/data/truth/deepspeed, "
+    fsdp = " and ".join(f"{int(by[f])} of {f}" for f in ("FSDP2", "FSDP1") if by.get(f, 0))
+    return (f"Besides these, {len(table)} cases of one rank of a sharded step ({fsdp} on PyTorch's fake "
+            f"process group, tests/data/truth/sharded; {int(by.get('DeepSpeed', 0))} of DeepSpeed's ZeRO engine, "
+            "tests/data/truth/deepspeed, "
             f"ZeRO-1/2's on both end ranks, the larger taken): median |error| {err.median() * 100:.2f}%, largest "
             f"{err.max() * 100:.2f}%, {int(table['within_tolerance'].sum())} within their stated tolerance "
             "(make accuracy lists them).")

@@ -97,12 +97,13 @@ _UNSYNCED_TEXT = (
 
 _FSDP1_TEXT = (
     "Layouts with parallel.fsdp_version 1 are FSDP1 (FullyShardedDataParallel per decoder block and at the root, "
-    "use_orig_params False, as accelerate's FSDP plugin wraps a model by default): no block's all-gather output kept "
+    "as accelerate's FSDP plugin and the Hugging Face Trainer wrap a model by default, use_orig_params False or "
+    "True: under FULL_SHARD the same bytes): no block's all-gather output kept "
     "past its forward; each unit's gradients concatenated into its flat gradient, so a unit's backward holds them "
     "twice (a block, and the root at the backward's last moment), and dropped once reduce-scattered (no input held "
     "to the next one); AdamW's step counters one per flat parameter. Measured on one rank with MemTracker "
     "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
-    "every phase within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
+    "use_orig_params False, and True under FULL_SHARD; every phase within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
     "stream's work completes: that is in the allocator reserve, not replayed for a parallel layout.")
 
 

@@ -73,7 +73,7 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
 
     world, stage = check(spec)
     if int(spec.get("version", 2)) == 1:
-        return _shard_fsdp1(model, stage)
+        return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)))
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
     device = next(model.parameters()).device.type
@@ -85,17 +85,19 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     return model
 
 
-def _shard_fsdp1(model: torch.nn.Module, stage: int) -> torch.nn.Module:
+def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False) -> torch.nn.Module:
     """FSDP1 as accelerate's FSDP plugin runs it by default (fsdp_version 1, a FullyShardedDataParallel unit per
     decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True). Its
-    flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly."""
+    flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly.
+    `orig`: use_orig_params True, the Hugging Face Trainer's default (its fsdp_config), the original parameters
+    views of the flat one (the optimizer steps the rank's views; the tracker leaves their gradient hooks out)."""
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     strategy = ShardingStrategy.FULL_SHARD if stage == 3 else ShardingStrategy.SHARD_GRAD_OP
     block = type(_blocks(model)[0])
     return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({block}), sharding_strategy=strategy,
-                                    use_orig_params=False, limit_all_gathers=True,
+                                    use_orig_params=orig, limit_all_gathers=True,
                                     device_id=next(model.parameters()).device)
 
 

@@ -50,9 +50,12 @@ def test_the_validation_section_says_what_the_sharded_cases_measured():
     DeepSpeed report listed only one-GPU cases)."""
     from nnmem_sweep.report.appendix import sharded_line, validation
 
-    table = pd.DataFrame({"case": ["qwen3-0.6b-fsdp2z3-train-b2", "llama-3.2-1b-ds2z2-train-b2", "x-ds8z3-train"],
-                          "error": [0.001, -0.004, 0.02], "within_tolerance": [True, True, False]})
+    table = pd.DataFrame({"case": ["qwen3-0.6b-fsdp2z3-train-b2", "llama-3.2-1b-ds2z2-train-b2", "x-ds8z3-train",
+                                   "llama-3.2-1b-fsdp1w2z3-train-b2"],
+                          "sharded_by": ["FSDP2", "DeepSpeed", "DeepSpeed", "FSDP1"],
+                          "error": [0.001, -0.004, 0.02, 0.0], "within_tolerance": [True, True, False, True]})
     line = sharded_line(table)
-    assert "3 cases" in line and "1 of FSDP2" in line and "2 of DeepSpeed" in line
-    assert "median |error| 0.40%, largest 2.00%, 2 within" in line
+    assert "4 cases" in line and "(1 of FSDP2 and 1 of FSDP1 on" in line and "2 of DeepSpeed" in line
+    assert "median |error| 0.25%, largest 2.00%, 3 within" in line
     assert sharded_line(None) == "" and validation(None, None, None, table)["sharded"] == line
+    assert set(compare(load_cases(TRUTH, sharded=True))["sharded_by"]) == {"FSDP2", "FSDP1", "DeepSpeed"}
