@@ -188,7 +188,8 @@ def test_accumulation_under_fsdp_keeps_the_ranks_gradient_shards(case):
 
 @pytest.mark.parametrize("case", UNSYNCED, ids=[c["case_id"] for c in UNSYNCED])
 def test_accumulation_synced_at_the_last_micro_batch_keeps_the_whole_unsharded_gradients(case):
-    """accelerate's no_sync under FSDP2 (set_requires_gradient_sync(False) before every micro-batch but the last):
+    """accelerate's no_sync under FSDP2 (set_requires_gradient_sync(False) before every micro-batch but the last;
+    FSDP1: FullyShardedDataParallel.no_sync() around them):
     the micro-batches keep the whole unsharded gradients, which the last one reduce-scatters, so the forward and
     the backward's peak hold them beside what the step without accumulation holds, FULL_SHARD or SHARD_GRAD_OP,
     over 2 or 4 ranks: Llama 3.2 1B's bf16 gradients, 2,471,628,800 B (world times the shard that syncing every
@@ -203,7 +204,8 @@ def test_accumulation_synced_at_the_last_micro_batch_keeps_the_whole_unsharded_g
     world = case["inputs"]["fsdp"]["world"]
     m = case["measured"]
     assert m["phases"]["backward"]["categories"]["grad"] == whole
-    assert m["phases"]["optimizer"]["categories"]["grad"] == whole // world  # the shards, reduce-scattered
+    if case["inputs"]["fsdp"].get("version") != 1:  # FSDP1's sharded flat gradients are not MemTracker's 'grad'
+        assert m["phases"]["optimizer"]["categories"]["grad"] == whole // world  # the shards, reduce-scattered
     _holds_beside_its_twin(case, whole)
 
 

@@ -103,7 +103,8 @@ _FSDP1_TEXT = (
     "twice (a block, and the root at the backward's last moment), and dropped once reduce-scattered (no input held "
     "to the next one); AdamW's step counters one per flat parameter. Measured on one rank with MemTracker "
     "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
-    "use_orig_params False, and True under FULL_SHARD; every phase within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
+    "use_orig_params False, and True under FULL_SHARD, accumulating with its no_sync() or without; every phase "
+    "within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
     "stream's work completes: that is in the allocator reserve, not replayed for a parallel layout.")
 
 
