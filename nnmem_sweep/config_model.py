@@ -77,8 +77,10 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
             f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
         ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
                       f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
-                      "sharded as FSDP2 shards them (zero_stage 2 or 3, with or without accumulation; "
-                      "fsdp_version 2)", key=True)
+                      "sharded as FSDP shards them (zero_stage 2 or 3, with or without accumulation)", key=True)
+    if _fsdp1(parallel) and "last" in (parallel or {}).get(C.GRADIENT_SYNC, ()):
+        ck.add("parallel.gradient_sync", f"gradient_sync last under FSDP1 (its no_sync) is not traced; {what}: "
+                                         "use gradient_sync each, or fsdp_version 2", key=True)
     if isinstance(data.get("cluster"), dict):
         ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
                key=True)
@@ -117,6 +119,11 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return model
     if deepspeed:
         return _under_deepspeed(data, model, ft, ck)
+    if _fsdp1(parallel):
+        ck.add("parallel.fsdp_version", f"finetune method {ft.method} under FSDP1 is not modelled (FSDP1 flattens a "
+                                        "unit's parameters into one of a single dtype and requires_grad, so peft's "
+                                        "adapters go in units of their own): use fsdp_version 2", key=True)
+        return model
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
         return _with_hand_adapters(model, ft, ck)
@@ -131,6 +138,11 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
         return model
+
+
+def _fsdp1(parallel: dict) -> bool:
+    """Whether any layout of a `parallel:` block is FSDP1's (fsdp_version 1)."""
+    return 1 in {int(v) for v in (parallel or {}).get(C.FSDP_VERSION, ())}
 
 
 def _off_adapter_layouts(parallel: dict) -> str:

@@ -95,8 +95,14 @@ def test_fsdp1_as_accelerate_wraps_it_every_phase_within_16_kib(case):
     """FSDP1 (FullyShardedDataParallel per block and at the root, limit_all_gathers; use_orig_params False, the
     default of accelerate's FSDP plugin, or True, the Trainer's), layout fsdp_version 1 (parallel.fsdp1_flat_gradients):
     every phase of the rank within 16 KiB, over 2, 4 and 8 ranks, both strategies, 128 and 1,024 tokens, with and
-    without checkpointing. limit_all_gathers changes when blocks are freed on a GPU, not what is allocated."""
-    est, m = A.estimate_case(case), case["measured"]
+    without checkpointing; Qwen3 0.6B, a family planned from its own code, its rank's FSDP1 step traced (the shipped
+    plans: derive/arch.py sharded). limit_all_gathers changes when blocks are freed on a GPU, not what is
+    allocated."""
+    from nnmem_sweep.derive import stored_only
+
+    with stored_only():
+        est = A.estimate_case(case)
+    m = case["measured"]
     assert est["peak_phase"] == m["peak_phase"]
     for phase, measured in m["phases"].items():
         assert abs(est["phases"][phase] - measured["peak_bytes"]) <= 16 * 1024, phase
@@ -178,10 +184,12 @@ QWEN3_ADAPTERS = 28 * 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 
 def test_accumulation_under_fsdp_keeps_the_ranks_gradient_shards(case):
     """Gradient accumulation over FULL_SHARD on 2 ranks: every micro-batch reduce-scatters into the gradient shards
     kept from the one before, so every phase holds them beside what the step without accumulation holds: Llama 3.2
-    1B's bf16 gradients halved, 1,235,814,400 B; Qwen3's fp32 adapter gradients halved, 20,185,088 B. The estimate
-    adds the same bytes (the rank's step traced with its shards kept, or the hand model of FSDP)."""
-    shard = LLAMA_1B_BF16 // 2 if "finetune" not in case["inputs"] else QWEN3_ADAPTERS * 4 // 2
-    assert shard in (1_235_814_400, 20_185_088)
+    1B's bf16 gradients halved, 1,235,814,400 B; Qwen3's fp32 adapter gradients halved, 20,185,088 B; Qwen3's own
+    bf16 gradients under FSDP1, its flat shards, 596,049,920 B. The estimate adds the same bytes (the rank's step
+    traced with its shards kept, or the hand model of FSDP)."""
+    whole = LLAMA_1B_BF16 if case["inputs"]["model"] == "llama-3.2-1b" else QWEN3_BF16
+    shard = whole // 2 if "finetune" not in case["inputs"] else QWEN3_ADAPTERS * 4 // 2
+    assert shard in (1_235_814_400, 20_185_088, 596_049_920)
     assert case["measured"]["phases"]["backward"]["categories"]["grad"] == shard
     _holds_beside_its_twin(case, shard)
 
@@ -228,3 +236,20 @@ def test_a_scenario_with_both_versions_gives_the_measured_fsdp1_rank():
     assert abs(int(rows.loc[1, "peak_allocated_bytes"]) - measured) <= 1024
     # test_fsdp1_is_not_fsdp2's 1,398,717,952 B, less FSDP2's own counters (one per tensor, 291: 1,032 B more)
     assert measured - int(rows.loc[2, "peak_allocated_bytes"]) == pytest.approx(1_398_717_952 + 1_032, abs=1024)
+
+
+def test_a_rank_of_fsdp1_steps_its_flat_parameters():
+    """FSDP1's rank (derive/arch.py sharded, version 1) holds one flat parameter per decoder block and one for the
+    root, each ceil(elements / world): Qwen3 0.6B's block 15,730,944 elements (q 2048x1024, k and v 1024x1024,
+    o 1024x2048, q_norm and k_norm 128, gate and up 3072x1024, down 1024x3072, two 1024 norms), its root the tied
+    embedding 151,936 x 1,024 and the final norm; FSDP2's rank keeps each tensor, cut along dim 0."""
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.derive.arch import sharded
+
+    arch = parse_scenario_text("model: {preset: qwen3-0.6b}\nmode: train\ngrid: {batch: 1, seq_len: 8, "
+                               "precision: bf16, optimizer: adamw}\ngpus: [h100-sxm]\n").model
+    v1 = sharded(arch, 2, 3, 1).derived.card.tensors
+    assert [(t.shape, t.count) for t in v1] == [((155_583_488 // 2,), 1), ((15_730_944 // 2,), 28)]
+    v2 = sharded(arch, 2, 3).derived.card.tensors
+    assert len(v2) == len(arch.derived.card.tensors) and v2[0].shape == (151_936 // 2, 1024)
+    assert sharded(arch, 2, 3).derived.source.fsdp == {"world": 2, "zero_stage": 3}  # the shipped plans' key

@@ -262,7 +262,7 @@ def _read(arch, mode: str, frame: pd.DataFrame, device: str, read_batch: bool = 
                         (len(p_names), len(o_names), len(i_names), nA, nC))
         nS = len(p_names) * len(o_names) * len(i_names) * nA * nC
         recipes, parts = {}, []
-        for j, rank in enumerate(ranks):  # one GPU, or one rank of an FSDP2 layout: its own traced plans
+        for j, rank in enumerate(ranks):  # one GPU, or one rank of an FSDP layout: its own traced plans
             a_j = arch if rank in (None, DDP) else sharded(arch, *rank)
             rec_j, st_j = cached(a_j, ("derived-train", device, p_names, o_names, i_names, a_names, c_names,
                                        z_names),
@@ -309,16 +309,16 @@ def _ddp_rows(frame: pd.DataFrame) -> np.ndarray:
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
     DDP for data-parallel ranks at zero_stage 0 with DDP's buckets beside the gradients (with bucket views: one GPU's
-    step with its gradients kept, with_kept_gradients), else (world, zero_stage) of an FSDP2 layout (peak.one_gpu
-    passes only these parallel columns through for a derived model)."""
-    d, z = _axis(frame, C.DATA_PARALLEL), _axis(frame, C.ZERO_STAGE)
+    step with its gradients kept, with_kept_gradients), else (world, zero_stage, fsdp_version) of an FSDP layout
+    (peak.one_gpu passes only these parallel columns through for a derived model)."""
+    d, z, v = _axis(frame, C.DATA_PARALLEL), _axis(frame, C.ZERO_STAGE), _axis(frame, C.FSDP_VERSION)
     pair = np.zeros(len(frame), dtype=np.int64)  # 0: one GPU
     pair[_ddp_rows(frame) & ~_axis(frame, C.DDP_BUCKET_VIEW)] = 1
     fsdp = (d >= 2) & (z >= 2)
-    pair[fsdp] = d[fsdp] * 4 + z[fsdp]
+    pair[fsdp] = (d[fsdp] * 4 + z[fsdp]) * 2 + (v[fsdp] == 1)
     uniq, inv = np.unique(pair, return_inverse=True)
-    return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else (int(u // 4), int(u % 4))
-                                              for u in uniq]
+    return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else
+                                              (int(u // 8), int(u // 2 % 4), 1 if u % 2 else 2) for u in uniq]
 
 
 def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ the derived-plan cache.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,22 +119,40 @@ def peft_spec(ft: Any) -> dict[str, Any]:
             "modules_to_save": list(ft.modules_to_save) or None}
 
 
-def sharded(arch: Architecture, world: int, stage: int) -> Architecture:
-    """One rank of a derived model's step sharded by FSDP2 over `world` ranks (zero_stage 2: SHARD_GRAD_OP, 3:
+def sharded(arch: Architecture, world: int, stage: int, version: int = 2) -> Architecture:
+    """One rank of a derived model's step sharded by FSDP over `world` ranks (zero_stage 2: SHARD_GRAD_OP, 3:
     FULL_SHARD; workload/fsdp.py): plans of its own (that step traced on the fake process group), and its card's
-    tensors the rank's shards (Shard(0): ceil(rows / world) rows), which the optimizer's catalogs read (the
-    optimizer steps the rank's shards)."""
+    tensors the rank's shards, which the optimizer's catalogs read (the optimizer steps the rank's shards): FSDP2's
+    Shard(0), ceil(rows / world) rows of each tensor; FSDP1's (version 1) flat parameters, one per decoder block and
+    one for the rest (the root), ceil(elements / world) each."""
     import dataclasses
 
     card = arch.derived.card
-    tensors = tuple(dataclasses.replace(t, shape=(-(-t.shape[0] // world), *t.shape[1:])) if t.shape else t
-                    for t in card.tensors)
-    params = 0
-    for t in tensors:
-        n = 1
-        for d in t.shape:
-            n *= d
-        params += t.count * n
+    if version == 1:
+        tensors = _flat_shards(card.tensors, world)
+    else:
+        tensors = tuple(dataclasses.replace(t, shape=(-(-t.shape[0] // world), *t.shape[1:])) if t.shape else t
+                        for t in card.tensors)
+    params = sum(t.count * math.prod(t.shape) for t in tensors)
     rank = dataclasses.replace(card, tensors=tensors, params=params)
-    source = arch.derived.source.with_fsdp({"world": int(world), "zero_stage": int(stage)})
+    # FSDP2's spec as it always was (the shipped plans are keyed by it); FSDP1 names its version
+    source = arch.derived.source.with_fsdp({"world": int(world), "zero_stage": int(stage),
+                                            **({"version": 1} if version == 1 else {})})
     return dataclasses.replace(arch, derived=dataclasses.replace(arch.derived, source=source, card=rank))
+
+
+def _flat_shards(tensors: tuple, world: int) -> tuple:
+    """FSDP1's flat parameters on one rank (use_orig_params False, a unit per decoder block and the root): the
+    blocks' tensors (the card's repeated ones, `*` in their names) flattened into one per block, the rest into the
+    root's, each padded to a multiple of `world` and cut into `world` shards."""
+    from .card import TensorInfo
+
+    blocks = [t for t in tensors if "*" in t.name]
+    n_blocks = max((t.count for t in blocks), default=0)
+    block = -(-sum(t.count * math.prod(t.shape) for t in blocks) // n_blocks) if n_blocks else 0
+    root = sum(t.count * math.prod(t.shape) for t in tensors if "*" not in t.name)
+    out = [TensorInfo(name="_fsdp_wrapped_module.flat_param", shape=(-(-root // world),))]
+    if block:
+        out.append(TensorInfo(name="layers.*._fsdp_wrapped_module.flat_param", shape=(-(-block // world),),
+                              count=n_blocks))
+    return tuple(out)

@@ -252,10 +252,13 @@ SHARDED_CASES: list[dict[str, Any]] = [
     # a family planned from its own code under SHARD_GRAD_OP, with its twin without accumulation: the traced '+nosync'
     _fsdp(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 2),
     {**_fsdp(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
+] + [  # a family planned from its own code under FSDP1 (its rank's step traced the same way: derive/arch.py sharded)
+    _fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, z) for z in (3, 2)
 ] + [  # ... under FSDP1: every micro-batch reduce-scattered, or the flat gradients kept whole under its no_sync()
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
+    {**_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:

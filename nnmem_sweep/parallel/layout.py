@@ -255,7 +255,7 @@ def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=(
 
 # the axes besides data_parallel and zero_stage that each sharded family takes off their default (fsdp_only,
 # deepspeed_dp_only; config_model names the others in its refusal)
-FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW)
+FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW, C.FSDP_VERSION)
 DEEPSPEED_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION)
 
 
@@ -267,10 +267,10 @@ def deepspeed_layouts(axes: dict, every: bool = False) -> bool:
 
 
 def fsdp_only(parallel: dict) -> bool:
-    """A `parallel:` block a model planned from its own code takes: data-parallel ranks sharded as FSDP2 shards them
-    (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every micro-batch reduce-scatters
-    into the rank's kept gradient shards); its plans are the sharded step traced on PyTorch's fake process group
-    (workload/fsdp.py)."""
+    """A `parallel:` block a model planned from its own code takes: data-parallel ranks sharded as FSDP2 (or FSDP1:
+    fsdp_version) shards them (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every
+    micro-batch reduce-scatters into the rank's kept gradient shards); its plans are the sharded step traced on
+    PyTorch's fake process group (workload/fsdp.py)."""
     return _only(parallel, FSDP_AXES, {0, 2, 3})
 
 
