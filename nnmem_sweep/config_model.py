@@ -78,9 +78,6 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
         ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
                       f"families; {what}: on one GPU, with gradient accumulation, or over data_parallel ranks "
                       "sharded as FSDP shards them (zero_stage 2 or 3, with or without accumulation)", key=True)
-    if _fsdp1(parallel) and "last" in (parallel or {}).get(C.GRADIENT_SYNC, ()):
-        ck.add("parallel.gradient_sync", f"gradient_sync last under FSDP1 (its no_sync) is not traced; {what}: "
-                                         "use gradient_sync each, or fsdp_version 2", key=True)
     if isinstance(data.get("cluster"), dict):
         ck.add("cluster", f"the cluster search needs parallel layouts, modelled for hand-modelled families; {what}",
                key=True)

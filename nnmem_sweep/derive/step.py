@@ -113,7 +113,7 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     train = case["mode"] == "train"
     unsynced = train and case.get("zero_grad") == "nosync"
     if unsynced and not case.get("fsdp"):
-        raise ValueError("zero_grad 'nosync' traces a sharded step (FSDP2's set_requires_gradient_sync)")
+        raise ValueError("zero_grad 'nosync' traces a sharded step (FSDP's no_sync)")
     if unsynced:  # the workload itself sets its gradients to None
         case = {k: v for k, v in case.items() if k != "zero_grad"}
     if case.get("fsdp") and not getattr(model, "_nnmem_warm", False):
@@ -173,7 +173,7 @@ class _NotRecorded:
 
 def _unsynced_gradients(model: torch.nn.Module, w, case: dict[str, Any]) -> list[torch.Tensor]:  # noqa: ANN001
     """One micro-batch of workload `w` with FSDP2's gradient sync off (set_requires_gradient_sync(False), accelerate's
-    no_sync), not recorded: every trainable parameter's whole unsharded gradient is then kept for the next
+    no_sync; FSDP1: FullyShardedDataParallel.no_sync()), not recorded: every trainable parameter's whole unsharded gradient is then kept for the next
     micro-batch. Returns them (read from the unsharded parameters: FSDPModule.unshard, then reshard) with the sync
     back on, so that the traced micro-batch is the last one, which accumulates into them and reduce-scatters them."""
     from dataclasses import replace
@@ -183,6 +183,10 @@ def _unsynced_gradients(model: torch.nn.Module, w, case: dict[str, Any]) -> list
     from ..workload.build import run_contexts
     from ..workload.steps import run_steps
 
+    if not hasattr(model, "set_requires_gradient_sync"):  # FSDP1: its no_sync() keeps the flat gradients whole
+        with model.no_sync(), run_contexts(case, fake=True):
+            run_steps(replace(w, accum=1), _NotRecorded())
+        return [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
     model.set_requires_gradient_sync(False)
     try:
         with run_contexts(case, fake=True):

@@ -259,6 +259,7 @@ SHARDED_CASES: list[dict[str, Any]] = [
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
     {**_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
+    {**_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:
