@@ -173,9 +173,10 @@ class _NotRecorded:
 
 def _unsynced_gradients(model: torch.nn.Module, w, case: dict[str, Any]) -> list[torch.Tensor]:  # noqa: ANN001
     """One micro-batch of workload `w` with FSDP2's gradient sync off (set_requires_gradient_sync(False), accelerate's
-    no_sync; FSDP1: FullyShardedDataParallel.no_sync()), not recorded: every trainable parameter's whole unsharded gradient is then kept for the next
-    micro-batch. Returns them (read from the unsharded parameters: FSDPModule.unshard, then reshard) with the sync
-    back on, so that the traced micro-batch is the last one, which accumulates into them and reduce-scatters them."""
+    no_sync; FSDP1: FullyShardedDataParallel.no_sync()), not recorded: every trainable parameter's whole unsharded
+    gradient is then kept for the next micro-batch. Returns them (FSDP2: read from the unsharded parameters,
+    FSDPModule.unshard, then reshard) with the sync back on, so that the traced micro-batch is the last one, which
+    accumulates into them and reduce-scatters them."""
     from dataclasses import replace
 
     from torch.distributed.fsdp import FSDPModule

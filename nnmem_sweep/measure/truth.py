@@ -113,10 +113,11 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     if case.get("fsdp", {}).get("version") == 1:
         strategy = "FULL_SHARD" if case["fsdp"]["zero_stage"] == 3 else "SHARD_GRAD_OP"
         orig = bool(case["fsdp"].get("use_orig_params"))
+        wrapper = "the Hugging Face Trainer" if orig else "accelerate's FSDP plugin"
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP1's FullyShardedDataParallel per decoder block and at the root (use_orig_params "
                           f"{orig}, limit_all_gathers True, {strategy}), as "
-                          f"{'the Hugging Face Trainer' if orig else 'accelerate' + chr(39) + 's FSDP plugin'} wraps it "
+                          f"{wrapper} wraps it "
                           "by default; measured with MemTracker, the optimizer over the rank's "
                           f"{'views of its flat parameters' if orig else 'flat parameters'} (workload/fsdp.py "
                           "_shard_fsdp1).")

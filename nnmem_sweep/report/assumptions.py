@@ -124,7 +124,8 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                      + (" Layouts with fsdp_version 1 are FSDP1's step traced the same way (FullyShardedDataParallel "
                         "per decoder block and at the root, use_orig_params False: one flat parameter per unit, the "
                         "optimizer over the rank's flat shards; Qwen3 0.6B over 2 ranks, both strategies, "
-                        "accumulating too: every phase to the byte)." if 1 in {int(v) for v in axes.get(C.FSDP_VERSION, (2,))} else ""))
+                        "accumulating too: every phase to the byte)."
+                        if 1 in {int(v) for v in axes.get(C.FSDP_VERSION, (2,))} else ""))
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
             items.append(_UNSYNCED_TEXT)
         return items
