@@ -117,9 +117,10 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     if deepspeed:
         return _under_deepspeed(data, model, ft, ck)
     if _fsdp1(parallel):
-        ck.add("parallel.fsdp_version", f"finetune method {ft.method} under FSDP1 is not modelled (FSDP1 flattens a "
-                                        "unit's parameters into one of a single dtype and requires_grad, so peft's "
-                                        "adapters go in units of their own): use fsdp_version 2", key=True)
+        ck.add("parallel.fsdp_version", f"finetune method {ft.method} under FSDP1 is not modelled: FSDP1 leaves the "
+                                        "frozen base's root and a block unsharded after the backward, which the "
+                                        "traced plan does not yet hold (tests/data/truth/FINDINGS.md); use "
+                                        "fsdp_version 2", key=True)
         return model
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)

@@ -90,13 +90,22 @@ def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False) -> torc
     decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True). Its
     flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly.
     `orig`: use_orig_params True, the Hugging Face Trainer's default (its fsdp_config), the original parameters
-    views of the flat one (the optimizer steps the rank's views; the tracker leaves their gradient hooks out)."""
+    views of the flat one (the optimizer steps the rank's views; the tracker leaves their gradient hooks out). With
+    peft's adapters, peft's wrap policy, as the Trainer sets it."""
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     strategy = ShardingStrategy.FULL_SHARD if stage == 3 else ShardingStrategy.SHARD_GRAD_OP
-    block = type(_blocks(model)[0])
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({block}), sharding_strategy=strategy,
+    if any(not p.requires_grad for p in model.parameters()):
+        # peft's adapters on a frozen base: the Trainer's wrap (transformers' update_fsdp_plugin_peft), each trainable
+        # leaf module a unit of its own beside the decoder blocks, so every flat parameter is of one dtype and
+        # requires_grad
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+    else:
+        policy = ModuleWrapPolicy({type(_blocks(model)[0])})
+    return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
                                     use_orig_params=orig, limit_all_gathers=True,
                                     device_id=next(model.parameters()).device)
 
