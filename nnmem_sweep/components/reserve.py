@@ -227,12 +227,11 @@ def _row_sequence(plan, mode: str, bi: int, si: int, dec: int | None, row: pd.Se
         # LoRA under FSDP2 made 784 of 32-96 KiB, where a split over every parameter made some of 4.86 MiB that
         # shifted the step's segments, the plan's need 7 % under the GPU's)
         weights = params if trained is None else _trained_weights(trained, row)
-        before, state = _split(M, weights, 1), _split(S, weights, _state_blocks(opt))
-        if not lazy_state:
-            before, state = before + state, []
+        master, moments = _split(M, weights, 1), _split(S, weights, _state_blocks(opt))
+        before, state = (master, moments) if lazy_state else (master + moments, [])
         temps = _split(T, weights, 1) if impl == "foreach" else ([T] if T > 0 else [])
-        what += (f"; M {M:,} B in {len(_split(M, weights, 1))} blocks before step 1, S {S:,} B in "
-                 f"{len(_split(S, weights, _state_blocks(opt)))} {'made in' if lazy_state else 'before'} step 1, "
+        what += (f"; M {M:,} B in {len(master)} blocks before step 1, S {S:,} B in "
+                 f"{len(moments)} {'made in' if lazy_state else 'before'} step 1, "
                  f"T_opt {T:,} B in {len(temps)} ({opt.name} {impl}"
                  + (f", over the {len(weights)} tensors that train)" if trained is not None else ")"))
     else:
