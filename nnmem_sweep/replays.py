@@ -278,10 +278,10 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
     twin = derived_twin(arch, allow_deriving)
     if twin is None:
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
-    # a sharded point's rank (data_parallel, zero_stage: FSDP2) replays its rank's own traced sequence
+    # a sharded point's rank (data_parallel, zero_stage, fsdp_version) replays its rank's own traced sequence
     # (and an accumulating point's micro-batches, which keep its gradients: components/derived.with_kept_gradients)
-    axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD, C.DATA_PARALLEL, C.ZERO_STAGE, C.GRADIENT_ACCUMULATION,
-                        C.GRADIENT_SYNC) if a in row.index]
+    axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD, C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION,
+                        C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) if a in row.index]
     options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
     ((note, frac),) = _replay_rows(twin, mode, [(row[axes].to_dict(), lazy_state)], options)
     if frac is None:
