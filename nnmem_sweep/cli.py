@@ -102,7 +102,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             model=arch, mode=args.mode, batch=args.batch, seq_len=args.seq_len, precision=args.precision,
             optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
             attention=args.attention, gpu=args.gpu, cache_tokens=args.cache_tokens, decode_tokens=args.decode_tokens,
-            zero_grad=args.zero_grad, overheads=overheads)
+            zero_grad=args.zero_grad, overheads=overheads, parallel=_parallel_flag(args.parallel))
 
     row = point()  # checks every other argument first
     fraction, note = point_reserve(arch, args.mode, row)
@@ -116,6 +116,22 @@ def cmd_estimate(args: argparse.Namespace) -> int:
           f"sequence completes in the caching-allocator model ({note})" if fraction is not None else
           f"allocator reserve: 5% of the peak assumed ({note})")
     return 0
+
+
+def _parallel_flag(text: str | None) -> dict[str, object] | None:
+    """--parallel 'data_parallel=8,zero_stage=3,fsdp_version=1' as {axis: value} (ints, true/false, words)."""
+    from .errors import UsageError
+
+    if not text:
+        return None
+    out: dict[str, object] = {}
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        if not eq or not key or not value:
+            raise UsageError(f"--parallel takes axis=value pairs separated by commas, got {part.strip()!r}")
+        v = value.strip()
+        out[key.strip()] = v.lower() == "true" if v.lower() in ("true", "false") else int(v) if v.isdigit() else v
+    return out
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -326,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--zero-grad", default=None, choices=["set_to_none", "zeros"],
                    help="training: what zero_grad leaves between steps (zeros keeps the gradients; default "
                         "set_to_none)")
+    s.add_argument("--parallel", default=None, metavar="AXIS=VALUE,...",
+                   help="a parallel layout, its axes as a scenario's parallel: block names them, e.g. "
+                        "data_parallel=8,zero_stage=3,fsdp_version=1 (the figures are one rank's)")
     s.set_defaults(fn=cmd_estimate)
 
     s = sub.add_parser("measure", help="measure real PyTorch allocations for a scenario's points (needs [measure])",

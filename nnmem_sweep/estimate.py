@@ -38,9 +38,10 @@ from .derive.arch import architecture_of
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
+from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
 from .grid import MAX_ROWS, expand_grid
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
-from .units import format_bytes
+from .units import format_bytes, parse_size
 
 
 CHUNK_ROWS = 2_000_000  # rows estimated at once: bounds memory on huge grids
@@ -151,9 +152,12 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
                    optimizer_impl: str | None = "foreach", checkpointing: str = "none", attention: str = "flash",
                    gpu: str | GPUSpec = "h100-sxm", cache_tokens: int | None = None,
                    decode_tokens: int | None = None, overheads: Overheads | None = None,
-                   headroom: float | None = None, zero_grad: str | None = None) -> pd.Series:
+                   headroom: float | None = None, zero_grad: str | None = None,
+                   parallel: dict[str, object] | None = None) -> pd.Series:
     """One row of the estimator for the given values; bad names raise UsageError (one line). zero_grad (train):
-    None leaves the optional axis out (set_to_none); "zeros" keeps the gradients between steps."""
+    None leaves the optional axis out (set_to_none); "zeros" keeps the gradients between steps. parallel: a layout,
+    {axis: value} of columns.PARALLEL_AXES as a scenario's `parallel:` block names them (the others their
+    defaults; the node an 8-GPU one with 2 TiB of RAM), the row its most loaded rank's."""
     if mode not in names.MODES:
         raise UsageError(f"unknown mode {mode!r}; use train or infer")
     arch = resolve_model_name(model)
@@ -189,12 +193,24 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
         C.OPTIMIZER_IMPL: [optimizer_impl], C.CHECKPOINTING: [checkpointing], C.ATTENTION: [attention],
         C.CACHE_TOKENS: [cache_tokens], C.DECODE_TOKENS: [decode_tokens], C.GPU: [spec.id],
         C.GPU_MEMORY: [spec.memory_bytes], **({C.ZERO_GRAD: [zero_grad]} if zero_grad is not None else {}),
+        **_layout_columns(parallel),
     })
     row = estimate_frame(arch, mode, frame, overheads, headroom).iloc[0].copy()
     row[C.MODEL] = arch.name
     row[C.MODE] = mode
     row["gpu_name"] = spec.name
     return row
+
+
+def _layout_columns(parallel: dict[str, object] | None) -> dict[str, list]:
+    """A point's parallel columns (every axis, its default where not given) and its node's; none without a layout."""
+    if not parallel:
+        return {}
+    unknown = sorted(set(parallel) - set(C.PARALLEL_AXES))
+    if unknown:
+        raise UsageError(f"unknown parallel axis {unknown[0]!r}; use {', '.join(C.PARALLEL_AXES)}")
+    return {**{a: [parallel.get(a, C.PARALLEL_DEFAULTS[a])] for a in C.PARALLEL_AXES},
+            C.GPUS_PER_NODE: [DEFAULT_GPUS_PER_NODE], C.HOST_MEMORY: [parse_size(DEFAULT_HOST_MEMORY)]}
 
 
 def format_breakdown(row: pd.Series) -> str:
@@ -215,6 +231,9 @@ def format_breakdown(row: pd.Series) -> str:
     if C.ZERO_GRAD in row.index:  # the optional axis, only where it was given
         head += f"  zero_grad {row[C.ZERO_GRAD]}"
     lines.append(head)
+    off = [f"{a} {row[a]}" for a in C.PARALLEL_AXES if a in row.index and row[a] != C.PARALLEL_DEFAULTS[a]]
+    if off:  # a parallel layout: every figure is one rank's, the most loaded
+        lines.append(f"one rank of: {', '.join(off)}")
     lines.append(f"{'component':<36}{'GiB':>12}{'bytes':>22}")
 
     def line(label: str, v: int) -> str:

@@ -76,6 +76,23 @@ def test_cli_estimate_and_bad_gpu(capsys):
     assert "unknown GPU" in capsys.readouterr().err
 
 
+def test_cli_estimate_of_one_rank_of_a_layout(capsys):
+    """--parallel: a layout as a scenario's parallel: block names it, the figures one rank's. Llama 3.1 8B over 8
+    ranks of FSDP1 with FULL_SHARD at 2 x 128 tokens peaks at its measured rank's bytes less the 33 host-side step
+    counters a GPU does not count (tests/test_sharded_truth.py); a layout the model cannot take is one line, exit 2."""
+    assert main(["estimate", "--model", "llama-3.1-8b", "--batch", "2", "--seq-len", "128", "--precision", "bf16",
+                 "--parallel", "data_parallel=8,zero_stage=3,fsdp_version=1"]) == 0
+    out = capsys.readouterr().out
+    assert "one rank of: data_parallel 8, zero_stage 3, fsdp_version 1" in out
+    peak = next(int(line.split()[-1].replace(",", "")) for line in out.splitlines() if line.startswith("peak"))
+    assert abs(peak - (14_071_660_172 - 4 * 33)) <= 1024
+    for bad, says in (("tensor_parallel=3", "must divide the 32 attention heads"), ("data_paralel=8", "unknown "
+                      "parallel axis 'data_paralel'"), ("data_parallel", "axis=value pairs")):
+        assert main(["estimate", "--model", "llama-3.1-8b", "--parallel", bad]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+
+
 def test_inference_point():
     row = estimate_point(model="llama-3.1-8b", mode="infer", batch=8, seq_len=4096, precision="bf16",
                          decode_tokens=512, gpu="h100-sxm")
