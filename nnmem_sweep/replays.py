@@ -309,6 +309,15 @@ def with_replayed_reserve(sc: Scenario, progress: bool = False, bands: bool = Tr
     return refine(sc, scenario_max_batch(sc) if _replayable(sc)[0] else None, progress, bands)
 
 
+def traced_ranks(sc: Scenario) -> bool:
+    """Whether the ranks of the scenario's parallel layouts have traced steps to replay: a model planned from its
+    own code over data-parallel ranks (FSDP, or DDP's whole step), a hand-modelled family's FSDP layouts (zero_stage
+    2 or 3) through its derived twin's rank."""
+    if not fsdp_only(sc.parallel):
+        return False
+    return sc.model.kind == "derived" or all(int(z) >= 2 for z in sc.parallel.get(C.ZERO_STAGE, (0,)))
+
+
 def _replayable(sc: Scenario):
     """(whether the scenario's reserve is replayed, its twin or the note saying why not)."""
     ov = sc.overheads
@@ -316,9 +325,9 @@ def _replayable(sc: Scenario):
         return False, None
     if sc.parallel and deepspeed_layouts(sc.parallel):
         return False, DEEPSPEED_NOTE
-    if sc.parallel and not (sc.model.kind == "derived" and fsdp_only(sc.parallel)):
-        # a traced sequence is one GPU's whole step, not a rank's share of a layout (a derived model's FSDP layouts:
-        # their rank's step is traced)
+    if sc.parallel and not traced_ranks(sc):
+        # a traced sequence is one GPU's whole step, not a rank's share of a layout (FSDP's layouts: their rank's
+        # step is traced, a hand-modelled family's by its derived twin, `nnmem-sweep derive` CONFIG)
         return False, ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's "
                        "rank; " + DEFAULT_NOTE)
     twin = derived_twin(sc.model)
@@ -362,16 +371,21 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
             else "PyTorch's default allocator settings")
-    if sc.parallel and any(STREAMS_NOTE in note for note, _ in results):
+    fsdp2 = bool(sc.parallel) and 2 in {int(v) for v in sc.parallel.get(C.FSDP_VERSION, (2,))}
+    if fsdp2 and any(STREAMS_NOTE in note for note, _ in results):
         conf += ("; a rank's own sequence of its FSDP2 step, each block in the pool of the stream FSDP2 allocates it "
                  "on (the all-gather copy-in and reduce-scatter streams beside the default one; the allocator "
                  "model's pool per stream reproduces a 10-stream GPU recording block for block); FSDP2 frees "
                  "without record_stream, once the streams' events say the block is done with, so a block returns to "
                  "its pool at its free in the trace")
-    elif sc.parallel:
+    elif fsdp2:
         conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream (a plan traced before streams "
                  "were recorded: on a GPU FSDP2's all-gather and reduce-scatter streams keep pools of their own, "
                  "which moves the reserve either way)")
+    if sc.parallel and 1 in {int(v) for v in sc.parallel.get(C.FSDP_VERSION, ())}:
+        conf += ("; an FSDP1 rank's own sequence of its step, on one stream (FSDP1 all-gathers on a stream of its "
+                 "own and frees through record_stream, which on a GPU can keep a block from its pool until that "
+                 "stream's work is done: not modelled)")
     if twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "

@@ -21,6 +21,7 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
 
     from .config import load_scenario
     from .derive.arch import derived_twin
+    from .replays import traced_ranks
     from .runner import run_scenario
 
     with shipping(cache.SHIPPED) if ship else _nothing():
@@ -28,7 +29,8 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
             t0 = time.perf_counter()
             sc = load_scenario(path)
             if sc.model.kind != "derived":
-                twin = None if sc.parallel else derived_twin(sc.model, allow_deriving=True)
+                # FSDP's layouts: the twin's rank traced (replays.py); other layouts replay nothing
+                twin = None if sc.parallel and not traced_ranks(sc) else derived_twin(sc.model, allow_deriving=True)
                 if twin is None:
                     print(f"{path}: {sc.model.name} has a hand model and no derived twin to replay; nothing to "
                           "derive", file=sys.stderr)

@@ -200,3 +200,31 @@ def test_a_row_that_accumulates_replays_its_plan_with_the_gradients_kept():
     assert peaks[0] - peaks[1] == 20_185_088
     # synced at the last micro-batch only (gradient_sync last): the whole unsharded adapter gradients, twice the shards
     assert peaks[2] - peaks[1] == 40_370_176
+
+
+def test_a_hand_modelled_fsdp_layout_replays_its_twins_rank_once_derived():
+    """FSDP's layouts of a hand-modelled preset are replayed through its derived twin's rank (the sharded step
+    traced, `nnmem-sweep derive CONFIG`), so without those plans stored the note says how to get them; a layout
+    whose rank is not traced (tensor parallelism) says why nothing is replayed."""
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.derive import stored_only
+
+    text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: [1, 2], seq_len: 1024, precision: bf16, "
+            "optimizer: adamw}\nparallel: {data_parallel: 2, zero_stage: 3, fsdp_version: [1, 2]}\ngpus: [h100-sxm]\n")
+    with stored_only():
+        note = with_replayed_reserve(parse_scenario_text(text)).overheads.reserve_note
+    assert note.startswith("not replayed: Llama 3.2 1B") and "derive it with `nnmem-sweep derive`" in note
+    tp = text.replace("data_parallel: 2, zero_stage: 3, fsdp_version: [1, 2]", "tensor_parallel: 2")
+    note = with_replayed_reserve(parse_scenario_text(tp)).overheads.reserve_note
+    assert note.startswith("not replayed: the traced allocation sequences are of one GPU")
+
+
+def test_a_hand_modelled_ddp_layout_is_not_replayed_from_one_gpus_step():
+    """PyTorch DDP's ranks (zero_stage 0) run the whole step beside their allreduce buckets, which the twin's
+    one-GPU sequence does not hold: a hand-modelled family's DDP rows keep the default and say why."""
+    from nnmem_sweep.config import parse_scenario_text
+
+    sc = parse_scenario_text("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 1024, "
+                             "precision: bf16, optimizer: adamw}\nparallel: {data_parallel: 2}\ngpus: [h100-sxm]\n")
+    note = with_replayed_reserve(sc).overheads.reserve_note
+    assert note.startswith("not replayed: the traced allocation sequences are of one GPU")
