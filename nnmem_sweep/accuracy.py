@@ -61,10 +61,12 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 
-def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False) -> list[dict[str, Any]]:
+def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False,
+               unmodelled: bool = False) -> list[dict[str, Any]]:
     """Every *.json case in `truth_dir` and its subfolders, sorted by case id; without `derived`, only the
-    hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP2, truth/sharded/; of DeepSpeed's
-    ZeRO engine, truth/deepspeed/) only with `sharded`, and then only those."""
+    hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP, truth/sharded/; of DeepSpeed's
+    ZeRO engine, truth/deepspeed/) only with `sharded`, and then only those; a case measured to show what the
+    estimate does not model (its `not_modelled` says what) only with `unmodelled`."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -75,7 +77,8 @@ def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = Fals
         except json.JSONDecodeError as e:
             raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)) and \
-                bool(rec["inputs"].get("fsdp") or rec["inputs"].get("deepspeed")) == sharded:
+                bool(rec["inputs"].get("fsdp") or rec["inputs"].get("deepspeed")) == sharded and \
+                (unmodelled or not rec.get("not_modelled")):
             cases.append(rec)
     return sorted(cases, key=lambda r: r["case_id"])
 

@@ -16,7 +16,7 @@ CASES = [c for c in A.load_cases(TRUTH, sharded=True) if c["inputs"].get("fsdp")
 # full fine-tunes of a hand-modelled family (Llama 3.2 1B), estimated by the hand model of FSDP
 HAND = ("llama-3.2-1b", "llama-3.1-8b")
 FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1]  # accelerate's default (fsdp_version 1)
-FSDP1_ADAPTERS = [c for c in FSDP1_ALL if c["inputs"].get("finetune")]  # measured, not modelled (below)
+FSDP1_ADAPTERS = [c for c in A.load_cases(TRUTH, sharded=True, unmodelled=True) if c.get("not_modelled")]
 FSDP1 = [c for c in FSDP1_ALL if c not in FSDP1_ADAPTERS]
 FULL = [c for c in CASES if not c["inputs"].get("finetune") and c["inputs"]["model"] in HAND and c not in FSDP1]
 LLAMA_1B_BF16 = 1_235_814_400 * 2  # Llama 3.2 1B's parameters in bf16

@@ -254,8 +254,11 @@ SHARDED_CASES: list[dict[str, Any]] = [
     {**_fsdp(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
 ] + [  # a family planned from its own code under FSDP1 (its rank's step traced the same way: derive/arch.py sharded)
     _fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, z) for z in (3, 2)
-] + [  # ... and LoRA on it, wrapped as the Trainer wraps it (peft's fsdp_auto_wrap_policy: workload/fsdp.py)
-    _fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, z) for z in (3, 2)
+] + [  # ... and LoRA on it, wrapped as the Trainer wraps it (peft's fsdp_auto_wrap_policy: workload/fsdp.py), measured
+    # but not modelled (FINDINGS.md): the estimate comparisons leave it out (accuracy.load_cases)
+    {**_fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, z),
+     "not_modelled": "adapters under FSDP1: the frozen base's root and a block stay unsharded after the backward"}
+    for z in (3, 2)
 ] + [  # ... under FSDP1: every micro-batch reduce-scattered, or the flat gradients kept whole under its no_sync()
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},

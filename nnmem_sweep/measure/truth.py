@@ -107,6 +107,8 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
         "attention_ops": measured["attention_ops"],
     }
     rec["versions"] = versions(measured.get("input_kind", ""), peft="finetune" in case)
+    if case.get("not_modelled"):  # measured to show what the estimate does not model (accuracy.load_cases)
+        rec["not_modelled"] = case["not_modelled"]
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)), case.get("gradient_sync", "each"))
