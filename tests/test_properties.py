@@ -107,3 +107,38 @@ def test_max_batch_boundary(p, memory, headroom):
     if b > 0:
         at = estimate_frame(sc.model, "train", pts.assign(**{C.BATCH: b}), OV, headroom)
         assert at[C.FITS].iloc[0]
+
+
+fsdp_points = st.fixed_dictionaries({
+    "arch": st.sampled_from([TINY_LLAMA, TINY_GPT2, load_preset("llama-3.2-1b"), load_preset("llama-3.1-8b")]),
+    "precision": st.sampled_from(["fp32", "bf16", "bf16-mixed", "bf16-master"]),
+    "checkpointing": st.sampled_from(["none", "full"]),
+    "batch": st.integers(1, 32),
+    "seq_len": st.integers(16, 4096),
+    "dp": st.sampled_from([2, 4, 8]),
+    "zero": st.sampled_from([2, 3]),
+})
+
+
+@settings(max_examples=40, deadline=None)
+@given(fsdp_points)
+def test_fsdp1_and_fsdp2_ranks_are_monotone_and_hold_the_same_states(p):
+    """One rank of FSDP1 and of FSDP2 (parallel.fsdp_version): the peak never falls as the batch or the sequence
+    grows, and both versions shard the same model states (weights at rest, gradients, optimizer state): what differs
+    is what each holds unsharded moment by moment (parallel/fsdp.py)."""
+    from nnmem_sweep.estimate import estimate_point
+
+    def rank(version, batch=p["batch"], seq_len=p["seq_len"]):
+        return estimate_point(model=p["arch"], batch=batch, seq_len=seq_len, precision=p["precision"],
+                              optimizer="adamw", checkpointing=p["checkpointing"], gpu=GPU, overheads=OV,
+                              headroom=0.05, parallel={C.DATA_PARALLEL: p["dp"], C.ZERO_STAGE: p["zero"],
+                                                       C.FSDP_VERSION: version})
+
+    b, s = p["batch"], p["seq_len"]
+    for version in (1, 2):
+        peaks = [int(rank(version, batch=x)[C.PEAK_ALLOCATED]) for x in (b, b + 1, 2 * b)]
+        assert peaks == sorted(peaks), ("batch", version)
+        peaks = [int(rank(version, seq_len=x)[C.PEAK_ALLOCATED]) for x in (s, s + 1, 2 * s)]
+        assert peaks == sorted(peaks), ("seq_len", version)
+    v1, v2 = rank(1), rank(2)
+    assert v1[C.OPTIMIZER_STATE] == v2[C.OPTIMIZER_STATE] and v1[C.MASTER_WEIGHTS] == v2[C.MASTER_WEIGHTS]
