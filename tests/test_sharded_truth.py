@@ -15,7 +15,9 @@ TRUTH = Path(__file__).parent / "data" / "truth"
 CASES = [c for c in A.load_cases(TRUTH, sharded=True) if c["inputs"].get("fsdp")]  # DeepSpeed's: test_deepspeed_truth
 # full fine-tunes of a hand-modelled family (Llama 3.2 1B), estimated by the hand model of FSDP
 HAND = ("llama-3.2-1b", "llama-3.1-8b")
-FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1]  # accelerate's default (fsdp_version 1)
+# other hand-modelled families under FSDP: held to what their one-GPU estimate misses (below)
+OTHER_FAMILIES = [c for c in CASES if c["inputs"]["model"] in ("mixtral-small", "gpt2-medium")]
+FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1 and c not in OTHER_FAMILIES]
 FSDP1_ADAPTERS = [c for c in A.load_cases(TRUTH, sharded=True, unmodelled=True) if c.get("not_modelled")]
 FSDP1 = [c for c in FSDP1_ALL if c not in FSDP1_ADAPTERS]
 FULL = [c for c in CASES if not c["inputs"].get("finetune") and c["inputs"]["model"] in HAND and c not in FSDP1]
@@ -127,7 +129,7 @@ def test_fsdp1_is_not_fsdp2():
 
 
 # adapters, and full fine-tunes of a family planned from its code
-TRACED = [c for c in CASES if c not in FULL and c not in FSDP1_ALL]
+TRACED = [c for c in CASES if c not in FULL and c not in FSDP1_ALL and c not in OTHER_FAMILIES]
 
 
 @pytest.mark.parametrize("case", TRACED, ids=[c["case_id"] for c in TRACED])
@@ -271,3 +273,22 @@ def test_fsdp1_leaves_a_frozen_base_root_and_a_block_unsharded(case):
     fsdp2 = next(c for c in CASES if c["case_id"] == case["case_id"].replace("fsdp1w2z2", "fsdp2z3").replace(
         "fsdp1w2z3", "fsdp2z3"))
     assert fsdp2["measured"]["phases"]["optimizer"]["end_categories"]["param"] == 616_235_008
+
+
+@pytest.mark.parametrize("case", OTHER_FAMILIES, ids=[c["case_id"] for c in OTHER_FAMILIES])
+def test_other_families_under_fsdp_miss_what_their_one_gpu_estimate_misses(case):
+    """A 4-layer Mixtral (MoE blocks) and GPT-2 medium (Conv1D, learned positions, a tied head) over 2 ranks with
+    FULL_SHARD, FSDP2 and FSDP1: every phase misses what the same step's one-GPU estimate misses, within 64 KiB
+    (GPT-2's forward 200,933,400 B low on one GPU too), but for FSDP2's MoE backward, 1.79 % high: at block 1's
+    backward the estimate takes one GPU's top-layer temporaries and saved activations for the block's, which an MoE
+    block's grouped expert matmuls do not hold (FINDINGS.md)."""
+    one = next(c for c in A.load_cases(TRUTH)
+               if c["case_id"] == case["case_id"].replace("-fsdp2z3", "").replace("-fsdp1w2z3", ""))
+    est, est_one = A.estimate_case(case), A.estimate_case(one)
+    moe_fsdp2 = case["inputs"]["model"] == "mixtral-small" and case["inputs"]["fsdp"].get("version", 2) == 2
+    for phase, m in case["measured"]["phases"].items():
+        miss = est["phases"][phase] - m["peak_bytes"]
+        if moe_fsdp2 and phase == "backward":
+            assert miss / m["peak_bytes"] == pytest.approx(0.0179, abs=5e-4)
+            continue
+        assert abs(miss - (est_one["phases"][phase] - one["measured"]["phases"][phase]["peak_bytes"])) <= 64 * 1024
