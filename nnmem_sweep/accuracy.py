@@ -151,7 +151,7 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         **({C.GRADIENT_SYNC: [i["gradient_sync"]]} if "gradient_sync" in i else {}),
         # one rank of an FSDP step (FSDP1 or FSDP2): the layout the estimate reads (parallel/)
         **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])],
-            C.FSDP_VERSION: [int(i["fsdp"].get("version", 2))]} if i.get("fsdp") else {}),
+            C.FSDP_VERSION: [fsdp_version(i)]} if i.get("fsdp") else {}),
         # one rank of a DeepSpeed ZeRO step: the layout and DeepSpeed's bucket settings (parallel/deepspeed.py)
         **(_deepspeed_axes(i["deepspeed"]) if i.get("deepspeed") else {}),
     })
@@ -181,7 +181,7 @@ def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
         if arch.kind != "derived":
             return 0
         return 4 * sum(t.count for t in arch.derived.card.tensors if t.trainable)
-    if int((inputs.get("fsdp") or {}).get("version", 2)) == 1:  # one flat parameter per FSDP1 unit: the blocks, root
+    if inputs.get("fsdp") and fsdp_version(inputs) == 1:  # one flat parameter per FSDP1 unit: the blocks, root
         return 4 * (arch.layers + 1)
     return 4 * param_summary(arch).n_tensors
 
@@ -258,13 +258,16 @@ def compare(cases: list[dict[str, Any]], derived: bool = False, trace: bool = Fa
         return _compare(cases, derived)
 
 
+def fsdp_version(inputs: dict[str, Any]) -> int:
+    """The FSDP version of a sharded case's step (its `fsdp.version`; 2, fully_shard, where not given)."""
+    return int((inputs.get("fsdp") or {}).get("version", C.PARALLEL_DEFAULTS[C.FSDP_VERSION]))
+
+
 def sharded_by(inputs: dict[str, Any]) -> str:
     """Which framework shards a case's step: "FSDP1", "FSDP2", "DeepSpeed" ("" for one GPU's)."""
     if inputs.get("deepspeed"):
         return "DeepSpeed"
-    if inputs.get("fsdp"):
-        return f"FSDP{int(inputs['fsdp'].get('version', 2))}"
-    return ""
+    return f"FSDP{fsdp_version(inputs)}" if inputs.get("fsdp") else ""
 
 
 def _compare(cases: list[dict[str, Any]], derived: bool) -> pd.DataFrame:

@@ -118,19 +118,19 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parallel_flag(text: str | None) -> dict[str, object] | None:
-    """--parallel 'data_parallel=8,zero_stage=3,fsdp_version=1' as {axis: value} (ints, true/false, words)."""
+def _parallel_flag(text: str | None) -> dict[str, str] | None:
+    """--parallel 'data_parallel=8,zero_stage=3,fsdp_version=1' as {axis: text} (estimate_point types each value as
+    its layout field, parallel/layout.py typed_value)."""
     from .errors import UsageError
 
     if not text:
         return None
-    out: dict[str, object] = {}
+    out: dict[str, str] = {}
     for part in text.split(","):
-        key, eq, value = part.strip().partition("=")
+        key, eq, value = (x.strip() for x in part.partition("="))
         if not eq or not key or not value:
             raise UsageError(f"--parallel takes axis=value pairs separated by commas, got {part.strip()!r}")
-        v = value.strip()
-        out[key.strip()] = v.lower() == "true" if v.lower() in ("true", "false") else int(v) if v.isdigit() else v
+        out[key] = value
     return out
 
 

@@ -141,7 +141,7 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
 def _fsdp1(parallel: dict) -> bool:
     """Whether any layout of a `parallel:` block is FSDP1's (fsdp_version 1 at zero_stage 2 or 3)."""
     p = parallel or {}
-    return 1 in {int(v) for v in p.get(C.FSDP_VERSION, ())} and any(int(z) >= 2 for z in p.get(C.ZERO_STAGE, ()))
+    return 1 in L.fsdp_versions(p) and any(int(z) >= 2 for z in p.get(C.ZERO_STAGE, ()))
 
 
 def _off_adapter_layouts(parallel: dict) -> str:

@@ -38,7 +38,7 @@ from .derive.arch import architecture_of
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY
+from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, typed_value
 from .grid import MAX_ROWS, expand_grid
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
 from .units import format_bytes, parse_size
@@ -209,7 +209,7 @@ def _layout_columns(parallel: dict[str, object] | None) -> dict[str, list]:
     unknown = sorted(set(parallel) - set(C.PARALLEL_AXES))
     if unknown:
         raise UsageError(f"unknown parallel axis {unknown[0]!r}; use {', '.join(C.PARALLEL_AXES)}")
-    return {**{a: [parallel.get(a, C.PARALLEL_DEFAULTS[a])] for a in C.PARALLEL_AXES},
+    return {**{a: [typed_value(a, parallel.get(a, C.PARALLEL_DEFAULTS[a]))] for a in C.PARALLEL_AXES},
             C.GPUS_PER_NODE: [DEFAULT_GPUS_PER_NODE], C.HOST_MEMORY: [parse_size(DEFAULT_HOST_MEMORY)]}
 
 

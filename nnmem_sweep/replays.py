@@ -55,7 +55,7 @@ from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
 from .derive.arch import derived_twin
-from .parallel.layout import deepspeed_layouts, fsdp_only
+from .parallel.layout import deepspeed_layouts, fsdp_only, fsdp_versions
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
 from .fit import scenario_max_batch
 from .grid import point_axes
@@ -371,7 +371,7 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
             else "PyTorch's default allocator settings")
-    fsdp2 = bool(sc.parallel) and 2 in {int(v) for v in sc.parallel.get(C.FSDP_VERSION, (2,))}
+    fsdp2 = bool(sc.parallel) and 2 in fsdp_versions(sc.parallel)
     if fsdp2 and any(STREAMS_NOTE in note for note, _ in results):
         conf += ("; a rank's own sequence of its FSDP2 step, each block in the pool of the stream FSDP2 allocates it "
                  "on (the all-gather copy-in and reduce-scatter streams beside the default one; the allocator "
@@ -382,7 +382,7 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream (a plan traced before streams "
                  "were recorded: on a GPU FSDP2's all-gather and reduce-scatter streams keep pools of their own, "
                  "which moves the reserve either way)")
-    if sc.parallel and 1 in {int(v) for v in sc.parallel.get(C.FSDP_VERSION, ())}:
+    if sc.parallel and 1 in fsdp_versions(sc.parallel):
         conf += ("; an FSDP1 rank's own sequence of its step, on one stream (FSDP1 all-gathers on a stream of its "
                  "own and frees through record_stream, which on a GPU can keep a block from its pool until that "
                  "stream's work is done: not modelled)")

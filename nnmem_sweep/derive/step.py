@@ -182,18 +182,13 @@ def _unsynced_gradients(model: torch.nn.Module, w, case: dict[str, Any]) -> list
     from torch.distributed.fsdp import FSDPModule
 
     from ..workload.build import run_contexts
+    from ..workload.fsdp import gradient_sync_off, is_sharded
     from ..workload.steps import run_steps
 
-    if not hasattr(model, "set_requires_gradient_sync"):  # FSDP1: its no_sync() keeps the flat gradients whole
-        with model.no_sync(), run_contexts(case, fake=True):
-            run_steps(replace(w, accum=1), _NotRecorded())
+    with gradient_sync_off(model), run_contexts(case, fake=True):
+        run_steps(replace(w, accum=1), _NotRecorded())
+    if not is_sharded(model):  # FSDP1: its flat parameters hold their whole gradients themselves
         return [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
-    model.set_requires_gradient_sync(False)
-    try:
-        with run_contexts(case, fake=True):
-            run_steps(replace(w, accum=1), _NotRecorded())
-    finally:
-        model.set_requires_gradient_sync(True)
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in units:
         m.unshard()

@@ -79,7 +79,7 @@ def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, i
     if not fsdp_applies(arch, lay):
         return 0, 0, 0, 0
     u = _units(arch, prec, lay)
-    kept = 0 if lay.fsdp_version == 1 else u.block  # FSDP1 keeps no block's all-gather output to the loss
+    kept = 0 if lay.fsdp1 else u.block  # FSDP1 keeps no block's all-gather output to the loss
     if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
         return u.shard + kept, u.shard, u.shard, u.shard - u.full
     return (u.root + kept - u.gathered, u.root + u.block - u.gathered, u.root + 2 * u.block - u.gathered,
@@ -102,7 +102,7 @@ def fsdp_backward_end(arch: Architecture, prec: Precision, lay) -> tuple[int, in
         return 0, 0, 0, 0
     u = _units(arch, prec, lay)
     weights = u.shard + u.root - u.full if lay.zero == 2 else u.root - u.gathered
-    held = 0 if lay.fsdp_version == 1 else u.block  # FSDP1 drops a reduce-scattered input (fsdp1_flat_gradients)
+    held = 0 if lay.fsdp1 else u.block  # FSDP1 drops a reduce-scattered input (fsdp1_flat_gradients)
     return weights, -u.root_grad_shard, held, u.root + held
 
 
@@ -113,7 +113,7 @@ def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
     if not fsdp_applies(arch, lay):
         return 0
     u = _units(arch, prec, lay)
-    return u.head_grad + (0 if lay.fsdp_version == 1 else u.block_grad_shard)
+    return u.head_grad + (0 if lay.fsdp1 else u.block_grad_shard)
 
 
 @formula("parallel.fsdp2_second_block",
@@ -123,16 +123,16 @@ def fsdp_blocks_backward(arch: Architecture, prec: Precision, lay) -> int:
          FSDP2, where="block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.2 1B over 2 and 4 ranks and Llama 3.1 8B over 8 at 128 tokens, where the step "
               "peaks there with every block but the top one unsharded")
-def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
-    """(weights, temporaries, 1 where FSDP1's flat-gradient concatenation stands in for the layer's temporaries)
-    that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise. FSDP1: the top block's own
-    concatenation (parallel.fsdp1_flat_gradients), its weights not yet resharded."""
+def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int]:
+    """(weights, temporaries) that moment adds to the blocks' moment under SHARD_GRAD_OP; zeros otherwise. FSDP1: the
+    top block's own concatenation (parallel.fsdp1_flat_gradients), its weights not yet resharded, standing in for
+    the layer's temporaries (plan.py, where fsdp1_applies)."""
     if not fsdp_applies(arch, lay) or lay.zero != 2:
-        return 0, 0, 0
+        return 0, 0
     block = _units(arch, prec, lay).block
-    if lay.fsdp_version == 1:
-        return 0, 2 * block + fsdp1_norm_gradient(arch, prec), 1
-    return -block, 2 * block, 0
+    if lay.fsdp1:
+        return 0, 2 * block + fsdp1_norm_gradient(arch, prec)
+    return -block, 2 * block
 
 
 @formula("parallel.fsdp2_last_block",
@@ -142,16 +142,20 @@ def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, in
          "inputs and one layer's saved",
          FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there")
-def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int, int]:
-    """(weights, gradients, temporaries, 1 where FSDP1's flat-gradient concatenation stands in for the layer's
-    temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise. FSDP1: block 1's
-    concatenation with block 0 prefetched (parallel.fsdp1_flat_gradients), the same parameters and shards."""
+def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
+    """(weights, gradients, temporaries) that moment adds to the blocks' moment under FULL_SHARD; zeros otherwise.
+    FSDP1: block 1's concatenation with block 0 prefetched (parallel.fsdp1_flat_gradients), the same parameters and
+    shards, standing in for the layer's temporaries (plan.py, where fsdp1_applies)."""
     if not fsdp_applies(arch, lay) or lay.zero != 3:
-        return 0, 0, 0, 0
+        return 0, 0, 0
     u = _units(arch, prec, lay)
-    if lay.fsdp_version == 1:
-        return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + fsdp1_norm_gradient(arch, prec), 1
-    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block, 0
+    norm = fsdp1_norm_gradient(arch, prec) if lay.fsdp1 else 0
+    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + norm
+
+
+def fsdp1_applies(arch: Architecture, lay) -> bool:
+    """FSDP1's moments (parallel.fsdp1_flat_gradients) in place of FSDP2's: a layout FSDP shards, fsdp_version 1."""
+    return fsdp_applies(arch, lay) and lay.fsdp1
 
 
 def fsdp1_norm_gradient(arch: Architecture, prec: Precision) -> int:
@@ -175,17 +179,13 @@ def fsdp1_norm_gradient(arch: Architecture, prec: Precision) -> int:
               "FULL_SHARD holds 14,071,660,172 B at the root's concatenation, 9.9 % above FSDP2's estimate")
 def fsdp1_root_gradients(arch: Architecture, prec: Precision, lay) -> int:
     """The temporaries of FSDP1's last backward moment, the root's concatenation (2·root); 0 for other layouts."""
-    if not fsdp_applies(arch, lay) or lay.fsdp_version != 1:
-        return 0
-    return 2 * _units(arch, prec, lay).root
+    return 2 * _units(arch, prec, lay).root if fsdp1_applies(arch, lay) else 0
 
 
-def fsdp1_last_forward(arch: Architecture, prec: Precision, lay) -> tuple[int, int]:
-    """(1 where the moment applies, the unsharded parameters it holds beyond the forward's) of FSDP1's last block's
-    forward, at its output (parallel.fsdp1_flat_gradients): the block's under FULL_SHARD; zeros for other layouts."""
-    if not fsdp_applies(arch, lay) or lay.fsdp_version != 1:
-        return 0, 0
-    return 1, _units(arch, prec, lay).block if lay.zero == 3 else 0
+def fsdp1_last_forward(arch: Architecture, prec: Precision, lay) -> int:
+    """The unsharded parameters FSDP1's last block's forward holds at its output beyond the forward's
+    (parallel.fsdp1_flat_gradients): the block's under FULL_SHARD; 0 for other layouts."""
+    return _units(arch, prec, lay).block if fsdp1_applies(arch, lay) and lay.zero == 3 else 0
 
 
 @formula("parallel.fsdp2_first_block",
@@ -199,4 +199,4 @@ def fsdp_first_block(arch: Architecture, prec: Precision, lay) -> int:
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0
     u = _units(arch, prec, lay)
-    return u.block if lay.fsdp_version == 1 else u.root + u.block  # FSDP1: the block's, gathered in place
+    return u.block if lay.fsdp1 else u.root + u.block  # FSDP1: the block's, gathered in place

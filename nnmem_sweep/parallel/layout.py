@@ -46,6 +46,11 @@ class Layout:
     fsdp_version: int = 2  # fsdp_version: FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard)
 
     @property
+    def fsdp1(self) -> bool:
+        """FSDP1 (FullyShardedDataParallel) rather than FSDP2, where FSDP shards the layout (parallel/fsdp.py)."""
+        return self.fsdp_version == 1
+
+    @property
     def ddp(self) -> bool:
         """PyTorch's DDP runs the layout: data-parallel ranks alone at zero_stage 0 (Megatron's own DDP with TP, PP
         or fp32 main grads; ZeRO and FSDP shard instead)."""
@@ -110,7 +115,9 @@ def has_parallel_columns(frame: pd.DataFrame) -> bool:
     return not _PARALLEL.isdisjoint(frame.columns.tolist())
 
 
-def _value(col: str, v):
+def typed_value(col: str, v):
+    """A parallel axis's value as its Layout field holds it (text from a CSV or a command line too); a value of the
+    wrong kind is a UsageError naming the axis."""
     if col in C.PARALLEL_BOOL_AXES:
         if isinstance(v, str):
             if v.lower() not in ("true", "false"):
@@ -141,7 +148,7 @@ def frame_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, tuple[Layout, ...]]:
     idx = np.unravel_index(uniq, sizes) if len(present) > 1 else (uniq,)
     layouts = []
     for j in range(len(uniq)):
-        kw = {_FIELDS[a]: _value(a, per[i][1][int(idx[i][j])]) for i, a in enumerate(present)}
+        kw = {_FIELDS[a]: typed_value(a, per[i][1][int(idx[i][j])]) for i, a in enumerate(present)}
         layouts.append(Layout(**kw))
     return inverse.reshape(-1).astype(np.intp), tuple(layouts)
 
@@ -181,7 +188,7 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
         # accelerate skips no_sync under DeepSpeed ZeRO >= 2, which reduces every micro-batch's gradients itself
         out.append((C.GRADIENT_SYNC, "gradient_sync last (FSDP's no_sync) is modelled for FSDP without offload; "
                                      "DeepSpeed ZeRO-2/3 reduces every micro-batch (use gradient_sync each)"))
-    if lay.fsdp_version == 1 and lay.deepspeed:
+    if lay.fsdp1 and lay.deepspeed:
         out.append((C.FSDP_VERSION, "fsdp_version 1 names PyTorch's FSDP1; this layout is DeepSpeed's ZeRO "
                                     "(reduce_bucket_size given): leave fsdp_version at 2"))
     if lay.offload == "optimizer+params" and lay.zero != 3:
@@ -264,6 +271,12 @@ def deepspeed_layouts(axes: dict, every: bool = False) -> bool:
     (a reduce bucket given): any of them, or `every` one."""
     given = [int(b) > 0 for b in axes.get(C.REDUCE_BUCKET, (0,))]
     return all(given) if every else any(given)
+
+
+def fsdp_versions(axes: dict) -> set[int]:
+    """The FSDP versions the layouts of `axes` ({axis: values}: a `parallel:` block, a scenario's axis values) name:
+    {2} where none is given."""
+    return {int(v) for v in axes.get(C.FSDP_VERSION, (C.PARALLEL_DEFAULTS[C.FSDP_VERSION],))}
 
 
 def fsdp_only(parallel: dict) -> bool:

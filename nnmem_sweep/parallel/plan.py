@@ -119,12 +119,21 @@ def _last_forward(arch, precs, layouts, sizes, states, g_fwd, saved) -> list:
     """FSDP1's last block's forward, at its output (fsdp.fsdp1_last_forward): every saved activation and one b·s·h
     tensor (+ the block's parameters under FULL_SHARD); none where no layout is FSDP1's. For the frame's other
     layouts the moment holds the saved activations alone, below the loss's."""
-    tables = _layout_tables(lambda p, lay: par_fsdp.fsdp1_last_forward(arch, p, lay), precs, layouts, sizes, (0, 5))
-    if tables is None:
+    v1 = _fsdp1_rows(arch, precs, layouts, sizes)
+    if v1 is None:
         return []
-    applies, block = tables
-    temp = _hidden(arch, precs, sizes) * applies[..., :1] + block
+    (block,) = _layout_tables(lambda p, lay: (par_fsdp.fsdp1_last_forward(arch, p, lay),), precs, layouts, sizes,
+                              (0, 5)) or (0,)
+    temp = _hidden(arch, precs, sizes) * v1 + block
     return [("forward", dict(states, **{C.GRADIENTS: g_fwd, C.ACTIVATIONS: saved, C.TEMPORARY: temp}))]
+
+
+def _fsdp1_rows(arch, precs, layouts, sizes, stage: int | None = None) -> np.ndarray | None:
+    """A plan multiplier, 1 on the rows of FSDP1's layouts (fsdp.fsdp1_applies; at zero_stage `stage` where given),
+    0 elsewhere; None where the frame has no such layout."""
+    table = _layout_tables(lambda p, lay: (int(par_fsdp.fsdp1_applies(arch, lay) and stage in (None, lay.zero)),),
+                           precs, layouts, sizes, (0, 5))
+    return None if table is None else table[0][..., :1]
 
 
 def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
@@ -136,7 +145,7 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     gradient, here among the block's unsharded gradients); FSDP1's are its concatenation and one b·s·h gradient."""
     second = _layout_tables(lambda p, lay: par_fsdp.fsdp_second_block(arch, p, lay), precs, layouts, sizes, (0, 5))
     last = _layout_tables(lambda p, lay: par_fsdp.fsdp_last_block(arch, p, lay), precs, layouts, sizes, (0, 5))
-    fsdp1 = any(lay.fsdp_version == 1 for lay in layouts)
+    fsdp1 = any(par_fsdp.fsdp1_applies(arch, lay) for lay in layouts)
     if (second is None and last is None) or ("none" not in c_names and not fsdp1) or len(bwd_start) < 2:
         return []
     nA, nC = len(a_names), len(c_names)
@@ -147,8 +156,9 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     layer_temp[..., 0] = np.where(none[..., 0] > 0, 0, layer_temp[..., 0])
     hidden = _hidden(arch, precs, sizes)
 
-    def moment(weights, temp, flat, grads=0, acts=None) -> tuple:
-        v1 = flat[..., :1]  # FSDP1's rows, checkpointed or not
+    def moment(weights, temp, stage: int, grads=0, acts=None) -> tuple:
+        v1 = _fsdp1_rows(arch, precs, layouts, sizes, stage)  # FSDP1's rows, checkpointed or not
+        v1 = 0 if v1 is None else v1
         flag = none + v1 - none * v1  # the rows the moment applies to
         return ("backward", dict(states, **{
             C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
@@ -158,12 +168,12 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     out = []
     if second is not None:  # the top layer's saved activations and the head's freed by then
         head = lift(terms_array([act.head_saved(arch, p, device) for p in precs], (len(precs),)), (0,), sizes)
-        weights, temp, flat = second
-        out.append(moment(weights, temp, flat, acts=lambda v1: saved - layer - head))
+        weights, temp = second
+        out.append(moment(weights, temp, 2, acts=lambda v1: saved - layer - head))
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
-        weights, grads, temp, flat = last
+        weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
-        out.append(moment(weights, temp, flat, grads, acts=lambda v1: inputs + layer + rope * v1))
+        out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1))
     return out
 
 

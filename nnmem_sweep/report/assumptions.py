@@ -15,7 +15,7 @@ from ..components.overhead import has_convolutions, modelled
 from ..components.runtime import nccl_bytes
 from ..replays import DEFAULT_NOTE
 from ..parallel import states  # noqa: F401  (registers the stated assumptions _stated reads)
-from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, deepspeed_layouts
+from ..parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, deepspeed_layouts, fsdp_versions
 from ..scenario import Scenario
 from ..units import parse_size
 from .format import DASH, gib, percent
@@ -125,7 +125,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                         "per decoder block and at the root, use_orig_params False: one flat parameter per unit, the "
                         "optimizer over the rank's flat shards; Qwen3 0.6B over 2 ranks, both strategies, "
                         "accumulating too: every phase to the byte)."
-                        if 1 in {int(v) for v in axes.get(C.FSDP_VERSION, (2,))} else ""))
+                        if 1 in fsdp_versions(axes) else ""))
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
             items.append(_UNSYNCED_TEXT)
         return items
@@ -146,7 +146,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                 "backward), ZeRO-3 as FULL_SHARD (the shard, the root unsharded from forward to backward, one "
                 "block's all-gather at the loss, two blocks in the rest of the backward); each block resharded after "
                 "its backward, the embedding's backward holding the blocks' gradient shards and two reduce-scatter "
-                "inputs. " + (_FSDP1_TEXT if 1 in {int(v) for v in axes.get(C.FSDP_VERSION, (2,))} else
+                "inputs. " + (_FSDP1_TEXT if 1 in fsdp_versions(axes) else
                               "FSDP1 (FullyShardedDataParallel, accelerate's default) holds other bytes: "
                               "parallel.fsdp_version 1 models it."))
         items += [

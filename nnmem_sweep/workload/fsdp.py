@@ -122,6 +122,26 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+@contextlib.contextmanager
+def gradient_sync_off(model: torch.nn.Module) -> Iterator[None]:
+    """accelerate's no_sync for the duration: the micro-batches before the last keep their whole unsharded
+    gradients. FSDP2: set_requires_gradient_sync(False), then True again; FSDP1: FullyShardedDataParallel.no_sync();
+    an unsharded model: nothing."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif isinstance(model, FullyShardedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
 class LocalShardOptimizer:
     """A torch optimizer over the rank's local shards of FSDP2's DTensor parameters (module docstring): before each
     step their gradients' local shards are handed to it, after the step let go again (the DTensor gradients keep

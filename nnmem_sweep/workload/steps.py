@@ -14,6 +14,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .fsdp import gradient_sync_off
+
 
 @contextlib.contextmanager
 def unpacked_sequences():
@@ -110,6 +112,28 @@ def _autocast(dtype: torch.dtype | None, device: str):
     return torch.autocast(device, dtype=dtype)
 
 
+def _micro_batch(w: Workload, rec: Phases, step: int) -> None:
+    """One forward (only the loss kept) and backward of a training step, each a phase of `rec`."""
+    with rec.phase("forward", step):
+        with _autocast(w.autocast_dtype, device_type(w.model)):
+            if w.kind == "preference":  # the policy may run twice (its reference: adapters off)
+                loss = w.loss_fn(w.model, w.inputs, getattr(rec, "second_call", lambda: None))
+            elif w.loss_fn is not None:
+                loss = w.loss_fn(w.model, w.inputs)
+            else:
+                out = w.model(**w.inputs)
+                loss = out.loss
+                del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
+    with rec.phase("backward", step):
+        if not BACKWARD_RAN:
+            BACKWARD_RAN.append(True)
+        if w.backward is not None:
+            w.backward(loss)
+        else:
+            loss.backward()
+        del loss
+
+
 def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
     """Run the workload itself, phase by phase: `w.steps` training steps (`w.accum` forward and backward passes each,
     the gradients accumulating; forward keeping only the loss, backward,
@@ -127,32 +151,10 @@ def run_steps(w: Workload, rec: Phases) -> dict[str, int]:
             for micro in range(w.accum):  # the gradients of a micro-batch stay for the next to accumulate into
                 if micro:
                     rec.step_done()  # MemTracker's module records are per forward call
-                if w.grad_sync == "last" and hasattr(w.model, "set_requires_gradient_sync"):
-                    # FSDPModule.set_requires_gradient_sync: accelerate's no_sync (an unsharded model: nothing)
-                    w.model.set_requires_gradient_sync(micro == w.accum - 1)
-                # FSDP1's FullyShardedDataParallel.no_sync() around the micro-batches before the last (the same
-                # no_sync of accelerate): its unsharded flat gradients accumulate until the last one reduce-scatters
-                held = w.grad_sync == "last" and micro < w.accum - 1 and \
-                    not hasattr(w.model, "set_requires_gradient_sync") and hasattr(w.model, "no_sync")
-                with w.model.no_sync() if held else contextlib.nullcontext():
-                    with rec.phase("forward", step):
-                        with _autocast(w.autocast_dtype, device_type(w.model)):
-                            if w.kind == "preference":  # the policy may run twice (its reference: adapters off)
-                                loss = w.loss_fn(w.model, w.inputs, getattr(rec, "second_call", lambda: None))
-                            elif w.loss_fn is not None:
-                                loss = w.loss_fn(w.model, w.inputs)
-                            else:
-                                out = w.model(**w.inputs)
-                                loss = out.loss
-                                del out  # HF Trainer keeps only the loss into backward (MEASURING.md pitfall 5)
-                    with rec.phase("backward", step):
-                        if not BACKWARD_RAN:
-                            BACKWARD_RAN.append(True)
-                        if w.backward is not None:
-                            w.backward(loss)
-                        else:
-                            loss.backward()
-                        del loss
+                # accelerate's no_sync before the last micro-batch: FSDP's unsharded gradients kept until it syncs
+                held = w.grad_sync == "last" and micro < w.accum - 1
+                with gradient_sync_off(w.model) if held else contextlib.nullcontext():
+                    _micro_batch(w, rec, step)
             totals["grad_bytes"] = storage_bytes(p.grad for p in w.model.parameters())
             if w.optimizer is None:  # the derive package's probe: forward and backward of one step, grads kept
                 rec.step_done()
