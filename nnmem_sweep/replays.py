@@ -327,7 +327,7 @@ def _replayable(sc: Scenario):
         return False, DEEPSPEED_NOTE
     if sc.parallel and not traced_ranks(sc):
         # a traced sequence is one GPU's whole step, not a rank's share of a layout (FSDP's layouts: their rank's
-        # step is traced, a hand-modelled family's by its derived twin, `nnmem-sweep derive` CONFIG)
+        # step is traced, a hand-modelled family's by its derived twin: `nnmem-sweep derive CONFIG`)
         return False, ("not replayed: the traced allocation sequences are of one GPU, not of a parallel layout's "
                        "rank; " + DEFAULT_NOTE)
     twin = derived_twin(sc.model)

@@ -213,7 +213,7 @@ def test_a_hand_modelled_fsdp_layout_replays_its_twins_rank_once_derived():
             "optimizer: adamw}\nparallel: {data_parallel: 2, zero_stage: 3, fsdp_version: [1, 2]}\ngpus: [h100-sxm]\n")
     with stored_only():
         note = with_replayed_reserve(parse_scenario_text(text)).overheads.reserve_note
-    assert note.startswith("not replayed: Llama 3.2 1B") and "derive it with `nnmem-sweep derive`" in note
+    assert note.startswith("not replayed: Llama 3.2 1B") and "derive it with `nnmem-sweep derive CONFIG`" in note
     tp = text.replace("data_parallel: 2, zero_stage: 3, fsdp_version: [1, 2]", "tensor_parallel: 2")
     note = with_replayed_reserve(parse_scenario_text(tp)).overheads.reserve_note
     assert note.startswith("not replayed: the traced allocation sequences are of one GPU")

@@ -79,7 +79,7 @@ def progress_shown() -> bool:
 
 def _need_torch() -> None:
     if _STORED_ONLY:
-        raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive`, or `make derive`)")
+        raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive CONFIG`, or `make derive`)")
     import importlib.util
 
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
@@ -122,7 +122,7 @@ def _maker(source: ModelSource, what: tuple, progress: bool = False):
 
     def traced() -> dict:
         if _STORED_ONLY:
-            raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive`, or `make derive`)")
+            raise DerivationError("no stored plan for it (derive it with `nnmem-sweep derive CONFIG`, or `make derive`)")
         return side.traced(source, what, progress and progress_shown())
 
     return traced

@@ -105,7 +105,8 @@ _FSDP1_TEXT = (
     "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
     "use_orig_params False, and True under FULL_SHARD, accumulating with its no_sync() or without; every phase "
     "within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
-    "stream's work completes: that is in the allocator reserve, not replayed for a parallel layout.")
+    "stream's work completes: the allocator reserve does not model that (a replayed FSDP1 rank runs on one "
+    "stream).")
 
 
 def _parallel_assumptions(sc: Scenario) -> list[str]:
