@@ -116,11 +116,12 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return model
     if deepspeed:
         return _under_deepspeed(data, model, ft, ck)
-    if _fsdp1(parallel):
-        ck.add("parallel.fsdp_version", f"finetune method {ft.method} under FSDP1 is not modelled: FSDP1 leaves the "
-                                        "frozen base's root and a block unsharded after the backward, which the "
-                                        "traced plan does not yet hold (tests/data/truth/FINDINGS.md); use "
-                                        "fsdp_version 2", key=True)
+    if _fsdp1(parallel) and ft.method == "qlora":
+        ck.add("parallel.fsdp_version", "finetune method qlora under FSDP1 is not modelled: FSDP1 cannot flatten "
+                                        "bitsandbytes' uint8 4-bit storage ('Cannot flatten integer dtype "
+                                        "tensors'; it runs with bnb_4bit_quant_storage set to the compute dtype "
+                                        "and every other weight in it, another recipe); use fsdp_version 2",
+               key=True)
         return model
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)

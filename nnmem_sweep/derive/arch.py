@@ -144,15 +144,24 @@ def sharded(arch: Architecture, world: int, stage: int, version: int = 2) -> Arc
 def _flat_shards(tensors: tuple, world: int) -> tuple:
     """FSDP1's flat parameters on one rank (use_orig_params False, a unit per decoder block and the root): the
     blocks' tensors (the card's repeated ones, `*` in their names) flattened into one per block, the rest into the
-    root's, each padded to a multiple of `world` and cut into `world` shards."""
+    root's, each padded to a multiple of `world` and cut into `world` shards. Under peft's adapters (a frozen base)
+    the wrap the Trainer takes (peft's fsdp_auto_wrap_policy): every trainable leaf module a unit of its own, so each
+    trainable tensor is a flat parameter of its own (its module's bias, where it has one, counted apart), and the
+    flat ones of the blocks and the root hold the frozen tensors alone."""
+    import dataclasses
+
     from .card import TensorInfo
 
-    blocks = [t for t in tensors if "*" in t.name]
+    frozen = [t for t in tensors if not t.trainable]
+    base = frozen if frozen else list(tensors)
+    blocks = [t for t in base if "*" in t.name]
     n_blocks = max((t.count for t in blocks), default=0)
     block = -(-sum(t.count * math.prod(t.shape) for t in blocks) // n_blocks) if n_blocks else 0
-    root = sum(t.count * math.prod(t.shape) for t in tensors if "*" not in t.name)
-    out = [TensorInfo(name="_fsdp_wrapped_module.flat_param", shape=(-(-root // world),))]
+    root = sum(t.count * math.prod(t.shape) for t in base if "*" not in t.name)
+    out = [TensorInfo(name="_fsdp_wrapped_module.flat_param", shape=(-(-root // world),), trainable=not frozen)]
     if block:
         out.append(TensorInfo(name="layers.*._fsdp_wrapped_module.flat_param", shape=(-(-block // world),),
-                              count=n_blocks))
+                              count=n_blocks, trainable=not frozen))
+    if frozen:
+        out += [dataclasses.replace(t, shape=(-(-math.prod(t.shape) // world),)) for t in tensors if t.trainable]
     return tuple(out)

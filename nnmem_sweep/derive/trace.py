@@ -199,6 +199,14 @@ class Recorder(TorchDispatchMode):
             if sid is not None:
                 self._external.setdefault(sid, kind)
 
+    def release(self, t: torch.Tensor) -> None:
+        """Record the free of a live tensor's storage now, as the run on a GPU frees it where the traced run cannot
+        (step.py _catch_all_reshard); the storage itself is left as it is."""
+        st = _local(t).untyped_storage()
+        sid = self._ids.get(id(st))
+        if sid is not None and self._refs[sid]() is st:
+            self._freed(sid, id(st))
+
     def storage_id(self, t: torch.Tensor) -> int | None:
         """Our id of a live tensor's storage (None if never seen)."""
         sid = self._ids.get(id(_local(t).untyped_storage()))

@@ -254,11 +254,15 @@ SHARDED_CASES: list[dict[str, Any]] = [
     {**_fsdp(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
 ] + [  # a family planned from its own code under FSDP1 (its rank's step traced the same way: derive/arch.py sharded)
     _fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, z) for z in (3, 2)
-] + [  # ... and LoRA on it, wrapped as the Trainer wraps it (peft's fsdp_auto_wrap_policy: workload/fsdp.py), measured
-    # but not modelled (FINDINGS.md): the estimate comparisons leave it out (accuracy.load_cases)
-    {**_fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, z),
-     "not_modelled": "adapters under FSDP1: the frozen base's root and a block stay unsharded after the backward"}
-    for z in (3, 2)
+] + [  # ... and LoRA on it, wrapped as the Trainer wraps it (peft's fsdp_auto_wrap_policy: workload/fsdp.py): the
+    # frozen base's root and first block stay unsharded after the backward (FINDINGS.md)
+    _fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, z) for z in (3, 2)
+] + [  # ... its FSDP2 twin under SHARD_GRAD_OP, and a hand-modelled family's adapters under both versions (the Trainer's
+    # wrap; its rank's step traced the same way): what FSDP1 holds beside FSDP2's moments (FINDINGS.md)
+    _fsdp(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32), 2, 2),
+] + [f(_lora("llama-3.2-1b", 2, 1024, "bf16", 16, QV, ckpt=ck), 2, z) for f in (_fsdp, _fsdp1) for z in (3, 2)
+     for ck in ("none", "full")
+] + [f(_lora("llama-3.1-8b", 2, 128, "bf16", 16, QV), 8, 3) for f in (_fsdp, _fsdp1)
 ] + [  # other hand-modelled families under FSDP (a 4-layer Mixtral: MoE blocks; GPT-2 medium: Conv1D, learned
     # positions, a tied head): what the Llama-measured moments miss there (FINDINGS.md)
     f(_train(m, 2, s, "bf16"), 2, 3) for m, s in (("mixtral-small", 512), ("gpt2-medium", 1024))

@@ -64,3 +64,21 @@ def test_stepping_the_local_shards_is_what_a_dtensor_step_allocates(impl, monkey
     monkeypatch.setattr(build.fsdp, "is_sharded", lambda model: False)  # build_optimizer: over the DTensors
     dtensor = measure_case(case, fake=False)
     assert _phases(local) == _phases(dtensor)
+
+
+@pytest.mark.parametrize("stage, ckpt", [(3, "none"), (2, "full")])
+def test_fsdp1_reshards_a_frozen_base_on_real_tensors_and_not_on_fake_ones(stage, ckpt):
+    """Adapters under FSDP1 (workload/fsdp.py, peft's wrap): FSDP1's catch-all reshard at the end of the backward
+    takes a unit whose flat parameter's data pointer is its local shard's for resharded already, and every fake
+    tensor's data pointer is 0. So under FakeTensorMode the root (embedding 4000 x 256, untied head, final norm:
+    2,048,256 bf16 values) and the first block (786,944, whose inputs need no gradient unless checkpointing makes
+    them) stay unsharded into the optimizer step, where real tensors reshard them; forward and backward agree
+    exactly (derive/step.py _catch_all_reshard frees them in the traced step as the GPU does)."""
+    case = _case(2, stage, ckpt=ckpt, lora=True)
+    case["fsdp"]["version"] = 1
+    fake, real = measure_case(case, fake=True), measure_case(case, fake=False)
+    held = 2 * (2_048_256 + (786_944 if ckpt == "none" else 0))
+    for phase in ("forward", "backward"):
+        assert fake["phases"][phase]["peak_bytes"] == real["phases"][phase]["peak_bytes"], phase
+    assert fake["phases"]["optimizer"]["peak_bytes"] - real["phases"]["optimizer"]["peak_bytes"] == held
+    assert fake["phases"]["backward"]["end_bytes"] - real["phases"]["backward"]["end_bytes"] == held
