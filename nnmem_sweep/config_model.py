@@ -116,13 +116,6 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return model
     if deepspeed:
         return _under_deepspeed(data, model, ft, ck)
-    if _fsdp1(parallel) and ft.method == "qlora":
-        ck.add("parallel.fsdp_version", "finetune method qlora under FSDP1 is not modelled: FSDP1 cannot flatten "
-                                        "bitsandbytes' uint8 4-bit storage ('Cannot flatten integer dtype "
-                                        "tensors'; it runs with bnb_4bit_quant_storage set to the compute dtype "
-                                        "and every other weight in it, another recipe); use fsdp_version 2",
-               key=True)
-        return model
     sharded = bool(parallel) and L.fsdp_only(parallel) and not accumulation_only(parallel)
     if FM.hand_modelled(model, ft) and not sharded:  # sharded: its rank's step traced (the derived twin)
         return _with_hand_adapters(model, ft, ck)
@@ -137,12 +130,6 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
         return model
-
-
-def _fsdp1(parallel: dict) -> bool:
-    """Whether any layout of a `parallel:` block is FSDP1's (fsdp_version 1 at zero_stage 2 or 3)."""
-    p = parallel or {}
-    return 1 in L.fsdp_versions(p) and any(int(z) >= 2 for z in p.get(C.ZERO_STAGE, ()))
 
 
 def _off_adapter_layouts(parallel: dict) -> str:

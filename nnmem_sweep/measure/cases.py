@@ -263,6 +263,9 @@ SHARDED_CASES: list[dict[str, Any]] = [
 ] + [f(_lora("llama-3.2-1b", 2, 1024, "bf16", 16, QV, ckpt=ck), 2, z) for f in (_fsdp, _fsdp1) for z in (3, 2)
      for ck in ("none", "full")
 ] + [f(_lora("llama-3.1-8b", 2, 128, "bf16", 16, QV), 8, 3) for f in (_fsdp, _fsdp1)
+] + [  # FSDP-QLoRA under FSDP1 (bitsandbytes' quant storage in the model's dtype, no fp32 cast: workload/qlora.py)
+    _fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"), 4, 3),
+    _fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora"), 2, 3),
 ] + [  # other hand-modelled families under FSDP (a 4-layer Mixtral: MoE blocks; GPT-2 medium: Conv1D, learned
     # positions, a tied head): what the Llama-measured moments miss there (FINDINGS.md)
     f(_train(m, 2, s, "bf16"), 2, 3) for m, s in (("mixtral-small", 512), ("gpt2-medium", 1024))

@@ -123,6 +123,13 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
                           "by default; measured with MemTracker, the optimizer over the rank's "
                           f"{'views of its flat parameters' if orig else 'flat parameters'} (workload/fsdp.py "
                           "_shard_fsdp1).")
+        if (case.get("finetune") or {}).get("method") == "qlora":
+            rec["method"] += (" QLoRA as FSDP-QLoRA: bitsandbytes' quant storage in the model's dtype, which FSDP1 "
+                              "can flatten, the rest of the model left in it (workload/qlora.py).")
+        if case.get("finetune"):
+            rec["method"] += (" Fake tensors keep the frozen root and first block unsharded after the backward: "
+                              "FSDP1's catch-all reshard reads every fake data pointer (0) as its shard's "
+                              "(tests/data/truth/FINDINGS.md).")
     elif case.get("fsdp"):
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP2's fully_shard per decoder block and at the root (reshard after forward: "

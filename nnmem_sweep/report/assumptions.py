@@ -130,7 +130,9 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                         "and first block, which no gradient hook reshards, are freed at the end of the backward, as "
                         "FSDP1's catch-all reshard frees them on a GPU (a fake-tensor run keeps them: "
                         "tests/data/truth/FINDINGS.md); Qwen3 0.6B, Llama 3.2 1B and 3.1 8B: forward and backward "
-                        "as measured.)"
+                        "as measured. QLoRA under FSDP1 is FSDP-QLoRA: bitsandbytes' quant storage in the model's "
+                        "dtype (FSDP1 flattens a unit into one float dtype) and the rest of the model left in it, "
+                        "not cast to fp32.)"
                         if 1 in fsdp_versions(axes) else ""))
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
             items.append(_UNSYNCED_TEXT)
@@ -266,7 +268,12 @@ def _finetune_assumptions(sc: Scenario) -> list[str]:
                      "compute dtype for F.linear, and again for the input's gradient, nothing of the input kept. "
                      f"Below {BNB_CUDA_DEQUANT_ROWS:,} rows bitsandbytes may pick a fused kernel without the dequantized "
                      "copy: the estimate then counts one matrix too many, briefly. Measured on the CPU under "
-                     "MemTracker with bitsandbytes' own storage (its 4-bit CUDA kernels themselves are not run).")
+                     "MemTracker with bitsandbytes' own storage (its 4-bit CUDA kernels themselves are not run)."
+                     + (" Layouts with fsdp_version 1 run FSDP-QLoRA instead: FSDP1 flattens a unit into one float "
+                        "dtype, so the 4-bit bytes are stored as elements of the model's dtype "
+                        "(bnb_4bit_quant_storage) and every other parameter stays in it (TRL's SFTTrainer skips "
+                        "prepare_model_for_kbit_training for a sharded QLoRA)."
+                        if sc.parallel and 1 in fsdp_versions(axis_values(sc)) else ""))
     return items
 
 

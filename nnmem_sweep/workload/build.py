@@ -234,11 +234,12 @@ ADAPTER_DTYPES = ("fp32", "model")  # peft's autocast_adapter_dtype=True (fp32 a
 
 
 def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool,
-              compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+              compute_dtype: torch.dtype | None = None, flat: bool = False) -> torch.nn.Module:
     """The model as peft's get_peft_model(LoraConfig(...)) returns it: base frozen, adapters trainable, the modules
     named in modules_to_save copied and trained whole (peft's ModulesToSaveWrapper). QLoRA: the base's linears in
     NF4 first and the rest in fp32, as BitsAndBytesConfig and prepare_model_for_kbit_training leave it (qlora.py;
-    compute_dtype: bnb_4bit_compute_dtype, the recipe's activation dtype)."""
+    compute_dtype: bnb_4bit_compute_dtype, the recipe's activation dtype); `flat` (sharded by FSDP1, which
+    flattens a unit into one float dtype): FSDP-QLoRA's storage in the model's dtype, the rest left in it."""
     from peft import LoraConfig, get_peft_model
 
     method = spec.get("method", "lora")
@@ -248,7 +249,8 @@ def wrap_lora(model: torch.nn.Module, spec: dict[str, Any], fake: bool,
         if not qlora.available():
             raise ValueError("finetune method qlora is traced through bitsandbytes' 4-bit storage; install it "
                              "(pip install 'nnmem-sweep[measure]')")
-        model = qlora.quantize(model, compute_dtype or torch.get_default_dtype())
+        model = qlora.quantize(model, compute_dtype or torch.get_default_dtype(),
+                               next(model.parameters()).dtype if flat else torch.uint8)
     adapter_dtype = spec.get("adapter_dtype", "fp32")
     if adapter_dtype not in ADAPTER_DTYPES:
         raise ValueError(f"adapter_dtype {adapter_dtype!r} not in {ADAPTER_DTYPES}")
@@ -346,7 +348,8 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
     model = build_hf_model(cfg, case.get("attention", "flash"), case.get("checkpointing", "none"),
                            case["mode"] == "train")
     if "finetune" in case:
-        model = wrap_lora(model, case["finetune"], fake, compute_dtype(case.get("precision", "fp32")))
+        model = wrap_lora(model, case["finetune"], fake, compute_dtype(case.get("precision", "fp32")),
+                          flat=int((case.get("fsdp") or {}).get("version", 2)) == 1)
     if case.get("fsdp"):  # one rank of an FSDP2-sharded step (inside fsdp.fake_process_group: sharding())
         model = fsdp.shard(model, case["fsdp"])
     return model

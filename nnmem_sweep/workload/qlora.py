@@ -80,15 +80,16 @@ def _linear4bit_class():
         docstring); forward as Linear4bit.forward: the input cast to the compute dtype, the output back to the
         input's dtype."""
 
-        def __init__(self, linear: torch.nn.Linear, compute_dtype: torch.dtype):
+        def __init__(self, linear: torch.nn.Linear, compute_dtype: torch.dtype,
+                     storage: torch.dtype = torch.uint8):
             torch.nn.Module.__init__(self)
             self.in_features, self.out_features = linear.in_features, linear.out_features
             packed, state = bnb.functional.quantize_4bit(linear.weight.detach(), blocksize=BLOCKSIZE,
                                                          compress_statistics=True, quant_type=QUANT_TYPE,
-                                                         quant_storage=torch.uint8)
+                                                         quant_storage=storage)
             weight = torch.nn.Parameter(packed, requires_grad=False)
             for k, v in {"quant_state": state, "quant_type": QUANT_TYPE, "compress_statistics": True,
-                         "blocksize": BLOCKSIZE, "quant_storage": torch.uint8, "bnb_quantized": True,
+                         "blocksize": BLOCKSIZE, "quant_storage": storage, "bnb_quantized": True,
                          "module": self}.items():
                 setattr(weight, k, v)
             self.weight = weight
@@ -96,7 +97,7 @@ def _linear4bit_class():
             self.compute_dtype, self.compute_type_is_set = compute_dtype, True
             # on the module too, as bitsandbytes keeps it for FSDP (fix_4bit_weight_quant_state_from_module): a
             # sharded weight's unsharded copy is a new tensor without it
-            self.quant_state, self.quant_storage = state, torch.uint8
+            self.quant_state, self.quant_storage = state, storage
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             inp_dtype = x.dtype
@@ -108,14 +109,14 @@ def _linear4bit_class():
     return TracedLinear4bit
 
 
-def _on_cuda(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
+def _on_cuda(linear: torch.nn.Linear, compute_dtype: torch.dtype, storage: torch.dtype) -> torch.nn.Module:
     """On a GPU (the GPU kit) bitsandbytes' own Linear4bit, quantized where it lies, its own kernels measured."""
     bnb = _bnb()
     q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                           compute_dtype=compute_dtype, compress_statistics=True, quant_type=QUANT_TYPE,
-                          device=linear.weight.device)
+                          quant_storage=storage, device=linear.weight.device)
     q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, compress_statistics=True,
-                                 quant_type=QUANT_TYPE, blocksize=BLOCKSIZE)
+                                 quant_type=QUANT_TYPE, blocksize=BLOCKSIZE, quant_storage=storage)
     if linear.bias is not None:
         q.bias = torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
     return q.to(linear.weight.device)
@@ -140,23 +141,28 @@ def _dynamic_table() -> Iterator[None]:
             F.name2qmap["dynamic"] = saved
 
 
-def quantize(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+def quantize(model: torch.nn.Module, compute_dtype: torch.dtype,
+             storage: torch.dtype = torch.uint8) -> torch.nn.Module:
     """Every nn.Linear of `model` but its output embedding in NF4 (in place), then prepare_model_for_kbit_training's
-    fp32 cast and freeze (module docstring). Returns the model."""
+    fp32 cast and freeze (module docstring). Returns the model. `storage` a float dtype: FSDP-QLoRA as bitsandbytes,
+    peft and TRL set it up for FSDP1 (which flattens a unit into one float dtype): bnb_4bit_quant_storage and the
+    model's dtype alike, the packed bytes held as elements of that dtype, and no fp32 cast (TRL's SFTTrainer skips
+    prepare_model_for_kbit_training for a sharded QLoRA): the base frozen in its own dtype."""
     cls = _linear4bit_class()
     skip = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     with _dynamic_table():
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is torch.nn.Linear and child is not skip:
-                    four = _on_cuda(child, compute_dtype) if child.weight.is_cuda else cls(child, compute_dtype)
+                    four = _on_cuda(child, compute_dtype, storage) if child.weight.is_cuda else \
+                        cls(child, compute_dtype, storage)
                     setattr(parent, name, four)
     cast: dict[int, torch.nn.Parameter] = {}  # prepare_model_for_kbit_training: frozen, the 16-bit rest in fp32
     for mod in model.modules():  # (a new Parameter per tensor, ties kept: Module.to cannot swap a fake one)
         for name, p in list(mod._parameters.items()):
             if p is None:
                 continue
-            if p.dtype in (torch.float16, torch.bfloat16):
+            if p.dtype in (torch.float16, torch.bfloat16) and storage == torch.uint8:
                 if id(p) not in cast:
                     cast[id(p)] = torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=False)
                 p = mod._parameters[name] = cast[id(p)]
