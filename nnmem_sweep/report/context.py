@@ -15,6 +15,7 @@ import pandas as pd
 
 from .. import columns as C
 from ..components import finetune as F
+from ..parallel.layout import fsdp_versions
 from ..runner import plan_stack
 from ..scenario import Scenario
 from . import charts
@@ -25,7 +26,7 @@ from .cluster import section as cluster_section
 from .decision import decision
 from .figures import breakdown_chart, memory_vs_batch_chart
 from .format import COMPONENT_LABELS
-from .points import reference_point, usable_by_gpu
+from .points import axis_values, reference_point, usable_by_gpu
 from .provenance import Provenance
 from .serving import section as serving_section
 from .tables import HEATMAP_MAX_ROWS, layout_note, max_batch_tables
@@ -38,7 +39,11 @@ def _finetune_text(sc: Scenario) -> str:
     if ft is None or not ft.adapters:
         return ""
     targets, params = F.trained(sc.model, ft)
-    base = ("NF4 (4-bit, double-quantised block scales), the rest fp32" if ft.method == "qlora"
+    versions = fsdp_versions(axis_values(sc)) if sc.parallel else {2}
+    # FSDP1 runs FSDP-QLoRA: the rest of the model left in its dtype (workload/qlora.py)
+    rest = {frozenset({2}): "fp32", frozenset({1}): "in the recipe's dtype (FSDP-QLoRA, FSDP1)"}.get(
+        frozenset(versions), "fp32 (FSDP2), in the recipe's dtype under FSDP1 (FSDP-QLoRA)")
+    base = (f"NF4 (4-bit, double-quantised block scales), the rest {rest}" if ft.method == "qlora"
             else "frozen in the recipe's dtype")
     return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "
             f"{ft.dropout:g}) on {targets}, adapters {ft.adapter_dtype}: {params:,} trainable "
