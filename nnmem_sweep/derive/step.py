@@ -94,7 +94,8 @@ def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
         ext = tr.external.get(sid)
         if ext == PARAM and sid in freed:
             # a parameter storage the step frees and may make again (FSDP1's unsharded flat parameter of a frozen
-            # unit, left gathered by the step before: resharded after its forward, gathered again in backward):
+            # unit, left gathered by the fake warm-up: resharded after its forward, gathered again in backward,
+            # freed by the catch-all reshard):
             # weights whose bytes change within the step, counted per moment (BUFFER's live bytes, the weights
             # column), not in the constant W'; its first registration and every re-allocation alike
             kinds.append(BUFFER)
@@ -234,10 +235,10 @@ def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) 
 
     small = dict(case, batch=1, seq_len=min(int(case.get("seq_len") or 8), 8))
     if int(case["fsdp"].get("version", 2)) == 1:
-        # FSDP1 leaves a frozen unit unsharded after its backward (a base under adapters: its flat parameter's
-        # post-backward hook never runs; tests/data/truth/FINDINGS.md), its parameter then a view of the unsharded
-        # storage, while the rank's local shard stays allocated: the shards as they are before the first step, so
-        # that run() registers them too (the same storages wherever a unit is sharded again)
+        # on fake tensors FSDP1 leaves a frozen unit unsharded after its backward (a base under adapters: no
+        # post-backward hook of its own, and the catch-all reshard skipped: _catch_all_reshard), its parameter then
+        # a view of the unsharded storage, while the rank's local shard stays allocated: the shards as they are
+        # before the first step, so that run() registers them too (the same storages wherever a unit is resharded)
         model._nnmem_shards = [p.detach() for p in model.parameters()]
     with default_dtype(model_dtype(case["precision"])):
         w = make_workload(small, cfg, model, None)
