@@ -47,10 +47,11 @@ def test_every_phase_of_a_rank_within_16_kib(case):
 def test_a_short_sequence_peaks_past_the_loss_and_is_held_to_it(case):
     """Past the loss (parallel/fsdp.py fsdp_backward_end, fsdp_second_block, fsdp_last_block). Llama 3.2 1B under
     FULL_SHARD peaks at the embedding's backward: to the byte but 264 B. Llama 3.1 8B (untied head) under FULL_SHARD
-    peaks at the last block's backward, SHARD_GRAD_OP at the second block's, every block but the top one still
-    unsharded: 0.14-0.38 % high (one GPU's top-layer temporaries stand for the block's). Before, SHARD_GRAD_OP kept
-    every block unsharded to the end (1B: +16 % at 2 ranks, +11 % at 4) and FULL_SHARD's later moments carried no
-    gradients (8B: -12.9 %; 1B: -2.0 %, -6.0 %)."""
+    peaks at block 1's backward: 0.03 % low, the moment as traced there (L - 2 gradient shards, the layer's
+    temporaries twice; it was 0.31 % high with one shard more and the temporaries once); SHARD_GRAD_OP at the second
+    block's, every block but the top one still unsharded: 0.14 % high (one GPU's top-layer temporaries stand for the
+    block's). Before, SHARD_GRAD_OP kept every block unsharded to the end (1B: +16 % at 2 ranks, +11 % at 4) and
+    FULL_SHARD's later moments carried no gradients (8B: -12.9 %; 1B: -2.0 %, -6.0 %)."""
     est, stage = A.estimate_case(case), case["inputs"]["fsdp"]["zero_stage"]
     for phase, m in case["measured"]["phases"].items():
         tol = 0.005 * m["peak_bytes"] if phase == "backward" else 16 * 1024
@@ -59,6 +60,8 @@ def test_a_short_sequence_peaks_past_the_loss_and_is_held_to_it(case):
             # block's all-gather outputs, fsdp_first_block) to 67 KB, SHARD_GRAD_OP's last block not placed (52 MB
             # low); below the backward in the measurement and in the estimate (asserted below)
             tol = 0.0025 * m["peak_bytes"]
+        if case["inputs"]["model"] == "llama-3.1-8b" and stage == 3 and phase == "backward":
+            tol = 0.0005 * m["peak_bytes"]  # block 1's moment as traced
         assert abs(est["phases"][phase] - m["peak_bytes"]) <= tol, phase
     assert est["peak_phase"] == case["measured"]["peak_phase"] == "backward"
 
@@ -115,14 +118,14 @@ def test_fsdp1_as_accelerate_wraps_it_every_phase_within_16_kib(case):
 def test_fsdp1_is_not_fsdp2():
     """The version matters: Llama 3.1 8B over 8 ranks with FULL_SHARD, traced as FSDP1, holds 14,071,660,172 B at
     the root's flat-gradient concatenation (2·root, the root the embedding and the untied head: 2 x 2,101,354,496 B);
-    FSDP2's estimate of the same layout is 9.9 % lower there and 8.7 % higher in the forward (FSDP2 keeps the first
+    FSDP2's estimate of the same layout is 10.2 % lower there and 8.7 % higher in the forward (FSDP2 keeps the first
     block's all-gather outputs beside the root's)."""
     case = next(c for c in FSDP1 if c["case_id"] == "llama-3.1-8b-fsdp1w8z3-train-bf16-adamw-b2-s128")
     as_fsdp2 = {**case, "inputs": {**case["inputs"], "fsdp": {**case["inputs"]["fsdp"], "version": 2}}}
     m, v1, v2 = case["measured"]["phases"], A.estimate_case(case), A.estimate_case(as_fsdp2)
     assert m["backward"]["peak_bytes"] == 14_071_660_172
     assert abs(v1["phases"]["backward"] - m["backward"]["peak_bytes"]) <= 1024
-    assert v2["phases"]["backward"] / m["backward"]["peak_bytes"] == pytest.approx(0.9006, abs=1e-3)
+    assert v2["phases"]["backward"] / m["backward"]["peak_bytes"] == pytest.approx(0.8975, abs=1e-3)
     assert v2["phases"]["forward"] / m["forward"]["peak_bytes"] == pytest.approx(1.0865, abs=1e-3)
     # the forward's peak, FSDP1: the last block's output (all its parameters unsharded, every layer's saved)
     assert abs(v1["phases"]["forward"] - m["forward"]["peak_bytes"]) <= 1024
@@ -229,7 +232,7 @@ def test_a_scenario_with_both_versions_gives_the_measured_fsdp1_rank():
     """From a user's scenario (parallel.fsdp_version [1, 2]) to the truth: the FSDP1 row of Llama 3.1 8B over 8
     ranks with FULL_SHARD at 2 x 128 tokens peaks at the rank's measured bytes less the 4 B host-side `step` counter
     of each of its 33 flat parameters (a GPU's max_memory_allocated does not see them; the CPU trace does), and the
-    FSDP2 row of the same layout 1.4 GB lower."""
+    FSDP2 row of the same layout 1.44 GB lower."""
     from nnmem_sweep.config import parse_scenario_text
     from nnmem_sweep.runner import run_scenario
 
@@ -242,8 +245,8 @@ def test_a_scenario_with_both_versions_gives_the_measured_fsdp1_rank():
     case = next(c for c in FSDP1 if c["case_id"] == "llama-3.1-8b-fsdp1w8z3-train-bf16-adamw-b2-s128")
     measured = case["measured"]["peak_bytes"] - 4 * 33
     assert abs(int(rows.loc[1, "peak_allocated_bytes"]) - measured) <= 1024
-    # test_fsdp1_is_not_fsdp2's 1,398,717,952 B, less FSDP2's own counters (one per tensor, 291: 1,032 B more)
-    assert measured - int(rows.loc[2, "peak_allocated_bytes"]) == pytest.approx(1_398_717_952 + 1_032, abs=1024)
+    # test_fsdp1_is_not_fsdp2's 1,441,711,616 B, less FSDP2's own counters (one per tensor, 291: 1,032 B more)
+    assert measured - int(rows.loc[2, "peak_allocated_bytes"]) == pytest.approx(1_441_711_616 + 1_032, abs=1024)
 
 
 def test_a_rank_of_fsdp1_steps_its_flat_parameters():

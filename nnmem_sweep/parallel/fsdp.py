@@ -137,9 +137,10 @@ def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, in
 
 @formula("parallel.fsdp2_last_block",
          "FULL_SHARD at the last block's backward (no checkpointing): the blocks' moment less one block of "
-         "parameters (W/d + root + 1 block), + the other blocks' gradient shards, + 3 blocks (the block's unsharded "
-         "gradients, the reduce-scatter input before it, the prefetched all-gather output); of the activations the "
-         "inputs and one layer's saved",
+         "parameters (W/d + root + 1 block), + the other blocks' gradient shards (L - 2 in all), + 3 blocks (the "
+         "block's unsharded gradients, the reduce-scatter input before it, the prefetched all-gather output), + the "
+         "layer's temporaries once more (dense blocks: twice one GPU's top-layer term); of the activations the "
+         "inputs and one layer's saved. An MoE block: one gradient shard more and the temporaries once (1.8 % high)",
          FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there")
 def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
@@ -150,7 +151,11 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
         return 0, 0, 0
     u = _units(arch, prec, lay)
     norm = fsdp1_norm_gradient(arch, prec) if lay.fsdp1 else 0
-    return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + norm
+    # FSDP2's dense block: the L - 2 shards beside block 1's are the blocks' moment's one and L - 3 more (traced on
+    # Llama 3.1 8B); an MoE block keeps the moment as it was (L - 2 more: 1.8 % high on a 4-layer Mixtral, where
+    # L - 3 would leave it 1.3 % low: its experts' temporaries and saved activations there are not a dense layer's)
+    dense2 = not lay.fsdp1 and not arch.num_experts
+    return -u.block, (arch.layers - (3 if dense2 else 2)) * u.block_grad_shard, 3 * u.block + norm
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:
@@ -176,7 +181,7 @@ def fsdp1_norm_gradient(arch: Architecture, prec: Precision) -> int:
          FSDP1, where="block and root as in parallel.fsdp2_unsharded_parameters; b·s·h in the residual dtype",
          note="Measured on Llama 3.2 1B over 2 and 4 ranks (s128, s1024) and Llama 3.1 8B over 8 (s128), "
               "SHARD_GRAD_OP and FULL_SHARD: tests/data/truth/sharded/*-fsdp1w*. Llama 3.1 8B over 8 ranks with "
-              "FULL_SHARD holds 14,071,660,172 B at the root's concatenation, 9.9 % above FSDP2's estimate")
+              "FULL_SHARD holds 14,071,660,172 B at the root's concatenation; FSDP2's estimate is 10.2 % lower")
 def fsdp1_root_gradients(arch: Architecture, prec: Precision, lay) -> int:
     """The temporaries of FSDP1's last backward moment, the root's concatenation (2·root); 0 for other layouts."""
     return 2 * _units(arch, prec, lay).root if fsdp1_applies(arch, lay) else 0

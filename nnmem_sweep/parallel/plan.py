@@ -156,14 +156,14 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     layer_temp[..., 0] = np.where(none[..., 0] > 0, 0, layer_temp[..., 0])
     hidden = _hidden(arch, precs, sizes)
 
-    def moment(weights, temp, stage: int, grads=0, acts=None) -> tuple:
+    def moment(weights, temp, stage: int, grads=0, acts=None, temps=1) -> tuple:
         v1 = _fsdp1_rows(arch, precs, layouts, sizes, stage)  # FSDP1's rows, checkpointed or not
         v1 = 0 if v1 is None else v1
         flag = none + v1 - none * v1  # the rows the moment applies to
         return ("backward", dict(states, **{
             C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
             C.ACTIVATIONS: saved if acts is None else np.where(flag > 0, acts(v1), saved),
-            C.TEMPORARY: layer_temp * (1 - v1) + hidden * v1 + temp * flag}))
+            C.TEMPORARY: layer_temp * (1 - v1) * temps + hidden * v1 + temp * flag}))
 
     out = []
     if second is not None:  # the top layer's saved activations and the head's freed by then
@@ -173,7 +173,10 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
         weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
-        out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1))
+        # FSDP2's dense block holds its layer's temporaries twice there (two per-token terms, traced on Llama 3.1
+        # 8B: fsdp.fsdp_last_block); an MoE block as before
+        out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
+                          temps=1 if arch.num_experts else 2))
     return out
 
 
