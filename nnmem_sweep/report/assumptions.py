@@ -130,9 +130,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                         "and first block, which no gradient hook reshards, are freed at the end of the backward, as "
                         "FSDP1's catch-all reshard frees them on a GPU (a fake-tensor run keeps them: "
                         "tests/data/truth/FINDINGS.md); Qwen3 0.6B, Llama 3.2 1B and 3.1 8B: forward and backward "
-                        "as measured. QLoRA under FSDP1 is FSDP-QLoRA: bitsandbytes' quant storage in the model's "
-                        "dtype (FSDP1 flattens a unit into one float dtype) and the rest of the model left in it, "
-                        "not cast to fp32.)"
+                        "as measured."
                         if 1 in fsdp_versions(axes) else ""))
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
             items.append(_UNSYNCED_TEXT)
