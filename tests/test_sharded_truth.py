@@ -322,3 +322,49 @@ def test_other_families_under_fsdp_miss_what_their_one_gpu_estimate_misses(case)
             assert miss / m["peak_bytes"] == pytest.approx(0.0179, abs=5e-4)
             continue
         assert abs(miss - (est_one["phases"][phase] - one["measured"]["phases"][phase]["peak_bytes"])) <= 64 * 1024
+
+
+def _tensor_lists():
+    """Cards of a block-repeated model: (name, shape, count, trainable) tuples, the repeated ones named with `*`,
+    adapters (trainable) among frozen tensors or none."""
+    from hypothesis import strategies as st
+
+    dims = st.integers(1, 300)
+    one = st.tuples(st.sampled_from(["layers.*.w", "layers.*.a", "embed", "norm"]), st.lists(dims, min_size=1,
+                    max_size=2), st.booleans())
+    return st.lists(one, min_size=1, max_size=8)
+
+
+def test_an_fsdp1_rank_card_keeps_every_element_once_and_each_adapter_apart():
+    """Property of FSDP1's rank card (derive/arch.py _flat_shards): the frozen tensors (or every tensor, where none is
+    frozen) flattened into one flat parameter per block and one for the root, each ceil(elements / world) on the rank;
+    under adapters each trainable tensor a flat parameter of its own, ceil(its elements / world), still trainable,
+    and the flat parameters of the frozen base not trainable."""
+    import math
+
+    from hypothesis import given, settings, strategies as st
+
+    from nnmem_sweep.derive.arch import _flat_shards
+    from nnmem_sweep.derive.card import TensorInfo
+
+    @settings(max_examples=200, deadline=None)
+    @given(_tensor_lists(), st.integers(1, 12), st.integers(2, 8))
+    def check(specs, blocks, world):
+        tensors = tuple(TensorInfo(name=n, shape=tuple(s), count=blocks if "*" in n else 1, trainable=t)
+                        for n, s, t in specs)
+        out = _flat_shards(tensors, world)
+        frozen = [t for t in tensors if not t.trainable]
+        base = frozen or list(tensors)
+        elements = {k: sum(t.count * math.prod(t.shape) for t in base if ("*" in t.name) == k) for k in (True, False)}
+        flat = [t for t in out if t.name.endswith("flat_param")]
+        root = next(t for t in flat if "*" not in t.name)
+        assert root.shape == (-(-elements[False] // world),) and root.trainable == (not frozen)
+        if elements[True]:
+            block = next(t for t in flat if "*" in t.name)
+            assert block.count == blocks and block.shape == (-(-(-(-elements[True] // blocks)) // world),)
+            assert block.shape[0] * world * blocks >= elements[True]
+        own = [t for t in out if not t.name.endswith("flat_param")]
+        assert own == ([TensorInfo(name=t.name, shape=(-(-math.prod(t.shape) // world),), count=t.count,
+                                   trainable=True) for t in tensors if t.trainable] if frozen else [])
+
+    check()
