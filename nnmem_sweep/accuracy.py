@@ -63,12 +63,10 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 
-def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False,
-               unmodelled: bool = False) -> list[dict[str, Any]]:
+def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = False) -> list[dict[str, Any]]:
     """Every *.json case in `truth_dir` and its subfolders, sorted by case id; without `derived`, only the
     hand-modelled ones (`hand_modelled_case`); the sharded steps (one rank of FSDP, truth/sharded/; of DeepSpeed's
-    ZeRO engine, truth/deepspeed/) only with `sharded`, and then only those; a case measured to show what the
-    estimate does not model (its `not_modelled` says what) only with `unmodelled`."""
+    ZeRO engine, truth/deepspeed/) only with `sharded`, and then only those."""
     d = Path(truth_dir)
     if not d.is_dir():
         raise UsageError(f"no truth folder at {d}; regenerate it with `nnmem-sweep truth`")
@@ -79,8 +77,7 @@ def load_cases(truth_dir: str | Path, derived: bool = True, sharded: bool = Fals
         except json.JSONDecodeError as e:
             raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if "case_id" in rec and "measured" in rec and (derived or hand_modelled_case(rec)) and \
-                bool(rec["inputs"].get("fsdp") or rec["inputs"].get("deepspeed")) == sharded and \
-                (unmodelled or not rec.get("not_modelled")):
+                bool(rec["inputs"].get("fsdp") or rec["inputs"].get("deepspeed")) == sharded:
             cases.append(rec)
     return sorted(cases, key=lambda r: r["case_id"])
 
@@ -183,7 +180,7 @@ def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
         if arch.kind != "derived":
             return 0
         return 4 * sum(t.count for t in arch.derived.card.tensors if t.trainable)
-    if inputs.get("fsdp") and fsdp_version(inputs) == 1:  # one flat parameter per FSDP1 unit: the blocks, root
+    if fsdp_version(inputs) == 1:  # one flat parameter per FSDP1 unit: the blocks, root
         return 4 * (arch.layers + 1)
     return 4 * param_summary(arch).n_tensors
 

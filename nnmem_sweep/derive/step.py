@@ -230,11 +230,12 @@ def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) 
     """A sharded step's first run in a process does FSDP2's lazy initialisation (the unsharded parameters' storages
     made, then freed and made again by resizing in every later step): one small untraced step first, so that every
     probe traces the steady step, whichever process traces it (the measured truth is the second step too)."""
+    from ..workload import fsdp
     from ..workload.build import default_dtype, make_workload, model_dtype, run_contexts
     from ..workload.steps import run_steps
 
     small = dict(case, batch=1, seq_len=min(int(case.get("seq_len") or 8), 8))
-    if int(case["fsdp"].get("version", 2)) == 1:
+    if fsdp.version(case["fsdp"]) == 1:
         # on fake tensors FSDP1 leaves a frozen unit unsharded after its backward (a base under adapters: no
         # post-backward hook of its own, and the catch-all reshard skipped: _catch_all_reshard), its parameter then
         # a view of the unsharded storage, while the rank's local shard stays allocated: the shards as they are

@@ -107,12 +107,12 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
         "attention_ops": measured["attention_ops"],
     }
     rec["versions"] = versions(measured.get("input_kind", ""), peft="finetune" in case)
-    if case.get("not_modelled"):  # measured to show what the estimate does not model (accuracy.load_cases)
-        rec["not_modelled"] = case["not_modelled"]
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)), case.get("gradient_sync", "each"))
-    if case.get("fsdp", {}).get("version") == 1:
+    from ..workload import fsdp  # torch's side: measured already
+
+    if fsdp.version(case.get("fsdp")) == 1:
         strategy = "FULL_SHARD" if case["fsdp"]["zero_stage"] == 3 else "SHARD_GRAD_OP"
         orig = bool(case["fsdp"].get("use_orig_params"))
         wrapper = "the Hugging Face Trainer" if orig else "accelerate's FSDP plugin"

@@ -151,11 +151,17 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
         return 0, 0, 0
     u = _units(arch, prec, lay)
     norm = fsdp1_norm_gradient(arch, prec) if lay.fsdp1 else 0
-    # FSDP2's dense block: the L - 2 shards beside block 1's are the blocks' moment's one and L - 3 more (traced on
-    # Llama 3.1 8B); an MoE block keeps the moment as it was (L - 2 more: 1.8 % high on a 4-layer Mixtral, where
-    # L - 3 would leave it 1.3 % low: its experts' temporaries and saved activations there are not a dense layer's)
-    dense2 = not lay.fsdp1 and not arch.num_experts
-    return -u.block, (arch.layers - (3 if dense2 else 2)) * u.block_grad_shard, 3 * u.block + norm
+    # the L - 2 shards of a traced moment are the blocks' moment's one and L - 3 more
+    traced = not lay.fsdp1 and last_block_traced(arch)
+    return -u.block, (arch.layers - (3 if traced else 2)) * u.block_grad_shard, 3 * u.block + norm
+
+
+def last_block_traced(arch: Architecture) -> bool:
+    """Whether FSDP2's FULL_SHARD last-block moment is the one traced on Llama 3.1 8B (L - 2 gradient shards in all,
+    the layer's temporaries twice one GPU's top-layer term: plan.py): a dense block. An MoE block keeps the moment
+    as it was (one shard more, the temporaries once: 1.8 % high on a 4-layer Mixtral, where the traced one would
+    leave it 1.3 % low: its experts' temporaries and saved activations there are not a dense layer's)."""
+    return not arch.num_experts
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:

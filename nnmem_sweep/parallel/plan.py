@@ -173,10 +173,8 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
         weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
-        # FSDP2's dense block holds its layer's temporaries twice there (two per-token terms, traced on Llama 3.1
-        # 8B: fsdp.fsdp_last_block); an MoE block as before
         out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
-                          temps=1 if arch.num_experts else 2))
+                          temps=2 if par_fsdp.last_block_traced(arch) else 1))
     return out
 
 

@@ -39,10 +39,10 @@ def _finetune_text(sc: Scenario) -> str:
     if ft is None or not ft.adapters:
         return ""
     targets, params = F.trained(sc.model, ft)
-    versions = fsdp_versions(axis_values(sc)) if sc.parallel else {2}
     # FSDP1 runs FSDP-QLoRA: the rest of the model left in its dtype (workload/qlora.py)
-    rest = {frozenset({2}): "fp32", frozenset({1}): "in the recipe's dtype (FSDP-QLoRA, FSDP1)"}.get(
-        frozenset(versions), "fp32 (FSDP2), in the recipe's dtype under FSDP1 (FSDP-QLoRA)")
+    versions = fsdp_versions(axis_values(sc)) if sc.parallel else {2}
+    rest = ("fp32" if 1 not in versions else "in the recipe's dtype (FSDP-QLoRA, FSDP1)" if 2 not in versions
+            else "fp32 (FSDP2), in the recipe's dtype under FSDP1 (FSDP-QLoRA)")
     base = (f"NF4 (4-bit, double-quantised block scales), the rest {rest}" if ft.method == "qlora"
             else "frozen in the recipe's dtype")
     return (f"{'QLoRA' if ft.method == 'qlora' else 'LoRA'} rank {ft.rank} (alpha {ft.alpha:g}, dropout "

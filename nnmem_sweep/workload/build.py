@@ -349,7 +349,7 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
                            case["mode"] == "train")
     if "finetune" in case:
         model = wrap_lora(model, case["finetune"], fake, compute_dtype(case.get("precision", "fp32")),
-                          flat=int((case.get("fsdp") or {}).get("version", 2)) == 1)
+                          flat=fsdp.version(case.get("fsdp")) == 1)
     if case.get("fsdp"):  # one rank of an FSDP2-sharded step (inside fsdp.fake_process_group: sharding())
         model = fsdp.shard(model, case["fsdp"])
     return model

@@ -27,9 +27,15 @@ import torch
 STAGES = (2, 3)
 
 
+def version(spec: dict[str, Any] | None) -> int:
+    """The FSDP version a case's `fsdp` spec names: 1 (FullyShardedDataParallel) or 2 (fully_shard, where not
+    given); 2 for no spec (an unsharded case)."""
+    return int((spec or {}).get("version", 2))
+
+
 def check(spec: dict[str, Any]) -> tuple[int, int]:
     world, stage = int(spec.get("world", 0)), int(spec.get("zero_stage", 3))
-    if int(spec.get("version", 2)) not in (1, 2):
+    if version(spec) not in (1, 2):
         raise ValueError(f"fsdp: version must be 1 (FullyShardedDataParallel) or 2 (fully_shard), "
                          f"got {spec['version']}")
     if world < 2:
@@ -72,7 +78,7 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     world, stage = check(spec)
-    if int(spec.get("version", 2)) == 1:
+    if version(spec) == 1:
         return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)))
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
