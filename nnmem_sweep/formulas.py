@@ -10,8 +10,8 @@ import importlib
 
 from . import citations, replays, serving  # noqa: F401  (replays, serving: register)
 from .catalog import optimizers, precisions  # noqa: F401  (register)
-from .components import (activations, cpu_kernels, derived, derived_inputs, finetune, kv, optimizer, overhead,  # noqa: F401
-                         reserve, weights)
+from .components import (activations, cpu_kernels, derived, derived_inputs, finetune, kv, moe, optimizer,  # noqa: F401
+                         overhead, reserve, weights)
 from .derive import events as derive_events  # noqa: F401  (registers)
 from .models import count, layers  # noqa: F401  (register)
 from .parallel import (activations as parallel_activations, fsdp as parallel_fsdp,  # noqa: F401  (register)
@@ -23,7 +23,7 @@ from .throughput import defaults, flops, inference, training  # noqa: F401  (reg
 replay = importlib.import_module(".allocator.replay", __package__)
 
 REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derived_inputs,
-                       derive_events, finetune, kv, optimizer, overhead, reserve, weights, count, layers,
+                       derive_events, finetune, kv, moe, optimizer, overhead, reserve, weights, count, layers,
                        parallel_activations, parallel_fsdp, parallel_states, parallel_zero_bucket, replay, rules,
                        defaults, flops, inference, training)
 

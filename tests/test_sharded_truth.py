@@ -16,7 +16,10 @@ CASES = [c for c in A.load_cases(TRUTH, sharded=True) if c["inputs"].get("fsdp")
 # full fine-tunes of a hand-modelled family (Llama 3.2 1B), estimated by the hand model of FSDP
 HAND = ("llama-3.2-1b", "llama-3.1-8b")
 # other hand-modelled families under FSDP: held to what their one-GPU estimate misses (below)
-OTHER_FAMILIES = [c for c in CASES if c["inputs"]["model"] in ("mixtral-small", "gpt2-medium")]
+OTHER_FAMILIES = [c for c in CASES if c["inputs"]["model"] in ("mixtral-small", "gpt2-medium")
+                  and c["inputs"]["fsdp"]["world"] == 2 and c["inputs"]["batch"] == 2
+                  and c["inputs"]["fsdp"]["zero_stage"] == 3]
+MOE = [c for c in CASES if c["inputs"]["model"] == "mixtral-small"]
 FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1 and c not in OTHER_FAMILIES]
 FSDP1_ADAPTERS = [c for c in FSDP1_ALL if c["inputs"].get("finetune")]
 FSDP1 = [c for c in FSDP1_ALL if c not in FSDP1_ADAPTERS]
@@ -132,7 +135,7 @@ def test_fsdp1_is_not_fsdp2():
 
 
 # adapters, and full fine-tunes of a family planned from its code
-TRACED = [c for c in CASES if c not in FULL and c not in FSDP1 and c not in OTHER_FAMILIES]
+TRACED = [c for c in CASES if c not in FULL and c not in FSDP1 and c not in OTHER_FAMILIES and c not in MOE]
 
 
 @pytest.mark.parametrize("case", TRACED, ids=[c["case_id"] for c in TRACED])
@@ -309,19 +312,24 @@ def test_fsdp1_reshards_a_frozen_base_at_the_end_of_the_backward(case):
 def test_other_families_under_fsdp_miss_what_their_one_gpu_estimate_misses(case):
     """A 4-layer Mixtral (MoE blocks) and GPT-2 medium (Conv1D, learned positions, a tied head) over 2 ranks with
     FULL_SHARD, FSDP2 and FSDP1: every phase misses what the same step's one-GPU estimate misses, within 64 KiB
-    (GPT-2's forward 200,933,400 B low on one GPU too), but for FSDP2's MoE backward, 1.79 % high: at block 1's
-    backward the estimate takes one GPU's top-layer temporaries and saved activations for the block's, which an MoE
-    block's grouped expert matmuls do not hold (FINDINGS.md)."""
+    (GPT-2's forward 200,933,400 B low on one GPU too)."""
     one = next(c for c in A.load_cases(TRUTH)
                if c["case_id"] == case["case_id"].replace("-fsdp2z3", "").replace("-fsdp1w2z3", ""))
     est, est_one = A.estimate_case(case), A.estimate_case(one)
-    moe_fsdp2 = case["inputs"]["model"] == "mixtral-small" and case["inputs"]["fsdp"].get("version", 2) == 2
     for phase, m in case["measured"]["phases"].items():
         miss = est["phases"][phase] - m["peak_bytes"]
-        if moe_fsdp2 and phase == "backward":
-            assert miss / m["peak_bytes"] == pytest.approx(0.0179, abs=5e-4)
-            continue
         assert abs(miss - (est_one["phases"][phase] - one["measured"]["phases"][phase]["peak_bytes"])) <= 64 * 1024
+
+
+@pytest.mark.parametrize("case", MOE, ids=[c["case_id"] for c in MOE])
+def test_an_moe_rank_within_16_kib_in_every_phase(case):
+    """The 4-layer Mixtral's rank under FSDP2 (FULL_SHARD over 2 and 4 ranks, with and without checkpointing;
+    SHARD_GRAD_OP) and FSDP1, at 1,024 to 4,096 tokens: every phase within 16 KiB, below (the buffers and MemTracker's
+    own few bytes). FULL_SHARD's block 1 peaks inside its experts' backward (parallel.fsdp2_last_block_experts):
+    with the dense block's moment in its place the estimate was 1.79 % high at 2 x 512 over 2 (FINDINGS.md)."""
+    est = A.estimate_case(case)
+    for phase, m in case["measured"]["phases"].items():
+        assert -16 * 1024 <= est["phases"][phase] - m["peak_bytes"] <= 0, phase
 
 
 def _tensor_lists():

@@ -21,7 +21,8 @@ from ..citations import formula, source
 from ..errors import UsageError
 from ..models.arch import Architecture
 from . import cpu_kernels
-from .terms import ZERO, Term
+from .moe import router_saved
+from .terms import INDEX, STAT, ZERO, Term
 from .weights import autocast_copies_bytes
 
 KORTHIKANTI_2022 = source("korthikanti2022", "Korthikanti et al. 2022, Reducing Activation Recomputation in "
@@ -52,8 +53,6 @@ DEVICES = ("cuda", "cpu")
          "measurements of the ground-truth cases (MEASURING.md).")
 def dropout_mask_bytes(device: str, dtype_bytes: int) -> int:
     return MASK if device == "cuda" else dtype_bytes
-INDEX = 8  # int64 token ids / labels
-STAT = 4  # fp32 per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt, log-sum-exp)
 
 # Families whose attention upcasts softmax to fp32: softmax(..., dtype=torch.float32).to(query.dtype)
 _FP32_SOFTMAX = ("llama", "mistral", "qwen2", "mixtral")
@@ -144,18 +143,14 @@ def mlp_saved(arch: Architecture, p: Precision, device: str = "cuda") -> Term:
         expert = 4 * e * i  # gate out (saved by SiLU), SiLU out and up out (saved by *), product (down input)
     else:
         expert = e * i * (2 + _ACT_EXTRA_SAVED.get(arch.activation, 0))  # up out (act input), act out (down input)
-    if arch.num_experts:
-        k, n = arch.experts_per_token, arch.num_experts
-        # router: softmax(router_logits, dtype=fp32) output, top-k indices (int64), normalised weights (fp32)
-        # and their cast; each routed token: its gathered input, the expert MLP, the expert output (saved by the
-        # multiplication with its routing weight)
-        router = STAT * n + INDEX * k + STAT * k + STAT + e * k
-        tok += router + k * (expert + 2 * e * h)
+    if arch.num_experts:  # each routed token: its gathered input, the expert MLP, the expert output (grouped_mm's,
+        # saved by the multiplication with its routing weight); beside the router's (moe.router_saved)
+        tok += arch.experts_per_token * (expert + 2 * e * h)
     else:
         tok += expert
     if arch.hidden_dropout > 0:
         tok += dropout_mask_bytes(device, e) * h
-    return Term(tok=tok)
+    return Term(tok=tok) + (router_saved(arch) if arch.num_experts else ZERO)
 
 
 def layer_saved(arch: Architecture, p: Precision, attention: str, drop_scores: bool = False,

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+INDEX = 8  # int64 token ids / labels
+STAT = 4  # fp32 per-token statistics (LayerNorm mean/rstd, RMSNorm rsqrt, log-sum-exp)
+
 
 @dataclass(frozen=True)
 class Term:

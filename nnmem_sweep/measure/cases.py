@@ -113,6 +113,8 @@ CASES: list[dict[str, Any]] = [
     # a reduced Mixtral-style MoE (8 experts, top-2)
     _train("mixtral-small", 2, 512, "bf16"),
     _train("mixtral-small", 4, 512, "bf16", ckpt="full"),  # fp32: the grouped_mm meta kernel takes bf16 only
+    _train("mixtral-small", 8, 1024, "bf16"),  # activations above the states: the forward's and backward's peaks
+    _train("mixtral-small", 16, 1024, "bf16", ckpt="full"),
     _infer("mixtral-small", 4, 256, "bf16", 8),
     # a CNN from a layer list
     {"id": "cnn-vgg-cifar-train-fp32-sgd-momentum-b64", "model": "cnn-vgg-cifar", "layers": CNN_LAYERS,
@@ -270,6 +272,11 @@ SHARDED_CASES: list[dict[str, Any]] = [
     # positions, a tied head): what the Llama-measured moments miss there (FINDINGS.md)
     f(_train(m, 2, s, "bf16"), 2, 3) for m, s in (("mixtral-small", 512), ("gpt2-medium", 1024))
     for f in (_fsdp, _fsdp1)
+] + [  # the MoE block at other shapes, ranks and strategies (parallel.fsdp2_last_block_experts)
+    _fsdp(_train("mixtral-small", 4, 1024, "bf16"), 4, 3),
+    _fsdp(_train("mixtral-small", 2, 512, "bf16"), 2, 2),
+    _fsdp(_train("mixtral-small", 4, 1024, "bf16", ckpt="full"), 2, 3),
+    _fsdp1(_train("mixtral-small", 4, 1024, "bf16"), 4, 3),
 ] + [  # accumulation under FSDP1: every micro-batch reduce-scattered, or the flat gradients kept whole (no_sync())
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},

@@ -31,6 +31,7 @@ from ..catalog.precisions import Precision
 from ..citations import formula, source
 from ..components import activations as act, finetune as F
 from ..components.activations import KORTHIKANTI_2022, TrainActivations
+from ..components.moe import router_saved
 from ..components.terms import Term
 from ..components.weights import param_summary
 from ..models.arch import Architecture
@@ -55,10 +56,12 @@ def layer_replicated(arch: Architecture, p: Precision, device: str = "cuda") -> 
     tok += act.linear_inputs_saved(arch, p, 1 if (arch.num_experts or arch.mlp != "gated") else 2)
     if arch.hidden_dropout > 0:
         tok += 2 * act.dropout_mask_bytes(device, e) * h
+    const = 0
     if arch.num_experts:  # the router runs on every rank's tokens; each routed token's input and output are whole
-        k, n = arch.experts_per_token, arch.num_experts
-        tok += act.STAT * n + act.INDEX * k + act.STAT * k + act.STAT + e * k + k * 2 * e * h
-    return Term(tok=tok)
+        router = router_saved(arch)
+        tok += router.tok + arch.experts_per_token * 2 * e * h
+        const = router.const
+    return Term(tok=tok, const=const)
 
 
 @formula("parallel.rank_term",

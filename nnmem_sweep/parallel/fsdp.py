@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..catalog.precisions import Precision
 from ..citations import formula, source
+from ..components.terms import INDEX, STAT, Term
 from ..components.weights import gradients_bytes, param_summary, weights_bytes
 from ..models.arch import Architecture
 from .states import _ceil, _share, stage_params, zero3_gathered_bytes, zero_params
@@ -140,7 +141,7 @@ def fsdp_second_block(arch: Architecture, prec: Precision, lay) -> tuple[int, in
          "parameters (W/d + root + 1 block), + the other blocks' gradient shards (L - 2 in all), + 3 blocks (the "
          "block's unsharded gradients, the reduce-scatter input before it, the prefetched all-gather output), + the "
          "layer's temporaries once more (dense blocks: twice one GPU's top-layer term); of the activations the "
-         "inputs and one layer's saved. An MoE block: one gradient shard more and the temporaries once (1.8 % high)",
+         "inputs and one layer's saved. An MoE block peaks inside its experts (parallel.fsdp2_last_block_experts)",
          FSDP2, where="root and block as in parallel.fsdp2_unsharded_parameters",
          note="Measured on Llama 3.1 8B (untied head) over 8 ranks at 128 tokens, where the step peaks there")
 def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
@@ -150,18 +151,42 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0, 0, 0
     u = _units(arch, prec, lay)
-    norm = fsdp1_norm_gradient(arch, prec) if lay.fsdp1 else 0
-    # the L - 2 shards of a traced moment are the blocks' moment's one and L - 3 more
-    traced = not lay.fsdp1 and last_block_traced(arch)
-    return -u.block, (arch.layers - (3 if traced else 2)) * u.block_grad_shard, 3 * u.block + norm
+    if lay.fsdp1:
+        return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + fsdp1_norm_gradient(arch, prec)
+    # the L - 2 shards are the blocks' moment's one and L - 3 more; an MoE block's unsharded gradients at its
+    # experts' backward are the experts' alone
+    grads = experts_gradient(arch, prec) if experts_moment(arch) else u.block
+    return -u.block, (arch.layers - 3) * u.block_grad_shard, 2 * u.block + grads
 
 
-def last_block_traced(arch: Architecture) -> bool:
-    """Whether FSDP2's FULL_SHARD last-block moment is the one traced on Llama 3.1 8B (L - 2 gradient shards in all,
-    the layer's temporaries twice one GPU's top-layer term: plan.py): a dense block. An MoE block keeps the moment
-    as it was (one shard more, the temporaries once: 1.8 % high on a 4-layer Mixtral, where the traced one would
-    leave it 1.3 % low: its experts' temporaries and saved activations there are not a dense layer's)."""
-    return not arch.num_experts
+def experts_moment(arch: Architecture) -> bool:
+    """Whether FSDP2's FULL_SHARD last-block moment is an MoE block's, inside its experts' backward
+    (parallel.fsdp2_last_block_experts), rather than a dense block's, at its end (plan.py)."""
+    return bool(arch.num_experts)
+
+
+def experts_gradient(arch: Architecture, prec: Precision) -> int:
+    """An MoE layer's experts' weight gradients, unsharded: n experts' gate_up (2I x h) and down (h x I)."""
+    return arch.num_experts * 3 * arch.intermediate * arch.hidden * prec.grad_bytes
+
+
+@formula("parallel.fsdp2_last_block_experts",
+         "an MoE block under FULL_SHARD peaks at its experts' backward (the gate_up input gradient): the "
+         "dense moment's parameters and shards, its unsharded gradients the experts' (n·3·I·h·g), + per token "
+         "k·2I·e (the gate_up output's gradient) + k·h·e (the routed inputs' gradient) + r·h (the residual's) + 4·k "
+         "(the routing weights'); activations: the inputs, the RoPE tables, block 0's saved and the top block's but "
+         "its experts' (k·(4·e·I + e·h) + 4·k + 8·k per token: their outputs, the permuted routing weights and the "
+         "inverse permutation)",
+         FSDP2, where="n experts, k per token, e the activation dtype, r the residual dtype",
+         note="Measured on a 4-layer Mixtral (8 experts, top-2) over 2 ranks at 2 x 512 tokens: every live tensor "
+              "at the peak named by the op that made it (derive/trace.py)")
+def fsdp_last_block_experts(arch: Architecture, prec: Precision) -> tuple[Term, Term]:
+    """(the top block's experts' saved activations, freed by then; the experts' backward temporaries) of that
+    moment, beside the per-layer saved activations and the block's gradients counted in plan.py."""
+    h, i, k = arch.hidden, arch.intermediate, arch.experts_per_token
+    e, r = prec.act_bytes, prec.residual_bytes
+    freed = Term(tok=k * (4 * e * i + e * h + STAT + INDEX))
+    return freed, Term(tok=k * (2 * i * e + h * e + STAT) + r * h)
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:

@@ -156,14 +156,14 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     layer_temp[..., 0] = np.where(none[..., 0] > 0, 0, layer_temp[..., 0])
     hidden = _hidden(arch, precs, sizes)
 
-    def moment(weights, temp, stage: int, grads=0, acts=None, temps=1) -> tuple:
+    def moment(weights, temp, stage: int, grads=0, acts=None, temps=None) -> tuple:
         v1 = _fsdp1_rows(arch, precs, layouts, sizes, stage)  # FSDP1's rows, checkpointed or not
         v1 = 0 if v1 is None else v1
         flag = none + v1 - none * v1  # the rows the moment applies to
         return ("backward", dict(states, **{
             C.WEIGHTS: states[C.WEIGHTS] + weights * flag, C.GRADIENTS: g_fwd + grads * flag,
             C.ACTIVATIONS: saved if acts is None else np.where(flag > 0, acts(v1), saved),
-            C.TEMPORARY: layer_temp * (1 - v1) * temps + hidden * v1 + temp * flag}))
+            C.TEMPORARY: (layer_temp if temps is None else temps) * (1 - v1) + hidden * v1 + temp * flag}))
 
     out = []
     if second is not None:  # the top layer's saved activations and the head's freed by then
@@ -173,8 +173,16 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
         weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
-        out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
-                          temps=2 if par_fsdp.last_block_traced(arch) else 1))
+        if not par_fsdp.experts_moment(arch):  # a dense block's end: the layer's temporaries twice
+            out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
+                              temps=2 * layer_temp))
+            return out
+        # an MoE block's experts (fsdp.fsdp_last_block_experts): the top block's saved but its experts' beside
+        # block 0's (FSDP1's rows as above)
+        freed, experts = (lift(terms_array([par_fsdp.fsdp_last_block_experts(arch, p)[j] for p in precs],
+                                           (len(precs),)), (0,), sizes) for j in (0, 1))
+        out.append(moment(weights, temp, 3, grads, temps=experts,
+                          acts=lambda v1: inputs + layer + rope + (layer - freed) * (1 - v1)))
     return out
 
 

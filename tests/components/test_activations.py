@@ -51,8 +51,10 @@ def test_gelu_new_saves_three_more_intermediates():
 
 def test_moe_routes_k_tokens_per_token():
     moe = replace(TINY_LLAMA, num_experts=4, experts_per_token=2)
-    # input 4·8 + router (4·4 + 8·2 + 4·2 + 4 + 4·2 = 52) + 2 x (expert MLP 256 + gathered input and output 2·4·8)
-    assert act.mlp_saved(moe, FP32) == Term(tok=32 + 52 + 2 * (256 + 64))
+    # input 4·8 + router (softmax 4·4 + sum 4 + routing weights and their permuted copy 2·4·2 + top-k indices, sorted
+    # ids, source indices, inverse permutation 4·8·2 = 100) + 2 x (expert MLP 256 + gathered input and output 2·4·8);
+    # the int32 offsets of the 4 experts' tokens, 16 B per layer
+    assert act.mlp_saved(moe, FP32) == Term(tok=32 + 100 + 2 * (256 + 64), const=16)
 
 
 def test_train_terms_tiny_llama_fp32():
