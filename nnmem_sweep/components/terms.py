@@ -33,6 +33,9 @@ class Term:
         return Term(self.const + other.const, self.pos + other.pos, self.seq + other.seq, self.tok + other.tok,
                     self.s2 + other.s2, self.sq + other.sq)
 
+    def __sub__(self, other: "Term") -> "Term":
+        return self + other * -1
+
     def __mul__(self, k: int) -> "Term":
         return Term(self.const * k, self.pos * k, self.seq * k, self.tok * k, self.s2 * k, self.sq * k)
 

@@ -14,6 +14,8 @@ Measured: tests/data/truth/*-zerograd-*.json (FINDINGS.md).
                     backward; or + one recomputed layer (checkpointing): each a moment of its own
     backward end    W + M + S + G + inputs + gradient of the embedding output (+ the tied embedding's second
                     gradient and their sum, a moment of its own)
+    MoE block 0     W + M + S + G less the embedding's and block 0's attention, norms and router + block 0's
+                    saved (recomputed) activations less its experts' + their backward's temporaries (moe.py)
     optimizer       W + M + S + G + inputs + the step's temporaries
 
 During backward the saved activations shrink layer by layer while the gradients grow by the same layers' weights,
@@ -27,6 +29,8 @@ frames with parallel layouts from the same pieces (layer_net_train).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import columns as C
@@ -34,12 +38,12 @@ from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..models.arch import Architecture
 from . import activations as act
-from . import finetune
+from . import finetune, moe
 from .finetune_method import FULL
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .plan import NCOEF, Plan, consts, lift, precisions, terms_array
 from .terms import Term
-from .weights import gradients_bytes, master_weights_bytes, weights_bytes
+from .weights import autocast_copies_bytes, gradients_bytes, master_weights_bytes, param_summary, weights_bytes
 
 
 def _states(arch: Architecture, precs: tuple[Precision, ...], o_names: tuple, i_names: tuple):
@@ -127,10 +131,17 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     kept_ends = [t.backward_end_temp if t.backward_end_temp_kept is None else t.backward_end_temp_kept for t in terms]
     n_end = max(len(e) for e in ends + (kept_ends if z_names else []))
     bwd_end = table_moments(ends, n_end)
+    experts = []  # an MoE model's block 0 inside its experts' backward, every other gradient made (moe.py)
+    if arch.num_experts and not ft.adapters:
+        firsts = [first_block_experts(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+        pending = lift(consts([pending_gradients(arch, p) for p in precs], (nP,)), (0,), sizes)
+        experts = [dict(states, **{C.GRADIENTS: g - pending, C.ACTIVATIONS: table([f[0] for f in firsts]),
+                                   C.TEMPORARY: table([f[1] for f in firsts])})]
     phases = [
         ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
         *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+        *[("backward", e) for e in experts],
         ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
     ]
     axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
@@ -144,6 +155,7 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
                  for t in terms], n_bwd)],
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})
               for t in table_moments(kept_ends, n_end)],
+            *[dict(e, **{C.GRADIENTS: g}) for e in experts],  # kept: the new gradients added in place (not measured)
             phases[-1][1],
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in kept_only]]
     # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
@@ -151,6 +163,31 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     phases += [phases[1]] * n_kept
     return act.windowed(Plan(*with_zero_grad(axes, sizes, phases, z_names, [(n, k) for (n, _), k in zip(phases, kept)])),
                         arch)
+
+
+_ROOT = ("embed_tokens", "final_norm.weight", "lm_head.weight")  # components/weights.py's tensors outside the blocks
+
+
+def pending_gradients(arch: Architecture, p: Precision) -> int:
+    """The gradients block 0's experts' backward has not made yet: the untied embedding's and block 0's other
+    parameters' (attention, norms, router)."""
+    block = sum(math.prod(t.shape) for t in param_summary(arch).tensors
+                if t.name not in _ROOT and not t.name.startswith("experts."))
+    return ((0 if arch.tied_embeddings else arch.vocab * arch.hidden) + block) * p.grad_bytes
+
+
+def first_block_experts(arch: Architecture, p: Precision, attention: str, checkpointing: str,
+                         device: str) -> tuple[Term, Term]:
+    """(activations, temporaries) of block 0's experts' backward (moe.experts_backward): the inputs, the RoPE tables,
+    the autocast copies and block 0's saved (its checkpointed input and the recomputed layer, under full
+    checkpointing) less what the experts' backward has freed."""
+    freed, temps = moe.experts_backward(arch, p)
+    layer = act.per_layer_saved(arch, p, attention, checkpointing, device)
+    if checkpointing == "full":
+        layer += act.layer_saved(arch, p, attention, device=device)
+    acts = (act.inputs_term(arch) + act.rope_saved(arch, p) + Term(const=autocast_copies_bytes(arch, p))
+            + act.sliding_window_mask(arch, attention) + layer - freed)
+    return acts, temps
 
 
 def layer_net_train(arch, precs, device, states, G, T_opt, sizes, grads_share=None, kept_gradients=None):

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from ..catalog.precisions import Precision
 from ..citations import formula, source
-from ..components.terms import INDEX, STAT, Term
+from ..components.moe import experts_backward, experts_gradient
+from ..components.terms import Term
 from ..components.weights import gradients_bytes, param_summary, weights_bytes
 from ..models.arch import Architecture
 from .states import _ceil, _share, stage_params, zero3_gathered_bytes, zero_params
@@ -165,28 +166,15 @@ def experts_moment(arch: Architecture) -> bool:
     return bool(arch.num_experts)
 
 
-def experts_gradient(arch: Architecture, prec: Precision) -> int:
-    """An MoE layer's experts' weight gradients, unsharded: n experts' gate_up (2I x h) and down (h x I)."""
-    return arch.num_experts * 3 * arch.intermediate * arch.hidden * prec.grad_bytes
-
-
 @formula("parallel.fsdp2_last_block_experts",
-         "an MoE block under FULL_SHARD peaks at its experts' backward (the gate_up input gradient): the "
-         "dense moment's parameters and shards, its unsharded gradients the experts' (n·3·I·h·g), + per token "
-         "k·2I·e (the gate_up output's gradient) + k·h·e (the routed inputs' gradient) + r·h (the residual's) + 4·k "
-         "(the routing weights'); activations: the inputs, the RoPE tables, block 0's saved and the top block's but "
-         "its experts' (k·(4·e·I + e·h) + 4·k + 8·k per token: their outputs, the permuted routing weights and the "
-         "inverse permutation)",
-         FSDP2, where="n experts, k per token, e the activation dtype, r the residual dtype",
-         note="Measured on a 4-layer Mixtral (8 experts, top-2) over 2 ranks at 2 x 512 tokens: every live tensor "
-              "at the peak named by the op that made it (derive/trace.py)")
+         "an MoE block under FULL_SHARD peaks at its experts' backward (formula moe_experts_backward_bytes): the "
+         "dense moment's parameters and shards, its unsharded gradients the experts'; activations: the inputs, the "
+         "RoPE tables, block 0's saved and the top block's but what its experts' backward has freed",
+         FSDP2, note="Measured on a 4-layer Mixtral (8 experts, top-2) over 2 and 4 ranks, 1,024 and 4,096 tokens")
 def fsdp_last_block_experts(arch: Architecture, prec: Precision) -> tuple[Term, Term]:
-    """(the top block's experts' saved activations, freed by then; the experts' backward temporaries) of that
-    moment, beside the per-layer saved activations and the block's gradients counted in plan.py."""
-    h, i, k = arch.hidden, arch.intermediate, arch.experts_per_token
-    e, r = prec.act_bytes, prec.residual_bytes
-    freed = Term(tok=k * (4 * e * i + e * h + STAT + INDEX))
-    return freed, Term(tok=k * (2 * i * e + h * e + STAT) + r * h)
+    """(the top block's saved activations its experts' backward has freed; its temporaries) at that moment, beside
+    the per-layer saved activations and the block's gradients counted in plan.py."""
+    return experts_backward(arch, prec)
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:

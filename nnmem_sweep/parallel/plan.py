@@ -21,7 +21,7 @@ from ..catalog.optimizers import get_optimizer
 from ..components import activations as act
 from ..components.infer_plan import InferTables, infer_phases
 from ..components.plan import Plan, cached, codes, combine, consts, lift, precisions, terms_array
-from ..components.train_plan import layer_net_train
+from ..components.train_plan import first_block_experts, layer_net_train, pending_gradients
 from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
@@ -201,6 +201,26 @@ def _first_bucket(arch, precs, a_names, c_names, layouts, sizes, device, states,
                                          C.ACTIVATIONS: saved - layer * k[..., :1], C.TEMPORARY: alive}))], tied_end
 
 
+def _first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, states, g) -> list:
+    """An MoE model's block 0 inside its experts' backward (components/train_plan.first_block_experts), on the
+    layouts whose rank holds every gradient and one GPU's activations (data parallel at zero_stage 0 or 1, no
+    accumulation, offload or model split); none where no layout is one of those."""
+    def whole(lay) -> bool:
+        return not lay.splits_model and lay.zero <= 1 and lay.accum == 1 and lay.offload == "none" and \
+            not lay.fp32_grads
+
+    if not arch.num_experts or (arch.finetune is not None and arch.finetune.adapters) or \
+            not any(whole(lay) for lay in layouts):
+        return []
+    flag = lift(consts([int(whole(lay)) for lay in layouts], (len(layouts),)), (5,), sizes)[..., :1]
+    firsts = [first_block_experts(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+    acts, temps = (lift(terms_array([f[j] for f in firsts], (len(precs), len(a_names), len(c_names))), (0, 3, 4),
+                        sizes) for j in (0, 1))
+    pending = lift(consts([pending_gradients(arch, p) for p in precs], (len(precs),)), (0,), sizes)
+    return [("backward", dict(states, **{C.GRADIENTS: (g - pending) * flag, C.ACTIVATIONS: acts * flag,
+                                         C.TEMPORARY: temps * flag}))]
+
+
 def _zero1_reduction(precs, layouts, sizes, states, g, inputs, partition) -> list:
     """DeepSpeed ZeRO-1 reducing after the backward (zero_bucket.zero1_reduction): every gradient beside the rank's
     16-bit partition (the bucket added by _with_buffers). None where no layout is ZeRO-1's."""
@@ -314,6 +334,8 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
               for t in bwd_start],
             *first_bucket,
             *zero1,  # after the backward; placed before the embedding's moments (_with_fsdp_units counts those last)
+            *(_first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
+              if stage == 0 else []),
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
