@@ -54,9 +54,11 @@ from .allocator import AllocatorOptions, prepare, replay
 from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
+from .components.runtime import large_cublas_workspace_bytes
 from .derive.arch import derived_twin
 from .parallel.layout import deepspeed_layouts, fsdp_only, fsdp_versions
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
+from .errors import UsageError
 from .fit import scenario_max_batch
 from .grid import point_axes
 from .scenario import Scenario
@@ -68,16 +70,19 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
                 "163 recipes under 8 %; full checkpointing with 8-bit AdamW or Adafactor the most): verify such "
                 "recipes by measuring")
 
-# DeepSpeed's rank steps are planned by the hand model, not traced at a row's shape, so its rows are not replayed; its
-# own ZeRO-1/2 steps, measured (tests/data/truth/deepspeed/sequences: fresh runs of two steps, both end ranks of each
-# case) and replayed as a scenario's recipes are, needed this span of the peak (tests/test_deepspeed_reserve.py holds
-# it to them), the most where the optimizer step peaks: its first step makes AdamW's state in a pool the backward left
+# DeepSpeed's ZeRO-1/2 rows are replayed from their rank's step traced with DeepSpeed's engine at the row's shape
+# (_deepspeed_rows: after `nnmem-sweep derive CONFIG`, or shipped); ZeRO-3's, which no fake run can trace, take the
+# largest of those. Its own measured steps (tests/data/truth/deepspeed/sequences: fresh runs of two steps, both end
+# ranks of each case), replayed as a scenario's recipes are, needed this span of the peak
+# (tests/test_deepspeed_reserve.py holds it to them), the most where the optimizer step peaks: its first step makes
+# AdamW's state in a pool the backward left; the decision page's band for a DeepSpeed row beside its own replay
 DEEPSPEED_RESERVE_SPAN = (0.005, 0.171)
 # the rows the span stands for: the measured cases' stages and recipes (ZeRO-3's steps gather and release parameters
 # in patterns none of these sequences has)
 DEEPSPEED_MEASURED_RECIPE = {C.ZERO_STAGE: ("1", "2"), C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}
 DEEPSPEED_NOTE = (
-    "not replayed: a DeepSpeed rank's step is planned by the hand model, not traced at the row's shape; DeepSpeed's "
+    "not replayed: no DeepSpeed row's step is traced at its shape (`nnmem-sweep derive CONFIG` traces ZeRO-1/2's, "
+    "DeepSpeed installed); DeepSpeed's "
     "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 24 measured cases: "
     "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B and Mistral 7B, 64-4,096 tokens, without and with "
     "full checkpointing, with and without accumulation or overlap_comm, both end ranks, with the two cuBLAS "
@@ -213,6 +218,61 @@ def _replay_rows(arch, mode: str, jobs: list[tuple[dict, bool]], options: Alloca
     return [(d["note"], (d["need"] - d["peak"]) / max(d["peak"], 1) if "need" in d else None) for d in docs]
 
 
+_tracing_deepspeed: list[bool] = []  # inside tracing_deepspeed(): a DeepSpeed row not traced yet is traced
+
+
+@contextlib.contextmanager
+def tracing_deepspeed() -> Iterator[None]:
+    """DeepSpeed rows whose step is neither shipped nor cached are traced inside (`nnmem-sweep derive CONFIG`)."""
+    _tracing_deepspeed[:] = [True]
+    try:
+        yield
+    finally:
+        _tracing_deepspeed.clear()
+
+
+def _deepspeed_rows(twin, mode: str, jobs: list[tuple[dict, bool]], options: AllocatorOptions,  # noqa: ARG001
+                    progress: bool = False) -> list[tuple[str, float | None]]:
+    """_replay_rows for DeepSpeed's layouts: a ZeRO-1/2 row's rank step traced with DeepSpeed's own engine at the
+    row's shape on both end ranks (derive/zero_sequence.py; `twin`'s config), bisected, the larger need against the
+    larger peak; a resumed run is not traced (None). Each result is kept in the user's cache and shipped like the
+    others, keyed by the case, the DeepSpeed release and the code; traced only inside tracing_deepspeed(), with that
+    release installed (a run without it reads what is shipped or cached)."""
+    from .derive import zero_rows as zr, zero_sequence as zs
+
+    out: list[tuple[str, float | None]] = []
+    for i, (row, fresh) in enumerate(jobs):
+        case, why = zr.row_case(twin.derived.source, row) if fresh else (None, "")
+        if case is None:
+            out.append((f"not replayed: {why}" if why else "", None))
+            continue
+        key = "deepspeed:" + hashlib.sha256(json.dumps(
+            [case, zr.DEEPSPEED_VERSION, zs.code_digest(), large_cublas_workspace_bytes(), repr(options), RESOLUTION,
+             FIRST_PROBE, _code_digest()],
+            sort_keys=True).encode()).hexdigest()
+        doc = shipped_replays().get(key) or memo_read("replays", key)
+        if doc is None and _tracing_deepspeed:
+            if zr.installed() != zr.DEEPSPEED_VERSION:
+                have = zr.installed() or "none"
+                raise UsageError(f"tracing a DeepSpeed row needs DeepSpeed {zr.DEEPSPEED_VERSION} installed (found "
+                                 f"{have}): pip install deepspeed=={zr.DEEPSPEED_VERSION} --no-deps")
+            if progress:
+                print(f"nnmem-sweep: tracing DeepSpeed's step at row {i + 1} of {len(jobs)} (both end ranks)",
+                      file=sys.stderr, flush=True)
+            ranks = [least_capacity(seq, options) for seq in
+                     zs.end_rank_sequences(case, large_cublas_workspace_bytes()).values()]
+            doc = {"peak": max(p for p, _ in ranks), "need": max(n for _, n in ranks), "deepspeed": zr.installed()}
+            memo_write("replays", key, doc)
+        if doc is None:
+            out.append(("not replayed: its DeepSpeed step is not traced yet (`nnmem-sweep derive CONFIG` traces it, "
+                        f"DeepSpeed {zr.DEEPSPEED_VERSION} installed)", None))
+            continue
+        if _shipping:
+            _shipping[0][key] = doc
+        out.append((f"traced with DeepSpeed {doc['deepspeed']}", (doc["need"] - doc["peak"]) / max(doc["peak"], 1)))
+    return out
+
+
 # The replays of the shipped scenarios (configs/), shipped beside the derived twins' plans (issue 20: a user's first
 # `make report` bisects nothing): each least capacity keyed by the sha256 of the very sequence it was bisected on, the
 # options and the allocator code, so a shipped result is used only for the same sequence under the same code.
@@ -273,16 +333,17 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
     resumed from a checkpoint), replayed like a scenario's recipe under `alloc_conf` (PYTORCH_CUDA_ALLOC_CONF text;
     "" the defaults); (None, why) where no traced sequence is stored (allow_deriving: a hand-modelled preset's
     twin is derived when it is not)."""
-    if C.REDUCE_BUCKET in row.index and int(row[C.REDUCE_BUCKET]) > 0:
-        return None, "not replayed: a DeepSpeed rank's step is not traced (its bytes are the hand model's)"
     twin = derived_twin(arch, allow_deriving)
     if twin is None:
         return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
+    options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
+    if C.REDUCE_BUCKET in row.index and int(row[C.REDUCE_BUCKET]) > 0:  # its rank's step traced (_deepspeed_rows)
+        ((note, frac),) = _deepspeed_rows(twin, mode, [(row.to_dict(), lazy_state)], options)
+        return (None, note) if frac is None else (_rounded(frac), note)
     # a sharded point's rank (data_parallel, zero_stage, fsdp_version) replays its rank's own traced sequence
     # (and an accumulating point's micro-batches, which keep its gradients: components/derived.with_kept_gradients)
     axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD, C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION,
                         C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) if a in row.index]
-    options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
     ((note, frac),) = _replay_rows(twin, mode, [(row[axes].to_dict(), lazy_state)], options)
     if frac is None:
         return None, note
@@ -323,8 +384,9 @@ def _replayable(sc: Scenario):
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return False, None
-    if sc.parallel and deepspeed_layouts(sc.parallel):
-        return False, DEEPSPEED_NOTE
+    if sc.parallel and deepspeed_layouts(sc.parallel):  # its rank steps traced at the rows' shapes (_deepspeed_rows)
+        twin = derived_twin(sc.model)
+        return (False, DEEPSPEED_NOTE) if twin is None else (True, twin)
     if sc.parallel and not traced_ranks(sc):
         # a traced sequence is one GPU's whole step, not a rank's share of a layout (FSDP's layouts: their rank's
         # step is traced, a hand-modelled family's by its derived twin: `nnmem-sweep derive CONFIG`)
@@ -352,7 +414,8 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
     records = rows.to_dict("records")
     jobs = [(row, True) for row in records] + \
         ([(row, False) for row in records] if sc.mode == "train" and bands else [])
-    results = _replay_rows(twin, sc.mode, jobs, options, progress)
+    deepspeed = bool(sc.parallel) and deepspeed_layouts(sc.parallel)
+    results = (_deepspeed_rows if deepspeed else _replay_rows)(twin, sc.mode, jobs, options, progress)
     fresh_of = results[:len(records)]
     resumed_of = results[len(records):] or fresh_of
     replayed: list[tuple[tuple[str, ...], float, float, float]] = []  # boundary_rows gives one row per recipe
@@ -368,10 +431,12 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
                          _rounded(max(fresh, resumed))))
     if not replayed:
         note = f"{skipped[0] if skipped else 'no row fits any GPU: nothing replayed'}; {DEFAULT_NOTE}"
+        if deepspeed:
+            note = f"{DEEPSPEED_NOTE}{f' ({skipped[0]})' if skipped else ''}"
         return dataclasses.replace(sc, overheads=dataclasses.replace(ov, reserve_note=note))
     conf = (f"PYTORCH_CUDA_ALLOC_CONF={ov.allocator_conf}" if ov.allocator_conf
             else "PyTorch's default allocator settings")
-    fsdp2 = bool(sc.parallel) and 2 in fsdp_versions(sc.parallel)
+    fsdp2 = bool(sc.parallel) and 2 in fsdp_versions(sc.parallel) and not deepspeed
     if fsdp2 and any(STREAMS_NOTE in note for note, _ in results):
         conf += ("; a rank's own sequence of its FSDP2 step, each block in the pool of the stream FSDP2 allocates it "
                  "on (the all-gather copy-in and reduce-scatter streams beside the default one; the allocator "
@@ -382,11 +447,15 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         conf += ("; a rank's own sequence of its FSDP2 step, replayed on one stream (a plan traced before streams "
                  "were recorded: on a GPU FSDP2's all-gather and reduce-scatter streams keep pools of their own, "
                  "which moves the reserve either way)")
-    if sc.parallel and 1 in fsdp_versions(sc.parallel):
+    if sc.parallel and 1 in fsdp_versions(sc.parallel) and not deepspeed:
         conf += ("; an FSDP1 rank's own sequence of its step, on one stream (FSDP1 all-gathers on a stream of its "
                  "own and frees through record_stream, which on a GPU can keep a block from its pool until that "
                  "stream's work is done: not modelled)")
-    if twin is not sc.model:
+    if deepspeed:
+        conf += (f"; a DeepSpeed rank's own step, traced with DeepSpeed's engine at the row's shape on both end ranks "
+                 "(the larger need against the larger peak), with the two cuBLAS workspaces of a CUDA run: an H100 "
+                 "measured one such sequence's need within 0.2 %")
+    elif twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
     note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
             f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
@@ -394,7 +463,7 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
             f"{_span([f for _, f, _, _ in replayed])} of the peak; each recipe takes its own, a recipe not replayed "
             "the largest")
     if skipped:
-        note += f"; {len(skipped)} row(s) not replayed ({skipped[0]})"
+        note += f"; {len(skipped)} row(s) not replayed ({skipped[0].removeprefix('not replayed: ')})"
     return dataclasses.replace(sc, overheads=dataclasses.replace(
         ov, replayed_reserve_fraction=max(f for _, f, _, _ in replayed), replayed_axes=tuple(recipe),
         replayed_recipes=tuple(sorted(replayed)), reserve_note=note))

@@ -21,13 +21,23 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
 
     from .config import load_scenario
     from .derive.arch import derived_twin
-    from .replays import traced_ranks
+    from .parallel.layout import deepspeed_layouts
+    from .replays import traced_ranks, tracing_deepspeed
     from .runner import run_scenario
 
     with shipping(cache.SHIPPED) if ship else _nothing():
         for path in configs:
             t0 = time.perf_counter()
             sc = load_scenario(path)
+            if sc.parallel and deepspeed_layouts(sc.parallel):  # its ZeRO-1/2 rows' rank steps traced (replays.py)
+                if derived_twin(sc.model, allow_deriving=True) is None:
+                    print(f"{path}: {sc.model.name} has no derived twin whose config DeepSpeed's engine can run; "
+                          "nothing to trace", file=sys.stderr)
+                    continue
+                with tracing_deepspeed():
+                    run_scenario(sc, progress=progress)
+                print(f"{path}: every DeepSpeed row's step traced or found ({time.perf_counter() - t0:.1f} s)")
+                continue
             if sc.model.kind != "derived":
                 # FSDP's layouts: the twin's rank traced (replays.py); other layouts replay nothing
                 twin = None if sc.parallel and not traced_ranks(sc) else derived_twin(sc.model, allow_deriving=True)
@@ -139,8 +149,11 @@ def derive_gpu_points(points_path: str | Path, ship: bool) -> int:
     from .gpu_points import case_of, load_points
     from .workload.build import case_config
 
+    from .replays import tracing_deepspeed
+
     gpu = get_gpu("h100-sxm")  # the plans do not depend on the GPU; the reserve's replay is of the sequence
-    with shipping(cache.SHIPPED) if ship else _nothing():
+    # a DeepSpeed point's rank step traced with DeepSpeed's engine (replays.py), where it is installed
+    with shipping(cache.SHIPPED) if ship else _nothing(), tracing_deepspeed():
         for p in load_points(Path(points_path)):
             t0 = time.perf_counter()
             case = case_of(p)

@@ -155,22 +155,30 @@ def test_a_sharded_points_reserve_is_its_ranks_own_sequence_on_its_streams():
     assert "S 40,370,176 B" in note
 
 
-def test_a_deepspeed_points_reserve_is_not_replayed_from_another_layouts_sequence():
-    """validation/gpu-deepspeed.yaml's points: a DeepSpeed rank's step is not traced, so its comparison keeps the
-    default reserve and says why; before, the derived twin's FSDP2 rank sequence (the same data_parallel and
-    zero_stage) would have been replayed for it. Its allocated bytes are the hand model of DeepSpeed's engine."""
+def test_a_deepspeed_points_reserve_is_its_own_traced_step_never_another_layouts_sequence():
+    """validation/gpu-deepspeed.yaml's points: a ZeRO-2 rank's reserve is its own step traced with DeepSpeed's engine
+    (shipped: replays._deepspeed_rows), a ZeRO-3 rank's the default (no fake run traces it), each saying so; before,
+    the derived twin's FSDP2 rank sequence (the same data_parallel and zero_stage) would have been replayed for them.
+    Their allocated bytes are the hand model of DeepSpeed's engine."""
     pytest.importorskip("transformers", reason="the [measure] extra is not installed")
     from nnmem_sweep.catalog.gpus import get_gpu
     from nnmem_sweep.gpu_compare import estimate_beside
     from nnmem_sweep.gpu_points import case_of, load_points
     from nnmem_sweep.workload.build import case_config
 
+    stages = set()
     for point in load_points("validation/gpu-deepspeed.yaml"):
         case = case_of(point)
         rec = {"id": point["id"], "case": case, "hf_config": case_config(case)[0], "point": point}
         est = estimate_beside(rec, get_gpu("h100-sxm"), ())
-        assert est["reserve_fraction"] is None and "a DeepSpeed rank's step is not traced" in est["reserve_note"]
+        stage = case["deepspeed"]["zero_stage"]
+        stages.add(stage)
+        if stage == 3:
+            assert est["reserve_fraction"] is None and "ZeRO-3 partitions real tensors only" in est["reserve_note"]
+        else:
+            assert est["reserve_fraction"] is not None and est["reserve_note"].startswith("traced with DeepSpeed")
         assert est["estimated_phase"] == "backward" and est["estimated_allocated"] < get_gpu("h100-sxm").memory_bytes
+    assert stages == {2, 3}
 
 
 def test_a_row_that_accumulates_replays_its_plan_with_the_gradients_kept():

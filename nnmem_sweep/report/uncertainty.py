@@ -84,16 +84,19 @@ def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, flo
 def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[float, float], str]:
     """(band, whence): the row's recipe's replays (a fresh and a resumed run, replays.py) where it was replayed
     ("replayed"); on a DeepSpeed ZeRO-1/2 layout with a recipe like those measured (AdamW, no or full checkpointing),
-    what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"); else FRAGMENTATION
-    ("default")."""
+    what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"), with the row's own
+    traced step where it was replayed (a fresh run alone: "deepspeed-row"); else FRAGMENTATION ("default")."""
     ov = sc.overheads
+    bucket = row.get(C.REDUCE_BUCKET)
+    measured_like = bucket is not None and not _isnan(bucket) and int(bucket) > 0 and \
+        all(str(row.get(axis, values[0])) in values for axis, values in DEEPSPEED_MEASURED_RECIPE.items())
     if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
         band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
+        if band is not None and measured_like:  # a DeepSpeed row's fresh run alone: its measured steps' span beside
+            return (min(band[0], DEEPSPEED_RESERVE_SPAN[0]), max(band[1], DEEPSPEED_RESERVE_SPAN[1])), "deepspeed-row"
         if band is not None:
             return band, "replayed"
-    bucket = row.get(C.REDUCE_BUCKET)
-    if bucket is not None and not _isnan(bucket) and int(bucket) > 0 and \
-            all(str(row.get(axis, values[0])) in values for axis, values in DEEPSPEED_MEASURED_RECIPE.items()):
+    if measured_like:
         return DEEPSPEED_RESERVE_SPAN, "deepspeed"  # a DeepSpeed layout (its buffers), a recipe like those measured
     return FRAGMENTATION, "default"
 
@@ -121,7 +124,8 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     f_assumed = r["fragmentation"][2] / max(int(row[C.PEAK_ALLOCATED]), 1)
     (lo, hi), whence = fragmentation_source(row, sc)
     replayed = whence != "default"
-    how = {"replayed": "replayed fresh and resumed; ", "deepspeed": "DeepSpeed's measured steps, replayed; "}
+    how = {"replayed": "replayed fresh and resumed; ", "deepspeed": "DeepSpeed's measured steps, replayed; ",
+           "deepspeed-row": "its DeepSpeed step traced and replayed fresh, and DeepSpeed's measured steps; "}
     frag = (f", fragmentation {percent(lo)}–{percent(hi)} of the peak "
             f"({how.get(whence, '')}{percent(f_assumed)} assumed"
             f"{'; the allocator model checked against real GPUs: docs/accuracy.md' if replayed else ''})")

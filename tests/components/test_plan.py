@@ -129,8 +129,11 @@ def test_the_mask_belongs_to_the_batch_independent_intercept_of_the_max_batch(mo
     b = int(max_batch(masked_arch, "train", points, sc.overheads, sc.headroom)[C.MAX_BATCH].iloc[0])
     assert 0 < b < plain_b
     assert bool(at(masked_arch, b)[C.FITS].iloc[0]) and not bool(at(masked_arch, b + 1)[C.FITS].iloc[0])
-    assert int(at(masked_arch, b)[C.PEAK_ALLOCATED].iloc[0]) == int(at(plain_arch, b)[C.PEAK_ALLOCATED].iloc[0]) \
-        + 1000 * 8 * 8
+    masked = int(at(masked_arch, b)[C.PEAK_ALLOCATED].iloc[0])
+    # the plain plan without the patch: the plan cache (64 entries) may have dropped it since, and a plan rebuilt
+    # under the patch would carry the mask too
+    monkeypatch.undo()
+    assert masked == int(at(plain_arch, b)[C.PEAK_ALLOCATED].iloc[0]) + 1000 * 8 * 8
 
 
 def test_a_mask_in_transformer_inference_spans_the_prompt_in_prefill_and_the_cache_in_decode(monkeypatch):

@@ -1,0 +1,128 @@
+"""One rank of a DeepSpeed ZeRO-1/2 step recorded under FakeTensorMode (workload/zero_engine.py): the steady step
+the truth measures (measure/zero_step.py) and a fresh run's allocation sequence, which the caching-allocator model
+replays (replays.py: a DeepSpeed row's reserve at its own shape; tests/data/truth/deepspeed/sequences/).
+
+A scenario's row becomes the `measure` case of its step in zero_rows.py. DeepSpeed keeps its process groups at module
+level past the fake group's lifetime, so each rank is traced in a process of its own (`end_rank_sequences`). ZeRO-3
+partitions real tensors only, and is not traced here.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def code_digest() -> str:
+    """The code a traced sequence depends on beyond the model's and its case's (zero_rows.py): the engine's
+    workload, the step, the recording."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "workload" / "zero_engine.py", root / "derive" / "zero_sequence.py", root / "derive" / "trace.py"]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+
+def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:
+    """The ranks a ZeRO-1/2 step is traced on: the two ends of the flat buffer its partitions cut (rank 0 holds the
+    embedding's, the last the last layers' and an untied head's, whose gradients come first)."""
+    return 0, int(case["deepspeed"]["world"]) - 1
+
+
+def end_rank_sequences(case: dict[str, Any], workspace_bytes: int) -> dict[int, np.ndarray]:
+    """{rank: the fresh sequence of `case` on it (fresh_events)} over end_ranks, each traced in a process of its
+    own."""
+    import multiprocessing
+
+    from ..workload.build import case_config
+
+    cfg = case_config(case)[0]
+    out = {}
+    for rank in end_ranks(case):
+        at_rank = {**case, "deepspeed": {**case["deepspeed"], "rank": rank}}
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            out[rank] = pool.apply(_quiet_fresh_events, (at_rank, cfg, 2, workspace_bytes))
+    return out
+
+
+def _quiet_fresh_events(*args) -> np.ndarray:
+    """fresh_events in a child process, without the warnings DeepSpeed and torch print there (fake tensors' data
+    pointers, deprecated collectives), nor DeepSpeed's log lines."""
+    import logging
+    import warnings
+
+    from .source import quiet
+
+    warnings.simplefilter("ignore")
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    with quiet():
+        return fresh_events(*args)
+
+
+def fresh_events(case: dict[str, Any], cfg: dict[str, Any], steps: int, workspace_bytes: int) -> np.ndarray:
+    """The allocation sequence of a fresh run's first `steps` steps on one rank, from what the engine holds when
+    deepspeed.initialize() returns (the 16-bit parameters, the fp32 partition: the optimizer state is made in the
+    first step), as (storage id, signed bytes) events: what the caching-allocator model replays (replays.py). With
+    the two cuBLAS workspaces of a CUDA run (derive/trace.py Recorder) of `workspace_bytes` each (an H100's: 32 MiB,
+    components/runtime.large_cublas_workspace_bytes): without them the sequence of the H100's ZeRO-2 point needed
+    4.4 % above its peak, where the GPU needed 10.2 % and with them 10.2-10.5 %."""
+    rec, _, _ = recorded(case, cfg, untraced=0, traced=steps, workspace_bytes=workspace_bytes)
+    return np.ascontiguousarray(rec.trace().events[:, :2], dtype=np.int64)
+
+
+def recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: int, workspace_bytes: int = 0):
+    """(the Recorder of `traced` steps after `untraced` ones, parameters of the model, bytes held by kind when the
+    recording started); `workspace_bytes`: the Recorder's cuBLAS workspaces (a sequence's only)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..workload import zero_engine as Z
+    from ..workload.build import run_contexts
+    from .trace import Recorder
+
+    fake = Z.check(case["deepspeed"])[1] < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with Z.rank_comm(case["deepspeed"]), fake_mode:
+        torch.manual_seed(0)
+        w = Z.engine_workload(case, cfg, fake)
+        engine, zero, inputs, accum = w.model, w.optimizer.zero, w.inputs, w.accum
+        # a ZeRO-3 parameter's numel is its partition's once partitioned: ds_numel is the whole tensor's
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+        with run_contexts(case, fake=fake), Z.answered_finite(zero) if fake else contextlib.nullcontext():
+            for _ in range(untraced):  # the first step makes the optimizer state (module docstring)
+                _step(engine, inputs, None, accum)
+            rec = Recorder(workspace_bytes)
+            held = Z.held_tensors(engine, zero, w.optimizer.optimizer)
+            for kind, tensors in held.items():
+                rec.external(tensors, kind)
+            with rec:
+                for _ in range(traced):
+                    _step(engine, inputs, rec, accum)
+                rec.mark("end")
+        totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
+    return rec, params, totals
+
+
+def _step(engine, inputs: dict[str, Any], rec, accum: int = 1) -> None:  # noqa: ANN001
+    """One optimizer step of `accum` micro-batches, each forward and engine.backward(), then engine.step() (which
+    steps at the last micro-batch only); the micro-batches before the last marked "forward.k" / "backward.k"."""
+    mark = rec.mark if rec is not None else (lambda name: None)
+    for k in range(accum):
+        tag = "" if k == accum - 1 else f".{k}"
+        mark("forward" + tag)
+        out = engine(**inputs)
+        loss = out.loss
+        del out  # only the loss is kept into backward, as transformers' Trainer does
+        mark("backward" + tag)
+        engine.backward(loss)
+        del loss
+        if k < accum - 1:
+            engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
+    mark("optimizer")
+    engine.step()
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in tensors}
+    return sum(seen.values())
