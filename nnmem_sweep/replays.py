@@ -55,6 +55,7 @@ from .allocator.rules import TORCH_ALLOCATOR
 from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
 from .components.runtime import large_cublas_workspace_bytes
+from .derive import DerivationError
 from .derive.arch import derived_twin
 from .parallel.layout import deepspeed_layouts, fsdp_only, fsdp_versions
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
@@ -259,8 +260,11 @@ def _deepspeed_rows(twin, mode: str, jobs: list[tuple[dict, bool]], options: All
             if progress:
                 print(f"nnmem-sweep: tracing DeepSpeed's step at row {i + 1} of {len(jobs)} (both end ranks)",
                       file=sys.stderr, flush=True)
-            ranks = [least_capacity(seq, options) for seq in
-                     zs.end_rank_sequences(case, large_cublas_workspace_bytes()).values()]
+            try:
+                seqs = zr.end_rank_sequences(case, large_cublas_workspace_bytes())
+            except DerivationError as e:  # past its budget, or the engine failed: one line
+                raise UsageError(str(e)) from None
+            ranks = [least_capacity(seq, options) for seq in seqs.values()]
             doc = {"peak": max(p for p, _ in ranks), "need": max(n for _, n in ranks), "deepspeed": zr.installed()}
             memo_write("replays", key, doc)
         if doc is None:

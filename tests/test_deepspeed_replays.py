@@ -14,7 +14,7 @@ from nnmem_sweep import accuracy as A
 from nnmem_sweep import columns as C
 from nnmem_sweep import replays
 from nnmem_sweep.allocator import AllocatorOptions
-from nnmem_sweep.derive import zero_rows, zero_sequence
+from nnmem_sweep.derive import zero_rows
 from nnmem_sweep.derive.arch import derived_twin
 from nnmem_sweep.measure.cases import DEEPSPEED_CASES
 from nnmem_sweep.measure.truth import sequence_path
@@ -33,7 +33,7 @@ def _row() -> dict:
 
 def _sequences(case, workspace_bytes) -> dict[int, np.ndarray]:  # noqa: ARG001 - traced with an H100's workspaces
     out = {}
-    for rank in zero_sequence.end_ranks(case):
+    for rank in zero_rows.end_ranks(case):
         with np.load(sequence_path(TRUTH / "sequences", CASE_ID, rank)) as z:
             out[rank] = z["events"]
     return out
@@ -53,7 +53,7 @@ def test_a_row_becomes_the_case_its_sequence_was_measured_for(twin):
         assert case[key] == CASE[key], key
     assert case["deepspeed"] == {**CASE["deepspeed"], "overlap_comm": False}  # DeepSpeed's default, said
     assert case["hf_config"] == case_config(CASE)[0]  # the preset's config, as the truth built it
-    assert zero_sequence.end_ranks(case) == (0, 1)
+    assert zero_rows.end_ranks(case) == (0, 1)
 
 
 @pytest.mark.parametrize("change, why", [
@@ -71,7 +71,7 @@ def test_rows_no_fake_run_traces_say_why(twin, change, why):
 def test_a_traced_row_needs_the_larger_need_of_its_end_ranks(twin, monkeypatch, tmp_path):
     monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))
     monkeypatch.setattr(replays, "shipped_replays", dict)  # the H100's point is this row: its result is shipped
-    monkeypatch.setattr(zero_sequence, "end_rank_sequences", _sequences)
+    monkeypatch.setattr(zero_rows, "end_rank_sequences", _sequences)
     monkeypatch.setattr(zero_rows, "installed", lambda: zero_rows.DEEPSPEED_VERSION)
     options = AllocatorOptions()
     ranks = [replays.least_capacity(seq, options) for seq in _sequences(CASE, 0).values()]
@@ -87,7 +87,7 @@ def test_a_traced_row_needs_the_larger_need_of_its_end_ranks(twin, monkeypatch, 
     def untraced(*args):  # noqa: ANN002, ANN202
         raise AssertionError("traced again")
 
-    monkeypatch.setattr(zero_sequence, "end_rank_sequences", untraced)
+    monkeypatch.setattr(zero_rows, "end_rank_sequences", untraced)
     assert replays._deepspeed_rows(twin, "train", jobs[:1], options)[0][1] == fresh  # the user's cache
 
 

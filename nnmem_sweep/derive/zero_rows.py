@@ -1,9 +1,14 @@
-"""A scenario's DeepSpeed row as the `measure` case of its rank step (zero_sequence.py traces it): the model's config
-(a hand-modelled preset's derived twin, or a derived model's), the batch, sequence, recipe and DeepSpeed settings of
-the row; or why no fake run traces it."""
+"""A scenario's DeepSpeed row as the `measure` case of its rank step: the model's config (a hand-modelled preset's
+derived twin, or a derived model's), the batch, sequence, recipe and DeepSpeed settings of the row, or why no fake
+run traces it (row_case); and its fresh sequences on both end ranks (end_rank_sequences), each recorded
+(zero_sequence.py) in a process of its own: DeepSpeed keeps its process groups at module level past the fake
+group's lifetime."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .. import columns as C
 
@@ -49,3 +54,73 @@ def row_case(source, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]: 
     if accum > 1:
         case["gradient_accumulation"] = accum
     return case, ""
+
+
+def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:
+    """The ranks a ZeRO-1/2 step is traced on: the two ends of the flat buffer its partitions cut (rank 0 holds the
+    embedding's, the last the last layers' and an untied head's, whose gradients come first)."""
+    return 0, int(case["deepspeed"]["world"]) - 1
+
+
+def end_rank_sequences(case: dict[str, Any], workspace_bytes: int) -> dict[int, np.ndarray]:
+    """{rank: the fresh sequence of `case` on it (fresh_events)} over end_ranks, each traced in a Python process of
+    its own (not a multiprocessing child, which would import the caller's main module again), its output kept from
+    the user's terminal; a failed trace is one line (DerivationError)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from ..workload.build import case_config
+    from .source import DerivationError
+
+    cfg = case_config(case)[0]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank in end_ranks(case):
+            job = Path(tmp) / f"rank{rank}.json"
+            job.write_text(json.dumps([{**case, "deepspeed": {**case["deepspeed"], "rank": rank}}, cfg,
+                                       workspace_bytes]))
+            child = subprocess.Popen([sys.executable, "-c", CHILD, str(job)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            try:
+                _, err = child.communicate()
+            finally:  # stopped (a signal, an interrupt): the child goes too
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            if child.returncode != 0:  # the child's last line: its budget's, or the exception that stopped it
+                last = (err.strip().splitlines() or ["no output"])[-1]
+                raise DerivationError(last if child.returncode == 2 else f"DeepSpeed's step at batch "
+                                      f"{case['batch']}, sequence {case['seq_len']}, rank {rank}: {last}")
+            out[rank] = np.load(job.with_suffix(".npy"))
+    return out
+
+
+CHILD = "import sys; from nnmem_sweep.derive.zero_rows import trace_job; trace_job(sys.argv[1])"
+
+
+def trace_job(path: str) -> None:
+    """A child's work (end_rank_sequences): the fresh sequence of the case in `path` (JSON: case, config, workspace
+    bytes) saved beside it as .npy, without the warnings DeepSpeed and torch print (fake tensors' data pointers,
+    deprecated collectives)."""
+    import json
+    import logging
+    import sys
+    import warnings
+
+    from . import budget
+    from .source import DerivationError, quiet
+    from .zero_sequence import fresh_events
+
+    case, cfg, workspace_bytes = json.loads(Path(path).read_text())
+    warnings.simplefilter("ignore")
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    label = f"DeepSpeed's ZeRO-{case['deepspeed']['zero_stage']} step, rank {case['deepspeed']['rank']}"
+    try:  # bounded as a derivation is (budget.py): past it, one line
+        with quiet(), budget.derivation(label), budget.probe(int(case["batch"]), int(case["seq_len"])):
+            events = fresh_events(case, cfg, 2, workspace_bytes)
+    except DerivationError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(2) from None
+    np.save(Path(path).with_suffix(".npy"), events)

@@ -2,9 +2,8 @@
 the truth measures (measure/zero_step.py) and a fresh run's allocation sequence, which the caching-allocator model
 replays (replays.py: a DeepSpeed row's reserve at its own shape; tests/data/truth/deepspeed/sequences/).
 
-A scenario's row becomes the `measure` case of its step in zero_rows.py. DeepSpeed keeps its process groups at module
-level past the fake group's lifetime, so each rank is traced in a process of its own (`end_rank_sequences`). ZeRO-3
-partitions real tensors only, and is not traced here.
+A scenario's row becomes the `measure` case of its step, each end rank traced in a process of its own, in
+zero_rows.py. ZeRO-3 partitions real tensors only, and is not traced here.
 """
 from __future__ import annotations
 
@@ -18,46 +17,10 @@ import numpy as np
 
 def code_digest() -> str:
     """The code a traced sequence depends on beyond the model's and its case's (zero_rows.py): the engine's
-    workload, the step, the recording."""
+    workload, the step and its recording (this module), the Recorder."""
     root = Path(__file__).resolve().parent.parent
     files = [root / "workload" / "zero_engine.py", root / "derive" / "zero_sequence.py", root / "derive" / "trace.py"]
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
-
-
-def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:
-    """The ranks a ZeRO-1/2 step is traced on: the two ends of the flat buffer its partitions cut (rank 0 holds the
-    embedding's, the last the last layers' and an untied head's, whose gradients come first)."""
-    return 0, int(case["deepspeed"]["world"]) - 1
-
-
-def end_rank_sequences(case: dict[str, Any], workspace_bytes: int) -> dict[int, np.ndarray]:
-    """{rank: the fresh sequence of `case` on it (fresh_events)} over end_ranks, each traced in a process of its
-    own."""
-    import multiprocessing
-
-    from ..workload.build import case_config
-
-    cfg = case_config(case)[0]
-    out = {}
-    for rank in end_ranks(case):
-        at_rank = {**case, "deepspeed": {**case["deepspeed"], "rank": rank}}
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            out[rank] = pool.apply(_quiet_fresh_events, (at_rank, cfg, 2, workspace_bytes))
-    return out
-
-
-def _quiet_fresh_events(*args) -> np.ndarray:
-    """fresh_events in a child process, without the warnings DeepSpeed and torch print there (fake tensors' data
-    pointers, deprecated collectives), nor DeepSpeed's log lines."""
-    import logging
-    import warnings
-
-    from .source import quiet
-
-    warnings.simplefilter("ignore")
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    with quiet():
-        return fresh_events(*args)
 
 
 def fresh_events(case: dict[str, Any], cfg: dict[str, Any], steps: int, workspace_bytes: int) -> np.ndarray:
