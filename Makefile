@@ -56,7 +56,9 @@ truth: $(MSTAMP)
 # shipped scenario's that uses one, and the derived twins of the hand-modelled scenarios (their allocation sequences
 # give the replayed allocator reserve, replays.py), traced anew (NNMEM_SWEEP_REDERIVE=1), then the configs/
 # scenarios' replays and the GPU-kit points' on those plans (replays.SHIPPED_REPLAYS). Minutes; run after changing
-# derive/ or allocator/ (tests/test_replays_shipped.py says when the shipped replays are stale).
+# derive/ or allocator/ (tests/test_replays_shipped.py says when the shipped replays are stale). DeepSpeed's ZeRO-1/2
+# rows (configs/llama-8b-deepspeed.yaml, the kit's DeepSpeed points) are traced with its engine where DeepSpeed 0.19.8
+# is installed (pip install deepspeed==0.19.8 --no-deps: without it pip pulls a CUDA torch); else the shipped stand.
 derive: $(MSTAMP)
 	NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --presets --truth tests/data/truth --ship
 	for points in validation/gpu*.yaml; do NNMEM_SWEEP_REDERIVE=1 $(BIN)/nnmem-sweep derive --gpu-points $$points --ship; done

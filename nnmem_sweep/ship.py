@@ -21,6 +21,7 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
 
     from .config import load_scenario
     from .derive.arch import derived_twin
+    from .derive import zero_rows
     from .parallel.layout import deepspeed_layouts
     from .replays import traced_ranks, tracing_deepspeed
     from .runner import run_scenario
@@ -30,6 +31,11 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
             t0 = time.perf_counter()
             sc = load_scenario(path)
             if sc.parallel and deepspeed_layouts(sc.parallel):  # its ZeRO-1/2 rows' rank steps traced (replays.py)
+                if zero_rows.installed() != zero_rows.DEEPSPEED_VERSION:
+                    print(f"{path}: its DeepSpeed rows are traced with DeepSpeed {zero_rows.DEEPSPEED_VERSION}, "
+                          f"not installed here (pip install deepspeed=={zero_rows.DEEPSPEED_VERSION} --no-deps); "
+                          "what is shipped or cached stands", file=sys.stderr)
+                    continue
                 if derived_twin(sc.model, allow_deriving=True) is None:
                     print(f"{path}: {sc.model.name} has no derived twin whose config DeepSpeed's engine can run; "
                           "nothing to trace", file=sys.stderr)
