@@ -155,11 +155,12 @@ def derive_gpu_points(points_path: str | Path, ship: bool) -> int:
     from .gpu_points import case_of, load_points
     from .workload.build import case_config
 
-    from .replays import tracing_deepspeed
+    from . import replays
 
     gpu = get_gpu("h100-sxm")  # the plans do not depend on the GPU; the reserve's replay is of the sequence
-    # a DeepSpeed point's rank step traced with DeepSpeed's engine (replays.py), where it is installed
-    with shipping(cache.SHIPPED) if ship else _nothing(), tracing_deepspeed():
+    # a DeepSpeed point's rank step traced with DeepSpeed's engine (replays.py), where it is installed; every point's
+    # replay shipped as a group of its own, so a GPU run's comparison finds it before a run of it is committed
+    with shipping(cache.SHIPPED) if ship else _nothing(), replays.tracing_deepspeed(), replays.shipping() as made:
         for p in load_points(Path(points_path)):
             t0 = time.perf_counter()
             case = case_of(p)
@@ -171,6 +172,8 @@ def derive_gpu_points(points_path: str | Path, ship: bool) -> int:
                 print(f"{p['id']}: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
             print(f"{p['id']}: reserve {est['reserve_note'][:80]} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    if ship:
+        replays.ship_groups({Path(points_path).as_posix(): dict(sorted(made.items()))})
     return 0
 
 
