@@ -152,10 +152,9 @@ def derive_gpu_points(points_path: str | Path, ship: bool) -> int:
     hand-modelled preset its derived twin's (the allocation sequence its replayed reserve comes from)."""
     from .catalog.gpus import get_gpu
     from .gpu_compare import estimate_beside
+    from . import replays
     from .gpu_points import case_of, load_points
     from .workload.build import case_config
-
-    from . import replays
 
     gpu = get_gpu("h100-sxm")  # the plans do not depend on the GPU; the reserve's replay is of the sequence
     # a DeepSpeed point's rank step traced with DeepSpeed's engine (replays.py), where it is installed; every point's

@@ -2,7 +2,7 @@
 (derive/zero_rows.row_case), both end ranks are traced with DeepSpeed's engine and bisected
 (replays._deepspeed_rows), the larger need against the larger peak. DeepSpeed is not installed where the suite runs,
 so the tracing is stood in for by the committed fresh sequences of the same case (tests/data/truth/deepspeed/
-sequences/, traced by the same code: measure/zero_step.fresh_events)."""
+sequences/, traced by the same code: derive/zero_rows.end_rank_sequences)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,5 @@
 """The reserve DeepSpeed's own ZeRO-1/2 steps need in the caching-allocator model (issue 22): each committed case's
-fresh run of two steps on both end ranks (tests/data/truth/deepspeed/sequences/, measure/zero_step.fresh_events:
+fresh run of two steps on both end ranks (tests/data/truth/deepspeed/sequences/, derive/zero_rows.end_rank_sequences:
 DeepSpeed 0.19.8's engine under FakeTensorMode), bisected as the runner bisects a scenario's recipes
 (replays.least_capacity). What the report says of DeepSpeed rows (replays.DEEPSPEED_RESERVE_SPAN) is held to them."""
 from __future__ import annotations

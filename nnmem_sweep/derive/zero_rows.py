@@ -18,13 +18,10 @@ ENGINE_PRECISION = "bf16-master"  # DeepSpeed's bf16 mode: bf16 parameters and g
 
 
 def installed() -> str:
-    """The DeepSpeed release importable here ('' where there is none)."""
-    from importlib import metadata
+    """The DeepSpeed release importable here ('' where there is none: cache.installed)."""
+    from .cache import installed as release
 
-    try:
-        return metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        return ""
+    return release("deepspeed") or ""
 
 
 def row_case(source, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:  # noqa: ANN001 - a ModelSource

@@ -182,7 +182,7 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
 
 
 # A fresh run's first two steps on each end rank of a DeepSpeed ZeRO-1/2 case, as the allocator model replays them
-# (zero_step.fresh_events): the evidence of the reserve DeepSpeed's steps need (replays.DEEPSPEED_RESERVE_SPAN)
+# (derive/zero_rows.end_rank_sequences): the evidence of the reserve DeepSpeed's steps need (replays.DEEPSPEED_RESERVE_SPAN)
 SEQUENCES_DIR = "sequences"
 
 
@@ -191,17 +191,18 @@ def sequence_path(folder: Path, case_id: str, rank: int) -> Path:
 
 
 def write_sequences(case: dict[str, Any], folder: Path) -> list[Path]:
-    """Each end rank's fresh sequence (zero_step.fresh_events, a process of its own each), compressed."""
+    """Each end rank's fresh sequence, with an H100's two cuBLAS workspaces (derive/zero_rows.end_rank_sequences: a
+    process of its own each), compressed."""
     import io
 
     import numpy as np
 
+    from ..components.runtime import large_cublas_workspace_bytes
+    from ..derive.zero_rows import end_rank_sequences
     from ..paths import atomic_write_bytes
-    from ..workload.build import case_config
-    from .zero_step import fresh_events
 
     out = []
-    for rank, events in per_rank(fresh_events, case, case_config(case)[0]).items():
+    for rank, events in end_rank_sequences(case, large_cublas_workspace_bytes()).items():
         buf = io.BytesIO()
         np.savez_compressed(buf, events=events)
         out.append(atomic_write_bytes(sequence_path(folder, case["id"], rank), buf.getvalue()))
@@ -231,8 +232,9 @@ def per_rank(fn, case: dict[str, Any], cfg: dict[str, Any]) -> dict[int, Any]:  
 def end_ranks(case: dict[str, Any]) -> tuple[int, ...]:
     """The ranks a DeepSpeed case measures: ZeRO-1/2 the two ends of the flat buffer (0 and the last); ZeRO-3, whose
     every parameter is cut evenly over the ranks, rank 0 (with real tensors, each rank costs minutes)."""
-    world, stage = int(case["deepspeed"]["world"]), int(case["deepspeed"]["zero_stage"])
-    return (0,) if stage == 3 else (0, world - 1)
+    from ..derive import zero_rows
+
+    return (0,) if int(case["deepspeed"]["zero_stage"]) == 3 else zero_rows.end_ranks(case)
 
 
 def worst_rank(by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:

@@ -28,14 +28,6 @@ def measure(case: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     return {"params": params, **_phases(rec.trace(), totals)}
 
 
-def fresh_events(case: dict[str, Any], cfg: dict[str, Any], steps: int = 2) -> np.ndarray:
-    """A fresh run's allocation sequence on one rank, with an H100's two cuBLAS workspaces
-    (derive/zero_sequence.fresh_events)."""
-    from ..components.runtime import large_cublas_workspace_bytes
-
-    return zero_sequence.fresh_events(case, cfg, steps, large_cublas_workspace_bytes())
-
-
 def _phases(tr, totals: dict[str, int]) -> dict[str, Any]:
     """Per phase the peak of the live bytes over its segments (every micro-batch's forward, backward) and where the
     last micro-batch's started."""

@@ -56,12 +56,10 @@ def layer_replicated(arch: Architecture, p: Precision, device: str = "cuda") -> 
     tok += act.linear_inputs_saved(arch, p, 1 if (arch.num_experts or arch.mlp != "gated") else 2)
     if arch.hidden_dropout > 0:
         tok += 2 * act.dropout_mask_bytes(device, e) * h
-    const = 0
-    if arch.num_experts:  # the router runs on every rank's tokens; each routed token's input and output are whole
-        router = router_saved(arch)
-        tok += router.tok + arch.experts_per_token * 2 * e * h
-        const = router.const
-    return Term(tok=tok, const=const)
+    if not arch.num_experts:
+        return Term(tok=tok)
+    # the router runs on every rank's tokens; each routed token's input and output are whole
+    return Term(tok=tok + arch.experts_per_token * 2 * e * h) + router_saved(arch)
 
 
 @formula("parallel.rank_term",

@@ -179,8 +179,8 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
             return out
         # an MoE block's experts (fsdp.fsdp_last_block_experts): the top block's saved but its experts' beside
         # block 0's (FSDP1's rows as above)
-        freed, experts = (lift(terms_array([par_fsdp.fsdp_last_block_experts(arch, p)[j] for p in precs],
-                                           (len(precs),)), (0,), sizes) for j in (0, 1))
+        pairs = [par_fsdp.fsdp_last_block_experts(arch, p) for p in precs]
+        freed, experts = (lift(terms_array([pair[j] for pair in pairs], (len(precs),)), (0,), sizes) for j in (0, 1))
         out.append(moment(weights, temp, 3, grads, temps=experts,
                           acts=lambda v1: inputs + layer + rope + (layer - freed) * (1 - v1)))
     return out

@@ -24,13 +24,15 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import columns as C
+
 STAGES = (2, 3)
 
 
 def version(spec: dict[str, Any] | None) -> int:
     """The FSDP version a case's `fsdp` spec names: 1 (FullyShardedDataParallel) or 2 (fully_shard, where not
     given); 2 for no spec (an unsharded case)."""
-    return int((spec or {}).get("version", 2))
+    return int((spec or {}).get("version", C.PARALLEL_DEFAULTS[C.FSDP_VERSION]))
 
 
 def check(spec: dict[str, Any]) -> tuple[int, int]:
