@@ -10,7 +10,7 @@ TORCH   ?= torch==2.14.1 torchvision==0.29.1
 STAMP   := $(VENV)/.install-stamp
 MSTAMP  := $(VENV)/.install-stamp-measure
 
-.PHONY: install install-measure test run report bench truth derive accuracy validate gpu-check clean
+.PHONY: install install-measure lock test run report bench truth derive accuracy validate gpu-check clean
 
 # The last line compiles the allocator replay once (numba caches it beside the module): not in a user's first run.
 $(STAMP): pyproject.toml
@@ -19,12 +19,35 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c 'from nnmem_sweep.allocator import fast; fast.warm()'
 	@touch $@
 
-# The measurement extra (torch, torchvision, transformers, peft, bitsandbytes): the pinned pair first, so the extra's open ranges
-# never pick other releases. A venv with an older torch (2.13, no torchvision) is moved to the pair.
-$(MSTAMP): $(STAMP)
-	@$(BIN)/python -c 'import torch, torchvision' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,measure]'
-	@touch $@
+# The measurement extra (torch, torchvision, transformers, peft, bitsandbytes) with the dev tools, from the lock
+# (requirements/measure.lock: exact releases and sha256, no resolution): two pip processes unpack alternate lines
+# (pip unpacks one wheel at a time, and the CUDA build of torch brings 3.2 GB of nvidia wheels), pip check holds
+# what landed to pyproject.toml, and the modules are compiled on every core (pip compiles on one). Where the lock
+# cannot be installed (another platform, an index without a release), pip resolves the extra itself, the pinned
+# torch pair first so that the extra's open ranges never pick other releases.
+LOCK    := requirements/measure.lock
+PIPQ    := $(BIN)/python -m pip install -q --disable-pip-version-check
+$(MSTAMP): pyproject.toml $(LOCK)
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@grep -v '^#' $(LOCK) | awk 'NR % 2 == 1' > $(VENV)/lock-1.txt
+	@grep -v '^#' $(LOCK) | awk 'NR % 2 == 0' > $(VENV)/lock-2.txt
+	@{ $(PIPQ) --no-deps --no-compile -r $(VENV)/lock-1.txt & a=$$!; \
+	   $(PIPQ) --no-deps --no-compile -r $(VENV)/lock-2.txt & b=$$!; \
+	   wait $$a; ra=$$?; wait $$b; test $$ra = 0 -a $$? = 0; } \
+	 && $(PIPQ) --no-deps --no-compile -e . && $(BIN)/python -m pip check -q >/dev/null \
+	 || { echo "the lock did not install here: resolving with pip"; $(PIPQ) --no-compile $(TORCH) \
+	      && $(PIPQ) --no-compile -e '.[dev,measure]'; }
+	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig as s; print(s.get_path("purelib"))') \
+		>/dev/null 2>&1 || true  # as pip's compile, past the few files written for a newer Python (torch's py312_*)
+	@$(BIN)/python -c 'from nnmem_sweep.allocator import fast; fast.warm()'
+	@touch $(STAMP) $@
+
+# Regenerate the lock (after changing pyproject.toml's dependencies or TORCH): pip resolves in an empty venv.
+lock:
+	@rm -rf $(VENV)-lock && $(PY) -m venv $(VENV)-lock
+	@$(VENV)-lock/bin/python -m pip install -q --disable-pip-version-check --dry-run --ignore-installed \
+		--report $(VENV)-lock/report.json -e '.[dev,measure]' $(TORCH)
+	@$(PY) requirements/lock.py $(VENV)-lock/report.json > $(LOCK) && rm -rf $(VENV)-lock
 
 install: $(STAMP)
 
