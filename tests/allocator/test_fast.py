@@ -4,6 +4,7 @@ gave on every allocation sequence the package ships (tests/data/replays/least_ca
 reference: `python tests/allocator/test_fast.py --write`)."""
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import sys
@@ -93,9 +94,15 @@ def test_expandable_segments_stay_with_the_reference_model():
         replay(seq, AllocatorOptions(expandable_segments=True), engine="fast")
 
 
-def shipped_sequences():
+@functools.cache
+def shipped_sequences() -> tuple:
     """(plan file, batch, seq_len, events) of every shipped plan that stores its allocation sequence, at batch 4 and
-    sequence 512 (or the nearest shape) of its first region holding one."""
+    sequence 512 (or the nearest shape) of its first region holding one. Read once per process: each of the golden
+    tests below takes one of them (88 tests reading all 88 plans took 40 s of the suite)."""
+    return tuple(_shipped_sequences())
+
+
+def _shipped_sequences():
     for path in sorted(SHIPPED.glob("*/*.json.gz")):
         doc = json.loads(gzip.decompress(path.read_bytes()))
         region = next((r for r in doc.get("regions", ()) if r.get("replay") and (r["b_hi"] or 4) >= 4), None)
