@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 # (requirements/measure.lock: exact releases and sha256, no resolution): two pip processes unpack alternate lines
 # (pip unpacks one wheel at a time, and the CUDA build of torch brings 3.2 GB of nvidia wheels), pip check holds
 # what landed to pyproject.toml, and the modules are compiled on every core (pip compiles on one). Where the lock
-# cannot be installed (another platform, an index without a release), pip resolves the extra itself, the pinned
-# torch pair first so that the extra's open ranges never pick other releases.
+# cannot be installed (another platform, an index without a release), pip resolves the extra itself, with the
+# pinned torch pair in the same resolution so that the extra's open ranges never pick other releases.
 LOCK    := requirements/measure.lock
 PIPQ    := $(BIN)/python -m pip install -q --disable-pip-version-check
 $(MSTAMP): pyproject.toml $(LOCK)
@@ -35,8 +35,8 @@ $(MSTAMP): pyproject.toml $(LOCK)
 	   $(PIPQ) --no-deps --no-compile -r $(VENV)/lock-2.txt & b=$$!; \
 	   wait $$a; ra=$$?; wait $$b; test $$ra = 0 -a $$? = 0; } \
 	 && $(PIPQ) --no-deps --no-compile -e . && $(BIN)/python -m pip check -q >/dev/null \
-	 || { echo "the lock did not install here: resolving with pip"; $(PIPQ) --no-compile $(TORCH) \
-	      && $(PIPQ) --no-compile -e '.[dev,measure]'; }
+	 || { echo "the lock did not install here: resolving with pip"; \
+	      $(PIPQ) --no-compile $(TORCH) -e '.[dev,measure]'; }
 	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig as s; print(s.get_path("purelib"))') \
 		>/dev/null 2>&1 || true  # as pip's compile, past the few files written for a newer Python (torch's py312_*)
 	@$(BIN)/python -c 'from nnmem_sweep.allocator import fast; fast.warm()'
