@@ -1,5 +1,5 @@
-"""The plan machinery on hand-counted plans: every phase total evaluated, the winner by np.argmax over the phases
-(the first phase on ties), the winner's components; the coefficient tables against the Term polynomial in exact
+"""The plan machinery on hand-counted plans: every phase total evaluated, the winner by the largest total (the first
+phase on ties, as np.argmax), the winner's components; the coefficient tables against the Term polynomial in exact
 Python integers; the batch-independent s² coefficient (Term.sq) through Term, the plans, fit.py and transformer
 decode."""
 import numpy as np
@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nnmem_sweep import columns as C
-from nnmem_sweep.components.plan import Plan, Table, features
+from nnmem_sweep.components import plan as plan_mod
+from nnmem_sweep.components.plan import Plan, Table, features, first_max
 from nnmem_sweep.components.terms import Term
 
 
@@ -75,6 +76,30 @@ def test_table_is_the_polynomial_in_exact_integers(data, n, m):
              + int(s[x]) ** 2 * int(arr[i, j, 5])
              for x, i in enumerate(idx)] for j in range(m)]
     assert Table(arr).eval(idx, features(b, s)).tolist() == want
+
+
+def test_a_table_over_several_blocks_of_rows_is_the_polynomial_of_each_row():
+    """Table.eval takes BLOCK_ROWS rows at a time: across the blocks' edges, every row is still its own polynomial
+    (a reference over all rows at once, numpy's own sum of the coefficients times the row's factors)."""
+    rng = np.random.default_rng(7)
+    n_rows = 2 * plan_mod.BLOCK_ROWS + 17
+    arr = rng.integers(-(1 << 16), 1 << 16, size=(5, 4, 6), dtype=np.int64)
+    arr[:, 1, 3] = 0  # a coefficient some Terms leave out
+    idx = rng.integers(0, 5, size=n_rows).astype(np.intp)
+    b = rng.integers(1, 64, size=n_rows, dtype=np.int64)
+    s = rng.integers(1, 4096, size=n_rows, dtype=np.int64)
+    x = np.stack([np.ones(n_rows, dtype=np.int64), s, b, b * s, b * s * s, s * s], axis=1)  # COEFFICIENTS order
+    want = (arr[idx] * x[:, None, :]).sum(axis=2).T
+    assert np.array_equal(Table(arr).eval(idx, features(b, s)), want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_first_max_is_argmax_and_max_with_the_first_phase_on_ties(rows):
+    width = min(len(r) for r in rows)
+    totals = np.array([r[:width] for r in rows], dtype=np.int64)
+    win, peak = first_max(totals)
+    assert win.tolist() == np.argmax(totals, axis=0).tolist() and peak.tolist() == totals.max(axis=0).tolist()
 
 
 @given(const=st.integers(0, 1 << 20), pos=st.integers(0, 1 << 10), seq=st.integers(0, 1 << 10),
