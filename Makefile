@@ -35,7 +35,7 @@ $(MSTAMP): pyproject.toml $(LOCK)
 	   $(PIPQ) --no-deps --no-compile -r $(VENV)/lock-2.txt & b=$$!; \
 	   wait $$a; ra=$$?; wait $$b; test $$ra = 0 -a $$? = 0; } \
 	 && $(PIPQ) --no-deps --no-compile -e . && $(BIN)/python -m pip check -q >/dev/null \
-	 || { echo "the lock did not install here: resolving with pip"; \
+	 || { echo "the lock did not install here, or pip check found the venv inconsistent: resolving with pip"; \
 	      $(PIPQ) --no-compile $(TORCH) -e '.[dev,measure]'; }
 	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig as s; print(s.get_path("purelib"))') \
 		>/dev/null 2>&1 || true  # as pip's compile, past the few files written for a newer Python (torch's py312_*)
