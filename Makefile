@@ -21,10 +21,11 @@ $(STAMP): pyproject.toml
 
 # The measurement extra (torch, torchvision, transformers, peft, bitsandbytes) with the dev tools, from the lock
 # (requirements/measure.lock: exact releases and sha256, no resolution): two pip processes unpack alternate lines
-# (pip unpacks one wheel at a time, and the CUDA build of torch brings 3.2 GB of nvidia wheels), pip check holds
-# what landed to pyproject.toml, and the modules are compiled on every core (pip compiles on one). Where the lock
-# cannot be installed (another platform, an index without a release), pip resolves the extra itself, with the
-# pinned torch pair in the same resolution so that the extra's open ranges never pick other releases.
+# (pip unpacks one wheel at a time, and the CUDA build of torch brings nvidia wheels of 3.2 GiB installed), pip
+# check holds what landed to pyproject.toml, and the modules are compiled on every core (pip compiles on one).
+# Where the lock cannot be installed (another platform, an index without a release), pip resolves the extra
+# itself, with the pinned torch pair in the same resolution so that the extra's open ranges never pick other
+# releases.
 LOCK    := requirements/measure.lock
 PIPQ    := $(BIN)/python -m pip install -q --disable-pip-version-check
 $(MSTAMP): pyproject.toml $(LOCK)

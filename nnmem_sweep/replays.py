@@ -253,10 +253,9 @@ def _deepspeed_rows(twin, mode: str, jobs: list[tuple[dict, bool]], options: All
             sort_keys=True).encode()).hexdigest()
         doc = shipped_replays().get(key) or memo_read("replays", key)
         if doc is None and _tracing_deepspeed:
-            if zr.installed() != zr.DEEPSPEED_VERSION:
-                have = zr.installed() or "none"
+            if not zr.ready():
                 raise UsageError(f"tracing a DeepSpeed row needs DeepSpeed {zr.DEEPSPEED_VERSION} installed (found "
-                                 f"{have}): pip install deepspeed=={zr.DEEPSPEED_VERSION} --no-deps")
+                                 f"{zr.installed() or 'none'}): {zr.INSTALL}")
             if progress:
                 print(f"nnmem-sweep: tracing DeepSpeed's step at row {i + 1} of {len(jobs)} (both end ranks)",
                       file=sys.stderr, flush=True)

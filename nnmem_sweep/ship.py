@@ -31,10 +31,10 @@ def derive_scenarios(configs: list[str], ship: bool, progress: bool = True) -> i
             t0 = time.perf_counter()
             sc = load_scenario(path)
             if sc.parallel and deepspeed_layouts(sc.parallel):  # its ZeRO-1/2 rows' rank steps traced (replays.py)
-                if zero_rows.installed() != zero_rows.DEEPSPEED_VERSION:
+                if not zero_rows.ready():
                     print(f"{path}: its DeepSpeed rows are traced with DeepSpeed {zero_rows.DEEPSPEED_VERSION}, "
-                          f"not installed here (pip install deepspeed=={zero_rows.DEEPSPEED_VERSION} --no-deps); "
-                          "what is shipped or cached stands", file=sys.stderr)
+                          f"not installed here ({zero_rows.INSTALL}); what is shipped or cached stands",
+                          file=sys.stderr)
                     continue
                 if derived_twin(sc.model, allow_deriving=True) is None:
                     print(f"{path}: {sc.model.name} has no derived twin whose config DeepSpeed's engine can run; "

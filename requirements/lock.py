@@ -6,7 +6,8 @@ Usage (make lock): python3 requirements/lock.py REPORT.json > requirements/measu
 The lock holds every wheel of the measurement stack at its exact release and sha256, so `make test` installs it
 without resolving and checks what it gets. Its lines are ordered by wheel size, largest first, so that the
 Makefile's two pip processes (alternate lines) unpack about the same bytes each: the CUDA build of torch brings
-3.2 GB of nvidia wheels, and pip unpacks one wheel at a time. Standard library only (it runs before any install).
+nvidia wheels of 3.2 GiB installed, and pip unpacks one wheel at a time. Standard library only (it runs before any
+install).
 """
 from __future__ import annotations
 

@@ -205,16 +205,15 @@ def pick_phases(phase_totals: list[np.ndarray], phase_components: list[dict[str,
                 phase_names: list[str], n: int) -> dict[str, object]:
     """Plan.pick for phases evaluated already: the components of the phase with the largest total (the first one
     on ties); a component a phase does not hold is 0 there."""
-    stacked = np.stack(phase_totals)
-    win = np.argmax(stacked, axis=0)[None]
+    win, peak = first_max(np.stack(phase_totals))
     out: dict[str, object] = {}
     for comp in C.COMPONENTS:
         per_phase = np.stack([np.broadcast_to(pc.get(comp, 0), (n,)) for pc in phase_components])
-        out[comp] = np.take_along_axis(per_phase, win, axis=0)[0]
-    out[C.PEAK_ALLOCATED] = np.take_along_axis(stacked, win, axis=0)[0]  # the winner's total
+        out[comp] = np.take_along_axis(per_phase, win[None], axis=0)[0]
+    out[C.PEAK_ALLOCATED] = peak  # the winner's total
     uniq = list(dict.fromkeys(phase_names))
     labels = np.array([uniq.index(p) for p in phase_names], dtype=np.int8)
-    out[C.PEAK_PHASE] = pd.Categorical.from_codes(labels[win[0]], dtype=pd.CategoricalDtype(uniq))
+    out[C.PEAK_PHASE] = pd.Categorical.from_codes(labels[win], dtype=pd.CategoricalDtype(uniq))
     return out
 
 

@@ -133,8 +133,7 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
     bwd_end = table_moments(ends, n_end)
     experts = []  # an MoE model's block 0 inside its experts' backward, every other gradient made (moe.py)
     if arch.num_experts and not ft.adapters:
-        firsts = [first_block_experts(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
-        pending = lift(consts([pending_gradients(arch, p) for p in precs], (nP,)), (0,), sizes)
+        firsts, pending = experts_moment_terms(arch, precs, a_names, c_names, device, sizes)
         experts = [dict(states, **{C.GRADIENTS: g - pending, C.ACTIVATIONS: table([f[0] for f in firsts]),
                                    C.TEMPORARY: table([f[1] for f in firsts])})]
     phases = [
@@ -174,6 +173,16 @@ def pending_gradients(arch: Architecture, p: Precision) -> int:
     block = sum(math.prod(t.shape) for t in param_summary(arch).tensors
                 if t.name not in _ROOT and not t.name.startswith("experts."))
     return ((0 if arch.tied_embeddings else arch.vocab * arch.hidden) + block) * p.grad_bytes
+
+
+def experts_moment_terms(arch: Architecture, precs: tuple[Precision, ...], a_names: tuple, c_names: tuple,
+                         device: str, sizes: tuple[int, ...]) -> tuple[list[tuple[Term, Term]], np.ndarray]:
+    """Block 0's experts' backward moment, shared by one GPU's plan and the data-parallel layouts' (parallel/plan.py):
+    first_block_experts per (precision, attention, checkpointing), and the gradients pending then per precision,
+    lifted over `sizes` (the precision its first axis)."""
+    firsts = [first_block_experts(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+    pending = lift(consts([pending_gradients(arch, p) for p in precs], (len(precs),)), (0,), sizes)
+    return firsts, pending
 
 
 def first_block_experts(arch: Architecture, p: Precision, attention: str, checkpointing: str,

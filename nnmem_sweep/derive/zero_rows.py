@@ -24,6 +24,15 @@ def installed() -> str:
     return release("deepspeed") or ""
 
 
+def ready() -> bool:
+    """Whether the release the rows are traced with is the one installed."""
+    return installed() == DEEPSPEED_VERSION
+
+
+# how to install it without pip pulling a CUDA build of torch as DeepSpeed's dependency
+INSTALL = f"pip install deepspeed=={DEEPSPEED_VERSION} --no-deps"
+
+
 def row_case(source, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:  # noqa: ANN001 - a ModelSource
     """(the measure case of a DeepSpeed row's rank step, without its rank; or None and why it is not traced)."""
     stage = int(row.get(C.ZERO_STAGE, 0))

@@ -156,14 +156,8 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
         return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + fsdp1_norm_gradient(arch, prec)
     # the L - 2 shards are the blocks' moment's one and L - 3 more; an MoE block's unsharded gradients at its
     # experts' backward are the experts' alone
-    grads = experts_gradient(arch, prec) if experts_moment(arch) else u.block
+    grads = experts_gradient(arch, prec) if arch.num_experts else u.block
     return -u.block, (arch.layers - 3) * u.block_grad_shard, 2 * u.block + grads
-
-
-def experts_moment(arch: Architecture) -> bool:
-    """Whether FSDP2's FULL_SHARD last-block moment is an MoE block's, inside its experts' backward
-    (parallel.fsdp2_last_block_experts), rather than a dense block's, at its end (plan.py)."""
-    return bool(arch.num_experts)
 
 
 @formula("parallel.fsdp2_last_block_experts",

@@ -21,7 +21,7 @@ from ..catalog.optimizers import get_optimizer
 from ..components import activations as act
 from ..components.infer_plan import InferTables, infer_phases
 from ..components.plan import Plan, cached, codes, combine, consts, lift, precisions, terms_array
-from ..components.train_plan import first_block_experts, layer_net_train, pending_gradients
+from ..components.train_plan import experts_moment_terms, layer_net_train
 from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
@@ -173,7 +173,7 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
         weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
-        if not par_fsdp.experts_moment(arch):  # a dense block's end: the layer's temporaries twice
+        if not arch.num_experts:  # a dense block's end: the layer's temporaries twice (an MoE block's: its experts)
             out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
                               temps=2 * layer_temp))
             return out
@@ -213,10 +213,9 @@ def _first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, 
             not any(whole(lay) for lay in layouts):
         return []
     flag = lift(consts([int(whole(lay)) for lay in layouts], (len(layouts),)), (5,), sizes)[..., :1]
-    firsts = [first_block_experts(arch, p, a, c, device) for p in precs for a in a_names for c in c_names]
+    firsts, pending = experts_moment_terms(arch, precs, a_names, c_names, device, sizes)
     acts, temps = (lift(terms_array([f[j] for f in firsts], (len(precs), len(a_names), len(c_names))), (0, 3, 4),
                         sizes) for j in (0, 1))
-    pending = lift(consts([pending_gradients(arch, p) for p in precs], (len(precs),)), (0,), sizes)
     return [("backward", dict(states, **{C.GRADIENTS: (g - pending) * flag, C.ACTIVATIONS: acts * flag,
                                          C.TEMPORARY: temps * flag}))]
 
