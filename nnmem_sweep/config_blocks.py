@@ -219,6 +219,9 @@ def check_report(data: dict, grid: dict[str, tuple[Any, ...]], ck: Checker) -> d
                 ck.add(f"report.table_rows[{i}]", f"{axis} is an optional axis this scenario's grid does not name; "
                                                   f"add grid.{axis} or leave it out of the rows")
     if "templates" in report and ck.clean("report.templates"):
+        if "\0" in report["templates"]:  # no path holds one (os.path refuses it with a ValueError)
+            ck.add("report.templates", f"{report['templates']!r} is not a folder: a path has no NUL character")
+            return report
         folder = (ck.base_dir / report["templates"]).resolve()
         if not folder.is_dir():
             ck.add("report.templates", f"{report['templates']!r} is not a folder (looked for {folder})")

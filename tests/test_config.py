@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from _helpers import load_edited
@@ -405,6 +405,7 @@ _paths = st.sampled_from(["name", "mode", "model", "model.preset", "model.params
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.lists(st.tuples(_paths, _values), min_size=1, max_size=3))
+@example(edits=[("report.templates", "\x00")])  # found 2026-11-27: os.path raised ValueError on the NUL
 def test_random_edits_never_escape_as_tracebacks(edits) -> None:
     sc = load_edited(MINIMAL_TRAIN, edits)
     if sc is not None:
