@@ -151,6 +151,8 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         # one rank of an FSDP step (FSDP1 or FSDP2): the layout the estimate reads (parallel/)
         **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])],
             C.FSDP_VERSION: [fsdp_version(i)]} if i.get("fsdp") else {}),
+        # FSDP1's CPU offload (workload/fsdp.py)
+        **({C.OFFLOAD: [i["fsdp"]["offload"]]} if (i.get("fsdp") or {}).get("offload") else {}),
         # one rank of a DeepSpeed ZeRO step: the layout and DeepSpeed's bucket settings (parallel/deepspeed.py)
         **(_deepspeed_axes(i["deepspeed"]) if i.get("deepspeed") else {}),
     })
@@ -174,8 +176,8 @@ def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
     """4 bytes per trained parameter tensor for the optimizers above, outside fused implementations (0 otherwise).
     A hand-modelled LoRA case is left at 0 (tests/test_finetune.py states its counters itself)."""
     if inputs["mode"] != "train" or inputs.get("optimizer") not in HOST_STEP_OPTIMIZERS or \
-            inputs.get("optimizer_impl", "foreach") == "fused":
-        return 0
+            inputs.get("optimizer_impl", "foreach") == "fused" or (inputs.get("fsdp") or {}).get("offload"):
+        return 0  # (an offloaded case's optimizer state is the host's, left out of its measured GPU side)
     if inputs.get("finetune"):
         if arch.kind != "derived":
             return 0
@@ -205,6 +207,8 @@ def estimate_case(case: dict[str, Any], derived: bool = False) -> dict[str, Any]
         t = int(np.asarray(total)[0])
         phases[name] = max(phases.get(name, -1), t + host if t >= 0 else t)
     out["phases"] = phases
+    if C.HOST in comps:  # a layout offloading to the host: its bytes per node (gpus_per_node's default ranks)
+        out["host_bytes_per_node"] = int(np.asarray(comps[C.HOST])[0])
     if i.get("fsdp") or i.get("deepspeed"):  # one rank's figures at its peak; its state totals are not compared (yet)
         out.update(weights=None, gradients=None, optimizer=None)
         return out

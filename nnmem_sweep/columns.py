@@ -94,6 +94,7 @@ VIRTUAL_STAGES = "virtual_stages"  # model chunks per pipeline rank (interleaved
 CONTEXT_PARALLEL = "context_parallel"  # GPUs the sequence is split over (ring attention)
 EXPERT_PARALLEL = "expert_parallel"  # GPUs the experts are split over (MoE), carved out of data_parallel
 OFFLOAD = "offload"  # none | optimizer | optimizer+params (ZeRO-Offload to host memory)
+OFFLOAD_PARAMS = "optimizer+params"  # offload's value for parameters too (ZeRO-3's offload_param, FSDP1's CPUOffload)
 GRADIENT_ACCUMULATION = "gradient_accumulation"  # micro-batches accumulated per optimizer step (no pipeline)
 FP32_GRAD_ACCUMULATION = "fp32_grad_accumulation"  # bool: Megatron-style fp32 main grads
 # each | last: sharded gradients reduce-scattered every micro-batch (FSDP2's default, accelerate's sync_each_batch)

@@ -72,7 +72,8 @@ def check_derived(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]]
     if model is None or model.kind != "derived":
         return
     what = f"{model.name} is planned from its own code"
-    if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
+    refused = _offload_refused(data, parallel, ck)
+    if not refused and parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel):
         where = "parallel" if isinstance(data.get("parallel"), dict) else \
             f"grid.{next(a for a in (data.get('grid') or {}) if a in C.PARALLEL_AXES)}"
         ck.add(where, f"parallel layouts ({', '.join(sharding_axes(parallel))}) are modelled for hand-modelled "
@@ -108,6 +109,8 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         ck.add("finetune", "fine-tuning applies to train mode only (this scenario has mode: infer)", key=True)
         return model
     deepspeed = L.deepspeed_dp_only(parallel)
+    if not L.deepspeed_layouts(parallel) and _offload_refused(data, parallel, ck):
+        return model
     if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel) and not deepspeed:
         ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, "
                            "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3), or under "
@@ -130,6 +133,19 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     except DerivationError as e:
         ck.add("finetune", f"finetune {ft.method} of {model.name}: {e}", key=True)
         return model
+
+
+def _offload_refused(data: dict, parallel: dict, ck: Checker) -> bool:
+    """An offload a model planned from its own code (or adapters, through it) is not traced with, refused at the
+    offload key (parallel/layout.py fsdp_offload_problem); False where there is none."""
+    problem = L.fsdp_offload_problem(parallel) if parallel else None
+    if problem is None:
+        return False
+    block = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    where = f"parallel.{C.OFFLOAD}" if C.OFFLOAD in block else f"grid.{C.OFFLOAD}"
+    if ck.clean(where):  # once (the adapters' check and the derived model's both ask)
+        ck.add(where, problem)
+    return True
 
 
 def _off_adapter_layouts(parallel: dict) -> str:

@@ -45,24 +45,40 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
     # a model planned from its own code may also be sharded as FSDP2 shards it over data-parallel ranks alone
     # (zero_stage 2 or 3; 0 replicates it: one GPU's plan per rank): the estimator reads those two columns
     # (components/derived.py, its traced sharded plans)
-    sharding = (C.DATA_PARALLEL, C.ZERO_STAGE, C.DDP_BUCKET_VIEW, C.FSDP_VERSION) if arch.kind == "derived" else ()
+    sharding = (C.DATA_PARALLEL, C.ZERO_STAGE, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD) \
+        if arch.kind == "derived" else ()
     off = [c for c in C.PARALLEL_AXES if c not in (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) and c not in sharding
            and c in frame.columns
            and (frame[c].astype(str) != str(C.PARALLEL_DEFAULTS[c])).any()]
     if sharding and C.ZERO_STAGE in frame.columns and (ints(frame, C.ZERO_STAGE) == 1).any():
         off.append(f"{C.ZERO_STAGE} 1 (FSDP shards gradients with the optimizer state: use 2 or 3)")
+    what = f"finetune method {arch.finetune.method}" if arch.finetune is not None and arch.finetune.adapters \
+        else f"{arch.name} (planned from its own code)"
+    problem = _offload_problem(frame) if sharding and C.OFFLOAD in frame.columns else None
+    if problem:
+        raise UsageError(f"{what}: {problem}")
     if off:
-        what = f"finetune method {arch.finetune.method}" if arch.finetune is not None and arch.finetune.adapters \
-            else f"{arch.name} (planned from its own code)"
         reach = ("FSDP over data_parallel (zero_stage 2 or 3) and gradient accumulation" if sharding
                  else "one GPU, with gradient accumulation at most")
         raise UsageError(f"{what} is modelled on {reach}: {', '.join(off)} is not modelled for it")
     frame = derived.with_kept_gradients(frame)
     if C.ZERO_GRAD not in frame.columns:
         frame = frame.assign(**{C.ZERO_GRAD: "set_to_none"})
+    # the node's columns stay beside the sharding ones: an offloading rank's host memory is checked per node
     drop = [c for c in (*C.PARALLEL_AXES, C.GPUS_PER_NODE, C.HOST_MEMORY) if c in frame.columns
-            and c not in sharding]
+            and c not in sharding and not (sharding and c in (C.GPUS_PER_NODE, C.HOST_MEMORY))]
     return frame.drop(columns=drop)
+
+
+def _offload_problem(frame: pd.DataFrame) -> str | None:
+    """What a derived model's offload column asks that is not modelled (parallel/layout.py fsdp_offload_problem, read
+    over the rows that offload: FSDP1's CPUOffload alone is); None where nothing is."""
+    rows = frame[C.OFFLOAD].astype(str).to_numpy() != "none"
+    if not rows.any():
+        return None
+    axes = {c: tuple(frame.loc[rows, c].unique()) for c in (C.OFFLOAD, C.FSDP_VERSION, C.ZERO_STAGE, C.DATA_PARALLEL,
+                                                            C.GRADIENT_ACCUMULATION) if c in frame.columns}
+    return par_layout.fsdp_offload_problem(axes)
 
 
 def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,
@@ -73,34 +89,40 @@ def estimate_components(arch: Architecture, mode: str, frame: pd.DataFrame, devi
     prefill that computes the logits of every prompt position."""
     frame = one_gpu(arch, frame)
     if arch.kind == "derived":  # the model's own traced moments (components/derived.py)
-        return derived.frame_components(arch, mode, frame, device)
+        out = derived.frame_components(arch, mode, frame, device)
+        if derived.HOST_PER_RANK in out:  # FSDP1's CPU offload
+            out[C.HOST], out[C.HOST_FITS] = _host(out.pop(derived.HOST_PER_RANK), frame)
+        return out
     plan, k, b, s = _prepare(arch, mode, frame, device, prefill_logits=prefill_logits)
     if plan is None:
         return pick_phases(*_infer_any(arch, frame, k, b, s), len(frame))
     out = plan.pick(k, b, s)
     if plan.host is not None:
-        out[C.HOST], out[C.HOST_FITS] = _host(plan, k, frame)
+        out[C.HOST], out[C.HOST_FITS] = _host(plan.host[k], frame)
     return out
 
 
-def _host(plan: Plan, k: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _host(per_rank: np.ndarray, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Host bytes per node (per rank x GPUs per node) and whether the node's RAM holds them."""
-    n = len(k)
+    n = len(per_rank)
     gpn = ints(frame, C.GPUS_PER_NODE) if C.GPUS_PER_NODE in frame.columns else \
         np.full(n, par_layout.DEFAULT_GPUS_PER_NODE, dtype=np.int64)
     ram = ints(frame, C.HOST_MEMORY) if C.HOST_MEMORY in frame.columns else \
         np.full(n, parse_size(par_layout.DEFAULT_HOST_MEMORY), dtype=np.int64)
-    host = plan.host[k] * gpn
+    host = per_rank * gpn
     return host, host <= ram
 
 
 def host_check(arch: Architecture, mode: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     """(host bytes per node, host fits) for frames with parallel columns (batch-independent), else None."""
     frame = one_gpu(arch, frame)
-    if mode != "train" or not par_layout.has_parallel_columns(frame) or arch.kind == "derived":
-        return None  # (a derived model's FSDP layouts offload nothing to the host)
+    if mode != "train" or not par_layout.has_parallel_columns(frame):
+        return None
+    if arch.kind == "derived":  # FSDP1's CPU offload alone puts a derived model's states on the host
+        per_rank = derived.frame_host(arch, frame)
+        return None if per_rank is None else _host(per_rank, frame)
     plan, k, _, _ = _prepare(arch, mode, frame, "cuda", read_batch=False)
-    return _host(plan, k, frame) if plan.host is not None else None
+    return _host(plan.host[k], frame) if plan.host is not None else None
 
 
 def phase_totals(arch: Architecture, mode: str, frame: pd.DataFrame, device: str = "cuda", *,

@@ -20,7 +20,10 @@ OTHER_FAMILIES = [c for c in CASES if c["inputs"]["model"] in ("mixtral-small", 
                   and c["inputs"]["fsdp"]["world"] == 2 and c["inputs"]["batch"] == 2
                   and c["inputs"]["fsdp"]["zero_stage"] == 3]
 MOE = [c for c in CASES if c["inputs"]["model"] == "mixtral-small"]
-FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1 and c not in OTHER_FAMILIES]
+# FSDP1's CPU offload: the GPU's side measured on one device (measure/truth.py gpu_side), held to it below
+OFFLOADED = [c for c in CASES if c["inputs"]["fsdp"].get("offload")]
+FSDP1_ALL = [c for c in CASES if c["inputs"]["fsdp"].get("version") == 1 and c not in OTHER_FAMILIES
+             and c not in OFFLOADED]
 FSDP1_ADAPTERS = [c for c in FSDP1_ALL if c["inputs"].get("finetune")]
 FSDP1 = [c for c in FSDP1_ALL if c not in FSDP1_ADAPTERS]
 FULL = [c for c in CASES if not c["inputs"].get("finetune") and c["inputs"]["model"] in HAND and c not in FSDP1]
@@ -135,7 +138,8 @@ def test_fsdp1_is_not_fsdp2():
 
 
 # adapters, and full fine-tunes of a family planned from its code
-TRACED = [c for c in CASES if c not in FULL and c not in FSDP1 and c not in OTHER_FAMILIES and c not in MOE]
+TRACED = [c for c in CASES if c not in FULL and c not in FSDP1 and c not in OTHER_FAMILIES and c not in MOE
+          and c not in OFFLOADED]
 
 
 @pytest.mark.parametrize("case", TRACED, ids=[c["case_id"] for c in TRACED])
@@ -376,3 +380,50 @@ def test_an_fsdp1_rank_card_keeps_every_element_once_and_each_adapter_apart():
                                    trainable=True) for t in tensors if t.trainable] if frozen else [])
 
     check()
+
+
+@pytest.mark.parametrize("case", OFFLOADED, ids=[c["case_id"] for c in OFFLOADED])
+def test_fsdp1_cpu_offload_is_its_ranks_traced_gpu_side(case):
+    """LoRA of Llama 3.2 1B (q, v) under FSDP1 with CPUOffload(offload_params=True), FULL_SHARD and SHARD_GRAD_OP,
+    with and without checkpointing, and FSDP-QLoRA of Qwen3 0.6B as Answer.AI runs it (full checkpointing): the
+    forward and backward of the GPU's side (the measured step less the host's shards, CPU gradients and optimizer
+    state: measure/truth.py gpu_side) are the rank's traced plan with the shards and CPU gradients host memory
+    (the shipped plans, no tracing here): to the byte, but for MemTracker's leftover of a checkpointed run (the
+    embedding's output and its gradient in bf16, b·s·h·4 B, as above). The optimizer steps on the host: the GPU's
+    optimizer phase is what the backward leaves, no state."""
+    from nnmem_sweep.derive import stored_only
+
+    with stored_only():
+        est = A.estimate_case(case)
+    i = case["inputs"]
+    leftover = i["batch"] * i["seq_len"] * case["hf_config"]["hidden_size"] * 4 if i["checkpointing"] != "none" \
+        else 0
+    assert set(case["measured"]["phases"]) == {"forward", "backward"}
+    for phase, m in case["measured"]["phases"].items():
+        assert est["phases"][phase] == m["peak_bytes"] - leftover, phase
+    assert est["optimizer_bytes"] == est["master_weights_bytes"] == est["gradients_bytes"] == 0
+
+
+def test_fsdp1_cpu_offload_takes_the_shards_and_the_optimizer_state_off_the_gpu():
+    """Two MemTracker runs of the same LoRA rank (Llama 3.2 1B, q and v, FULL_SHARD over 2, 2 x 1,024), without and
+    with CPU offload: the GPU's side of the offloaded backward peak is the other's less the rank's flat-parameter
+    shards (1,239,222,272 B, its param_bytes) and the optimizer state (6,816,000 B, AdamW's of the adapters' shards
+    and their step counters), at the same moment (the loss's backward); the pool holds the shards' CPU gradients
+    beside them (FINDINGS.md). The host per rank the estimate gives: the shards and their CPU gradients, AdamW's
+    state and its foreach temporaries of the step it runs there."""
+    from nnmem_sweep.derive import stored_only
+
+    by_id = {c["case_id"]: c for c in CASES}
+    plain = by_id["llama-3.2-1b-lora-r16-qv-fsdp1w2z3-train-bf16-adamw-b2-s1024"]["measured"]
+    off = by_id["llama-3.2-1b-lora-r16-qv-fsdp1w2z3-offload-train-bf16-adamw-b2-s1024"]
+    shards, state = 1_239_222_272, 6_816_000
+    assert plain["totals"]["param_bytes"] == shards and plain["totals"]["optimizer_state_bytes"] == state
+    back = off["measured"]["phases"]["backward"]
+    assert back["peak_bytes"] == plain["phases"]["backward"]["peak_bytes"] - shards - state
+    assert back["pool_peak_bytes"] == plain["phases"]["backward"]["peak_bytes"] + shards  # + the CPU gradients
+    assert back["op"] == plain["phases"]["backward"]["op"] == "_log_softmax_backward_data"
+    with stored_only():
+        est = A.estimate_case(off)
+    adapters = 16 * 16 * (2048 + 2048 + 2048 + 512) // 2  # r·(in + out) of q and v in 16 layers, the rank's half
+    per_node = 8  # gpus_per_node's default: the host check is per node
+    assert est["host_bytes_per_node"] == per_node * (2 * shards + 2 * 4 * adapters + 4 * adapters)

@@ -239,6 +239,7 @@ INFER_MOMENTS = ("forward", "prefill", "decode", "decode+")
 # ---------------------------------------------------------------- frames (peak.py's entry points)
 
 TRAIN_PHASES = ("forward", "backward", "optimizer")
+HOST_PER_RANK = "host_per_rank"  # frame_components' host bytes of one rank where a layout offloads (peak.py: per node)
 INFER_PHASES = ("prefill", "decode")
 
 
@@ -309,16 +310,19 @@ def _ddp_rows(frame: pd.DataFrame) -> np.ndarray:
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
     DDP for data-parallel ranks at zero_stage 0 with DDP's buckets beside the gradients (with bucket views: one GPU's
-    step with its gradients kept, with_kept_gradients), else (world, zero_stage, fsdp_version) of an FSDP layout
+    step with its gradients kept, with_kept_gradients), else (world, zero_stage, fsdp_version, offloaded) of an FSDP
+    layout, offloaded where FSDP1 offloads the parameters to the host (offload optimizer+params: workload/fsdp.py)
     (peak.one_gpu passes only these parallel columns through for a derived model)."""
     d, z, v = _axis(frame, C.DATA_PARALLEL), _axis(frame, C.ZERO_STAGE), _axis(frame, C.FSDP_VERSION)
+    off = _axis(frame, C.OFFLOAD) == C.OFFLOAD_PARAMS
     pair = np.zeros(len(frame), dtype=np.int64)  # 0: one GPU
     pair[_ddp_rows(frame) & ~_axis(frame, C.DDP_BUCKET_VIEW)] = 1
     fsdp = (d >= 2) & (z >= 2)
-    pair[fsdp] = (d[fsdp] * 4 + z[fsdp]) * 2 + (v[fsdp] == 1)
+    pair[fsdp] = ((d[fsdp] * 4 + z[fsdp]) * 2 + (v[fsdp] == 1)) * 2 + off[fsdp]
     uniq, inv = np.unique(pair, return_inverse=True)
     return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else
-                                              (int(u // 8), int(u // 2 % 4), 1 if u % 2 else 2) for u in uniq]
+                                              (int(u // 16), int(u // 4 % 4), 1 if u // 2 % 2 else 2, bool(u % 2))
+                                              for u in uniq]
 
 
 def with_kept_gradients(frame: pd.DataFrame) -> pd.DataFrame:
@@ -354,12 +358,21 @@ def frame_components(arch, mode: str, frame: pd.DataFrame, device: str = "cuda")
     if mode == "train":
         out = train_rows(b, s, recipes, states, key, state)
         names = TRAIN_PHASES
+        if states["H"].any():  # ranks offloading to the host (derived_inputs.offloaded_states)
+            out[HOST_PER_RANK] = states["H"][state]
     else:
         out = infer_rows(b, s, dec, recipes, states[state], key)
         names = INFER_PHASES
     code = out.pop("phase_code")
     out[C.PEAK_PHASE] = pd.Categorical.from_codes(code, dtype=pd.CategoricalDtype(list(names)))
     return out
+
+
+def frame_host(arch, frame: pd.DataFrame, device: str = "cuda") -> np.ndarray | None:
+    """A training frame's host bytes per rank where a layout offloads to the host (derived_inputs.offloaded_states),
+    batch-independent; None where none does."""
+    _, states, _, state, *_ = _read(arch, "train", frame, device, read_batch=False)
+    return states["H"][state] if states["H"].any() else None
 
 
 def _groups(recipes: dict, mode: str, key: np.ndarray, s: np.ndarray, dec: np.ndarray) -> list:

@@ -16,6 +16,10 @@ from ..errors import UsageError
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .weights import master_weights_bytes, weights_bytes
 
+FSDP1_OFFLOAD = source("torch-fsdp1-offload", "PyTorch FSDP1 CPUOffload(offload_params=True) "
+                       "(torch/distributed/fsdp/_flat_param.py: each flat parameter's local shard pinned on the CPU, "
+                       "_cpu_grad beside it, the shard copied to the compute device in pre_unshard; the optimizer "
+                       "steps on the CPU)", "https://docs.pytorch.org/docs/stable/fsdp.html")
 DERIVED = source("nnmem-derived", "nnmem_sweep derived plans: the model's own code traced under FakeTensorMode at "
                  "probe shapes, every allocation's bytes solved as an integer polynomial in (b, s) and checked at "
                  "shapes left out (nnmem_sweep/derive/)", "nnmem_sweep/derive/derivation.py")
@@ -105,8 +109,9 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                      for z in z_names or ("set_to_none",)], progress)
     recipes = {}
     shape = (nP, nO, nI, nA, nC)
-    # B: DDP's allreduce buckets, none on one GPU (components/derived.py _read sets them for DDP's ranks)
-    states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G", "B")}
+    # B: DDP's allreduce buckets, none on one GPU (components/derived.py _read sets them for DDP's ranks); H: host
+    # memory of an offloaded rank (offloaded_states), P: its traced host bytes
+    states = {x: np.zeros(shape, dtype=np.int64) for x in ("W", "M", "S", "T", "G", "B", "H", "P")}
     for p_i, prec in enumerate(precs):
         for a_i, att in enumerate(a_names):
             for c_i, ck in enumerate(c_names):
@@ -117,6 +122,7 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                         plan if z == "set_to_none" else _plan(arch, "train", prec.name, att, ck, device, progress, z)
                 states["W"][p_i, :, :, a_i, c_i] = recipe_weights(arch, plan, prec)
                 states["G"][p_i, :, :, a_i, c_i] = plan.grad_bytes
+                states["P"][p_i, :, :, a_i, c_i] = plan.host_bytes
         frozen = arch.derived.card.frozen
         states["M"][p_i] = master_weights_bytes(arch, prec)
         for o_i, o in enumerate(o_names):
@@ -129,7 +135,25 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                     S = optimizer_state_bytes(arch, prec, opt, impl)
                     T = optimizer_step_temporary_bytes(arch, prec, opt, impl)
                 states["S"][p_i, o_i, i_i], states["T"][p_i, o_i, i_i] = S, T
+    if (arch.derived.source.fsdp or {}).get("offload", "none") != "none":
+        offloaded_states(states)
+    del states["P"]
     return recipes, {k: v.ravel() for k, v in states.items()}
+
+
+@formula("derived_fsdp1_offload", "GPU: M = S = T_opt = G = 0 (W' the traced parameters left on the GPU);  host per "
+         "rank: 2 · Σ flat-parameter shards + M + S + T_opt", FSDP1_OFFLOAD,
+         where="the shards and their pinned CPU gradients (one per flat parameter, frozen ones too), the master copy, "
+               "optimizer state and step temporaries of the rank's trainable shards, stepped on the CPU",
+         note="The GPU's side is the traced step (derive/step.py): the shards and CPU gradients host memory, each "
+              "unit's shard copied to the GPU before its all-gather and freed once gathered.")
+def offloaded_states(states: dict[str, np.ndarray]) -> None:
+    """An FSDP1 rank offloading its parameters to the host (CPUOffload(offload_params=True)): the optimizer steps the
+    shards on the CPU, so the master copy, the optimizer state, the step temporaries and the gradients it reads are
+    host memory (H), not the GPU's; in place."""
+    states["H"] = states["P"] + states["M"] + states["S"] + states["T"]
+    for x in ("M", "S", "T", "G"):
+        states[x] = np.zeros_like(states[x])
 
 
 def infer_inputs(arch, precs: tuple[Precision, ...], a_names: tuple, device: str, progress: bool = False):

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .. import columns as C
 from ..models.arch import Architecture
 from .source import ModelSource
 
@@ -119,12 +120,13 @@ def peft_spec(ft: Any) -> dict[str, Any]:
             "modules_to_save": list(ft.modules_to_save) or None}
 
 
-def sharded(arch: Architecture, world: int, stage: int, version: int = 2) -> Architecture:
+def sharded(arch: Architecture, world: int, stage: int, version: int = 2, offload: bool = False) -> Architecture:
     """One rank of a derived model's step sharded by FSDP over `world` ranks (zero_stage 2: SHARD_GRAD_OP, 3:
     FULL_SHARD; workload/fsdp.py): plans of its own (that step traced on the fake process group), and its card's
     tensors the rank's shards, which the optimizer's catalogs read (the optimizer steps the rank's shards): FSDP2's
     Shard(0), ceil(rows / world) rows of each tensor; FSDP1's (version 1) flat parameters, one per decoder block and
-    one for the rest (the root), ceil(elements / world) each."""
+    one for the rest (the root), ceil(elements / world) each. `offload`: FSDP1's CPUOffload(offload_params=True)
+    (workload/fsdp.py), the traced plans the GPU's side of that step."""
     import dataclasses
 
     card = arch.derived.card
@@ -137,7 +139,8 @@ def sharded(arch: Architecture, world: int, stage: int, version: int = 2) -> Arc
     rank = dataclasses.replace(card, tensors=tensors, params=params)
     # FSDP2's spec as it always was (the shipped plans are keyed by it); FSDP1 names its version
     source = arch.derived.source.with_fsdp({"world": int(world), "zero_stage": int(stage),
-                                            **({"version": 1} if version == 1 else {})})
+                                            **({"version": 1} if version == 1 else {}),
+                                            **({"offload": C.OFFLOAD_PARAMS} if offload else {})})
     return dataclasses.replace(arch, derived=dataclasses.replace(arch.derived, source=source, card=rank))
 
 

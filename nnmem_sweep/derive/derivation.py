@@ -374,7 +374,8 @@ def _derive(probe: _Probe, source, mode: str, recipe: str, attention: str, check
     grad = int(sum(n for n, k in zip(sizes, kinds) if k == step.GRAD))  # constant: equal at every probe
     _say(progress, "")
     return DerivedPlan(mode, recipe, attention, checkpointing, device, tuple(regions), param, grad,
-                       tuple(probe.traces), len(base.trace.events), time.perf_counter() - t0, tuple(notes))
+                       tuple(probe.traces), len(base.trace.events), time.perf_counter() - t0, tuple(notes),
+                       base.trace.host_bytes)
 
 
 LOOP_GROWTH = 1.3  # events at S_PROBES[1] over those at S_PROBES[0] past which the step loops per token

@@ -47,6 +47,9 @@ class DerivedPlan:
     events: int  # events of one traced step (b >= 2)
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # host memory the traced step keeps beside the GPU's (FSDP1's CPU offload: the rank's flat-parameter shards and
+    # their pinned CPU gradients, derive/trace.py Recorder.host); 0 for every other step
+    host_bytes: int = 0
 
 
 def region_of(plan: DerivedPlan, b: int, s: int) -> Region:
@@ -101,6 +104,7 @@ def to_json(plan: DerivedPlan) -> dict:
             "checkpointing": plan.checkpointing, "device": plan.device, "param_bytes": plan.param_bytes,
             "grad_bytes": plan.grad_bytes, "probes": [list(p) for p in plan.probes], "events": plan.events,
             "seconds": round(plan.seconds, 2), "notes": list(plan.notes),
+            **({"host_bytes": plan.host_bytes} if plan.host_bytes else {}),
             "regions": [region(r) for r in plan.regions]}
 
 
@@ -115,4 +119,5 @@ def from_json(d: dict) -> DerivedPlan:
                            live(r["end"]), r.get("s_hi"), r.get("replay")) for r in d["regions"])
     return DerivedPlan(d["mode"], d["recipe"], d["attention"], d["checkpointing"], d["device"], regions,
                        int(d["param_bytes"]), int(d["grad_bytes"]), tuple(tuple(p) for p in d["probes"]),
-                       int(d["events"]), float(d.get("seconds", 0.0)), tuple(d.get("notes", ())))
+                       int(d["events"]), float(d.get("seconds", 0.0)), tuple(d.get("notes", ())),
+                       int(d.get("host_bytes", 0)))

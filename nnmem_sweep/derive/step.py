@@ -115,7 +115,7 @@ def classify(tr: Trace, grads: set[int], cache: set[int]) -> list[str]:
 def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], device: str) -> StepTrace:
     """Trace `case` (a measure case at the probe's batch and sequence) on `model` (built for it, inside the
     FakeTensorMode it was built in, which the caller has entered)."""
-    from ..workload import qlora
+    from ..workload import fsdp, qlora
     from ..workload.build import default_dtype, make_workload, model_dtype, run_contexts
     from ..workload.steps import run_steps
 
@@ -142,6 +142,11 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     if unsynced:
         kept = _unsynced_gradients(model, w, case)
     rec = Recorder()
+    if fsdp.offloaded(case.get("fsdp")):  # FSDP1's CPU offload: the shards and their CPU gradients are the host's,
+        # a pinned gradient the size of every flat parameter's shard, frozen ones too (_flat_param.py)
+        shards = model._nnmem_shards
+        rec.host([*shards, *model._nnmem_host_grads], fsdp.check(case["fsdp"])[0],
+                 2 * sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in shards}.values()))
     rec.external(model.parameters(), PARAM)  # a sharded step's: the rank's local shards (trace._local)
     # FSDP1: the local shards of units the warm-up left unsharded, beside the unsharded flat parameters (_warm_up)
     rec.external(getattr(model, "_nnmem_shards", ()), PARAM)
@@ -246,6 +251,8 @@ def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) 
     w.steps = 1
     with run_contexts(small, fake=True):
         run_steps(w, _NotRecorded())
+    # CPU offload: after the step every trainable flat parameter's gradient is its pinned CPU gradient (host memory)
+    model._nnmem_host_grads = [p.grad for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     model._nnmem_warm = True
 

@@ -60,6 +60,7 @@ class Trace:
     external: dict[int, str] = field(default_factory=dict)
     spans: list[tuple[str, int, int, int]] = field(default_factory=list)  # (phase, step, first event, end event)
     streams: np.ndarray | None = None
+    host_bytes: int = 0  # host memory beside the recording, never an event (Recorder.host)
 
     def live(self) -> np.ndarray:
         """Live bytes after each event."""
@@ -140,6 +141,9 @@ class Recorder(TorchDispatchMode):
         self._spans: list[tuple[str, int, int, int]] = []
         self._closed = False
         self.cache_ids: set[int] = set()  # storages seen holding a KV cache (saw_cache)
+        self._host: dict[int, weakref.ref] = {}  # id(storage) -> the storage: host memory, never an event (host())
+        self.shard_copies = 0  # > 0: FSDP1's CPU offload over this many ranks (host())
+        self.host_bytes = 0  # the host storages' bytes (host())
 
     # ---- storages
     def _see(self, t: torch.Tensor, op: str) -> int | None:
@@ -151,6 +155,8 @@ class Recorder(TorchDispatchMode):
 
     def _see_storage(self, st, op: str) -> int | None:  # noqa: ANN001
         key = id(st)
+        if key in self._host and self._host[key]() is st:
+            return None
         sid = self._ids.get(key)
         if sid is not None and self._refs[sid]() is st:
             n = int(st.nbytes())
@@ -198,6 +204,25 @@ class Recorder(TorchDispatchMode):
             sid = self._see(t, "")
             if sid is not None:
                 self._external.setdefault(sid, kind)
+
+    def host(self, tensors, world: int, held_bytes: int) -> None:
+        """A step offloaded to the host by FSDP1 (CPUOffload(offload_params=True)) over `world` ranks: the storages
+        of `tensors` (the rank's flat-parameter shards and CPU gradients) live in host memory, not on the GPU, and
+        are never an event; and each unit's all-gather, which FSDP1 makes by growing its unsharded storage from empty
+        (UntypedStorage.resize_), is preceded on a GPU by a copy of the unit's host shard to the GPU (FlatParamHandle
+        pre_unshard, 1/world of the unsharded bytes), freed once gathered: recorded as an allocation just before the
+        growth and its free just after, which the one-device run cannot make (the shard is already there).
+        held_bytes: what the host holds throughout (Trace.host_bytes)."""
+        for t in _tensors(list(tensors)):
+            st = t.untyped_storage()
+            self._host[id(st)] = weakref.ref(st)
+        self.shard_copies, self.host_bytes = int(world), int(held_bytes)
+
+    def _shard_copy(self, nbytes: int) -> int:
+        sid, self._next = self._next, self._next + 1
+        self._size[sid] = nbytes
+        self._record(sid, nbytes, "shard_to_gpu")
+        return sid
 
     def release(self, t: torch.Tensor) -> None:
         """Record the free of a live tensor's storage now, as the run on a GPU frees it where the traced run cannot
@@ -256,8 +281,13 @@ class Recorder(TorchDispatchMode):
         original, rec = torch.UntypedStorage.resize_, self
 
         def resize_(st, size):  # noqa: ANN001, ANN202
+            copy = None
+            if rec.shard_copies and size > 0 and st.nbytes() == 0:  # an offloaded unit's all-gather (host())
+                copy = rec._shard_copy(int(size) // rec.shard_copies)
             out = original(st, size)
             rec._see_storage(st, "resize_")  # a known storage resized, or one first met here (allocated empty)
+            if copy is not None:
+                rec._record(copy, -rec._size.pop(copy), "")
             return out
 
         self._restore_resize = original
@@ -295,7 +325,7 @@ class Recorder(TorchDispatchMode):
         events, ops, streams = _canonical(self._events, self._ops, self._streams)
         ev = np.array(events, dtype=np.int64).reshape(-1, 2)
         st = np.array(streams, dtype=np.int64) if any(streams) else None
-        return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans), st)
+        return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans), st, self.host_bytes)
 
 
 def _canonical(events: list[tuple[int, int]], ops: list[str], streams: list[int]) -> tuple[list, list, list]:

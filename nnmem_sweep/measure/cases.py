@@ -222,6 +222,12 @@ def _fsdp1(case: dict[str, Any], world: int, stage: int, orig: bool = False) -> 
             "fsdp": {"world": world, "zero_stage": stage, "version": 1, **({"use_orig_params": True} if orig else {})}}
 
 
+def _offloaded(case: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP1 case with CPUOffload(offload_params=True) (workload/fsdp.py), as Answer.AI's FSDP-QLoRA runs it."""
+    return {**case, "id": case["id"].replace("-train-", "-offload-train-", 1),
+            "fsdp": {**case["fsdp"], "offload": "optimizer+params"}}
+
+
 SHARDED_CASES: list[dict[str, Any]] = [
     _fsdp(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt=ck), w, z)
     for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
@@ -283,6 +289,13 @@ SHARDED_CASES: list[dict[str, Any]] = [
     {**_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 2), "gradient_accumulation": 2, "gradient_sync": "last"},
     {**_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2},
     {**_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3), "gradient_accumulation": 2, "gradient_sync": "last"},
+] + [  # FSDP1's CPU offload (issue 22): LoRA as the Trainer wraps it, both strategies, and FSDP-QLoRA as Answer.AI
+    # runs it (full checkpointing), the GPU's side measured on one device (measure/truth.py gpu_side)
+    _offloaded(_fsdp1(_lora("llama-3.2-1b", 2, 1024, "bf16", 16, QV, ckpt=ck), 2, z)) for z in (3, 2)
+    for ck in ("none", "full")
+] + [
+    _offloaded(_fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"), 2,
+                      3)),
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:

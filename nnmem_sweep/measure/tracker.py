@@ -239,6 +239,8 @@ def run_workload(w: Workload) -> dict[str, Any]:
                               + storage_bytes(quant), "buffer_bytes": storage_bytes(w.model.buffers())}
     if w.reference is not None:  # preference tuning's frozen reference model
         totals["reference_bytes"] = storage_bytes(w.reference.parameters())
+    if quant:  # QLoRA's quant states, counted in param_bytes: module state, which no FSDP offload moves to the host
+        totals["quant_state_bytes"] = storage_bytes(quant)
     with tracker:  # call inside build.run_contexts(case, fake) (measure_case does)
         totals.update(run_steps(w, tracker))
     phases = tracker.phases

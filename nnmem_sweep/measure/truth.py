@@ -84,8 +84,46 @@ def versions(kind: str = "", peft: bool = False) -> dict[str, str]:
     return out
 
 
+def gpu_side(measured: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP1 step with CPUOffload(offload_params=True) measured on one device, where host and GPU are one pool: the
+    GPU's side of each phase is MemTracker's peak less what lives in host memory at that moment, all of it constant
+    through the forward and backward: the rank's flat-parameter shards (param_bytes, measured, less QLoRA's quant
+    states, module state that stays on the GPU), a pinned CPU gradient of each one's size (FSDP1's _cpu_grad,
+    zeros_like the shard: _flat_param.py) and the optimizer state the CPU steps (MemTracker's opt at that moment).
+    The optimizer phase runs on the host and is not a GPU figure: left out. MemTracker's own peak is kept beside
+    each phase (pool_peak_bytes)."""
+    totals = measured["totals"]
+    shards = 2 * (int(totals["param_bytes"]) - int(totals.get("quant_state_bytes", 0)))
+    phases = {}
+    for name, m in measured["phases"].items():
+        if name == "optimizer":
+            continue
+        host = shards + int(m["categories"].get("opt", 0))
+        phases[name] = {**m, "peak_bytes": m["peak_bytes"] - host, "pool_peak_bytes": m["peak_bytes"],
+                        "host_bytes": host}
+    top = max(phases, key=lambda name: phases[name]["peak_bytes"])
+    return {**measured, "phases": phases, "peak_bytes": phases[top]["peak_bytes"], "peak_phase": top,
+            "peak_step": phases[top]["step"], "peak_module": phases[top]["module"], "peak_op": phases[top]["op"],
+            "categories_at_peak": phases[top]["categories"],
+            "totals": {**measured["totals"], "host_bytes": phases[top]["host_bytes"]}}
+
+
+OFFLOAD_METHOD = (
+    " CPUOffload(offload_params=True), as Answer.AI's FSDP-QLoRA and accelerate's fsdp_offload_params run it, on "
+    "one device, two stand-ins for the host that fake tensors lack (workload/fsdp.py host_stand_ins: a fake tensor's "
+    "pin_memory is itself, the CPU stream's synchronize a no-op): host and GPU are one pool there, so each phase's "
+    "peak_bytes is MemTracker's (pool_peak_bytes) less the host's bytes at that moment (host_bytes: the rank's "
+    "flat-parameter shards, a pinned CPU gradient of each one's size, the optimizer state; measure/truth.py "
+    "gpu_side), and the optimizer phase, stepped on the host, is left out. The GPU's copy of each unit's shard "
+    "before its all-gather is not made on one device (tests/data/truth/FINDINGS.md).")
+
+
 def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     """The JSON written for one case: inputs, measured figures, environment, method."""
+    from ..workload import fsdp  # torch's side: measured already
+
+    if fsdp.offloaded(case.get("fsdp")):
+        measured = gpu_side(measured)
     rec: dict[str, Any] = {"case_id": case["id"]}
     rec["inputs"] = {k: case[k] for k in INPUT_KEYS if k in case}
     rec["tolerance"] = case["tolerance"]
@@ -110,8 +148,6 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     rec["device"] = "cpu (FakeTensorMode)"
     rec["method"] = method_text(measured.get("input_kind", ""), case.get("zero_grad", "set_to_none"),
                                 int(case.get("gradient_accumulation", 1)), case.get("gradient_sync", "each"))
-    from ..workload import fsdp  # torch's side: measured already
-
     if fsdp.version(case.get("fsdp")) == 1:
         strategy = "FULL_SHARD" if case["fsdp"]["zero_stage"] == 3 else "SHARD_GRAD_OP"
         orig = bool(case["fsdp"].get("use_orig_params"))
@@ -130,6 +166,8 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
             rec["method"] += (" Fake tensors keep the frozen root and first block unsharded after the backward: "
                               "FSDP1's catch-all reshard reads every fake data pointer (0) as its shard's "
                               "(tests/data/truth/FINDINGS.md).")
+        if fsdp.offloaded(case["fsdp"]):
+            rec["method"] += OFFLOAD_METHOD
     elif case.get("fsdp"):
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP2's fully_shard per decoder block and at the root (reshard after forward: "
@@ -289,8 +327,8 @@ def regenerate(out_dir: Path, only: list[str]) -> int:
             rec = deepspeed_record(case)
             measured = rec["measured"]
         else:
-            measured = measure_case(case, fake=True)
-            rec = case_record(case, measured)
+            rec = case_record(case, measure_case(case, fake=True))
+            measured = rec["measured"]
         folder = out_dir / SHARDED_DIR if "fsdp" in case else out_dir / DEEPSPEED_DIR if "deepspeed" in case else \
             out_dir / FINETUNE_DIR if ("finetune" in case or "preference" in case) else out_dir
         path = folder / f"{safe_stem(cid)}.json"

@@ -262,7 +262,7 @@ def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=(
 
 # the axes besides data_parallel and zero_stage that each sharded family takes off their default (fsdp_only,
 # deepspeed_dp_only; config_model names the others in its refusal)
-FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW, C.FSDP_VERSION)
+FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD)
 DEEPSPEED_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION)
 
 
@@ -283,8 +283,31 @@ def fsdp_only(parallel: dict) -> bool:
     """A `parallel:` block a model planned from its own code takes: data-parallel ranks sharded as FSDP2 (or FSDP1:
     fsdp_version) shards them (zero_stage 0, 2 or 3, nothing else off its default but gradient accumulation: every
     micro-batch reduce-scatters into the rank's kept gradient shards); its plans are the sharded step traced on
-    PyTorch's fake process group (workload/fsdp.py)."""
-    return _only(parallel, FSDP_AXES, {0, 2, 3})
+    PyTorch's fake process group (workload/fsdp.py). Offload: FSDP1's CPUOffload alone (fsdp_offload_problem)."""
+    return _only(parallel, FSDP_AXES, {0, 2, 3}) and fsdp_offload_problem(parallel) is None
+
+
+def fsdp_offload_problem(parallel: dict) -> str | None:
+    """Why a `parallel:` block's offload is not FSDP1's CPUOffload(offload_params=True) (offload optimizer+params over
+    data-parallel ranks sharded by FSDP1 at zero_stage 2 or 3, one micro-batch per step: FSDP1 cannot accumulate
+    gradients on the host), the one offload a model planned from its own code is traced with; None where it is, or
+    where nothing is offloaded."""
+    offloads = {str(v) for v in parallel.get(C.OFFLOAD, ("none",))} - {"none"}
+    if not offloads:
+        return None
+    if offloads != {C.OFFLOAD_PARAMS}:
+        return (f"offload {sorted(offloads - {C.OFFLOAD_PARAMS})[0]} is ZeRO-Offload's (DeepSpeed); FSDP offloads as "
+                f"FSDP1's CPUOffload does: offload {C.OFFLOAD_PARAMS} with fsdp_version 1")
+    if fsdp_versions(parallel) != {1}:
+        return (f"offload {C.OFFLOAD_PARAMS} is modelled as FSDP1's CPUOffload (fsdp_version 1); FSDP2's "
+                "CPUOffloadPolicy is not modelled yet: give fsdp_version 1 alone")
+    if not {int(z) for z in parallel.get(C.ZERO_STAGE, (0,))} <= {2, 3} or \
+            min(int(d) for d in parallel.get(C.DATA_PARALLEL, (1,))) < 2:
+        return f"offload {C.OFFLOAD_PARAMS} needs FSDP sharding: data_parallel > 1 and zero_stage 2 or 3"
+    if any(int(a) > 1 for a in parallel.get(C.GRADIENT_ACCUMULATION, (1,))):
+        return (f"offload {C.OFFLOAD_PARAMS} with gradient_accumulation > 1: FSDP1 does not accumulate an offloaded "
+                "gradient on the host outside no_sync (_flat_param.py says so); give gradient_accumulation 1")
+    return None
 
 
 def deepspeed_dp_only(parallel: dict) -> bool:

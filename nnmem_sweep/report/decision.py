@@ -127,8 +127,11 @@ def _speed_sentence(o: D.Option, sp: dict[str, Any] | None) -> str:
         mfu = sp["assumed"][0]
         where = f"on {o.gpus:,} GPUs" if o.gpus > 1 else "on one GPU"
         cost = f", {usd(sp['cost'])} per 10^9 tokens at the GPU's hourly price" if math.isfinite(sp["cost"]) else ""
+        offload = str(o.row.get(C.OFFLOAD, "none")) != "none"
         return (f"Estimated speed (an estimate, not a measurement): {rate(sp['per_gpu'])} tokens/s per GPU at "
-                f"{mfu.label()}, so {duration(sp['time'])} per 10^9 tokens {where}{cost}.")
+                f"{mfu.label()}, so {duration(sp['time'])} per 10^9 tokens {where}{cost}"
+                + (" (an upper bound: the offload's host-device copies and CPU step are not timed)." if offload
+                   else "."))
     bw, comp = sp["assumed"]
     at_max = f", {rate(sp['at_max'])} tokens/s together at {sp['max']:,} sequences" if sp["max"] else ""
     return (f"Estimated speed (an estimate, not a measurement): {rate(sp['per_seq'])} tokens/s per sequence while "
@@ -176,7 +179,10 @@ def _need_words(q: D.Question, o: D.Option) -> str:
     if q.kind == "serving":
         return (f"{o.extra['max_concurrent']:,} concurrent sequences fit ({int(o.row[C.BATCH]):,} asked) in the "
                 f"{gib(o.usable)} the engine may use{per}")
-    return f"needs {gib_number(o.total)} of {gib(o.usable)} usable{per}"
+    host = int(o.row.get(C.HOST) or 0)  # offloaded states (per node)
+    host_words = f", and {gib(host)} of the node's {gib(int(o.row[C.HOST_MEMORY]))} host memory" \
+        if host and C.HOST_MEMORY in o.row else ""
+    return f"needs {gib_number(o.total)} of {gib(o.usable)} usable{per}{host_words}"
 
 
 def _margin_words(q: D.Question, o: D.Option) -> str:

@@ -355,11 +355,16 @@ def build_model(case: dict[str, Any], cfg: dict[str, Any], fake: bool = True) ->
     return model
 
 
+@contextlib.contextmanager
 def sharding(case: dict[str, Any]):
-    """The fake process group a sharded case (case["fsdp"]) is built and run in; nothing for the others."""
-    if case.get("fsdp"):
-        return fsdp.fake_process_group(fsdp.check(case["fsdp"])[0])
-    return contextlib.nullcontext()
+    """The fake process group a sharded case (case["fsdp"]) is built and run in, with the host's stand-ins where it
+    offloads to the CPU (fsdp.host_stand_ins); nothing for the others."""
+    if not case.get("fsdp"):
+        yield
+        return
+    with fsdp.fake_process_group(fsdp.check(case["fsdp"])[0]), \
+            (fsdp.host_stand_ins() if fsdp.offloaded(case["fsdp"]) else contextlib.nullcontext()):
+        yield
 
 
 def make_workload(case: dict[str, Any], cfg: dict[str, Any], model: torch.nn.Module,

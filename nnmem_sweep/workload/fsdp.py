@@ -16,7 +16,15 @@ Frozen base weights (LoRA, QLoRA's 4-bit storage) are sharded like any parameter
 every rank (it is module state, not a parameter), as with bitsandbytes under FSDP.
 
 spec "version": 1 wraps the same units with FSDP1's FullyShardedDataParallel instead (_shard_fsdp1), as accelerate's
-FSDP plugin does by default: measured to compare with the FSDP2 estimate (tests/data/truth/sharded/*fsdp1*)."""
+FSDP plugin does by default: measured to compare with the FSDP2 estimate (tests/data/truth/sharded/*fsdp1*).
+
+spec "offload": "optimizer+params" (FSDP1 only) adds FSDP1's CPUOffload(offload_params=True), as Answer.AI's
+FSDP-QLoRA and accelerate's fsdp_offload_params run it: each rank's flat-parameter shards and their gradients live in
+pinned host memory and the optimizer steps there. On fake tensors the step runs with two stand-ins (host_stand_ins):
+`Tensor.pin_memory` hands a fake tensor back (FakeTensor has no aten._pin_memory) and `torch.cpu.Stream.synchronize`
+is a no-op (FSDP1's post-backward callback waits on its gradient copies' stream). Host and device are then one
+pool; derive/step.py tells them apart (the rank's shards and CPU gradients registered as host, the GPU's copy of each
+unit's shard before its all-gather recorded where FSDP1 makes it)."""
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +35,7 @@ import torch
 from .. import columns as C
 
 STAGES = (2, 3)
+OFFLOAD_PARAMS = C.OFFLOAD_PARAMS  # FSDP1's CPUOffload(offload_params=True), as the offload axis names it
 
 
 def version(spec: dict[str, Any] | None) -> int:
@@ -44,7 +53,42 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"fsdp: world must be at least 2, got {world}")
     if stage not in STAGES:
         raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
+    if spec.get("offload", "none") not in ("none", OFFLOAD_PARAMS):
+        raise ValueError(f"fsdp: offload must be none or {OFFLOAD_PARAMS}, got {spec['offload']!r}")
+    if offloaded(spec) and version(spec) != 1:
+        raise ValueError(f"fsdp: offload {OFFLOAD_PARAMS} is FSDP1's CPUOffload (version 1)")
     return world, stage
+
+
+def offloaded(spec: dict[str, Any] | None) -> bool:
+    """Whether a case's `fsdp` spec offloads the parameters, their gradients and the optimizer step to the host."""
+    return (spec or {}).get("offload", "none") == OFFLOAD_PARAMS
+
+
+@contextlib.contextmanager
+def host_stand_ins() -> Iterator[None]:
+    """What FSDP1's CPU offload needs of the host that fake tensors lack (module docstring), for the duration: a fake
+    tensor's pin_memory is the tensor itself, and the CPU stream's synchronize does nothing. Real tensors pin as
+    they would where there is a GPU; without one (real CPU tensors, `measure --device cpu-real`) pinning cannot
+    run, and the tensor itself holds the same bytes."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    pin = torch.Tensor.pin_memory
+    had_sync = "synchronize" in vars(torch.cpu.Stream)
+    accelerator = torch.cuda.is_available()
+
+    def pin_memory(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        return pin(self, *args, **kwargs) if accelerator and not isinstance(self, FakeTensor) else self
+
+    torch.Tensor.pin_memory = pin_memory
+    if not had_sync:
+        torch.cpu.Stream.synchronize = lambda self: None
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = pin
+        if not had_sync:
+            del torch.cpu.Stream.synchronize
 
 
 @contextlib.contextmanager
@@ -81,7 +125,7 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
 
     world, stage = check(spec)
     if version(spec) == 1:
-        return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)))
+        return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)), offloaded(spec))
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
     device = next(model.parameters()).device.type
@@ -93,14 +137,15 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     return model
 
 
-def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False) -> torch.nn.Module:
+def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False, offload: bool = False) -> torch.nn.Module:
     """FSDP1 as accelerate's FSDP plugin runs it by default (fsdp_version 1, a FullyShardedDataParallel unit per
     decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True). Its
     flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly.
     `orig`: use_orig_params True, the Hugging Face Trainer's default (its fsdp_config), the original parameters
     views of the flat one (the optimizer steps the rank's views; the tracker leaves their gradient hooks out). With
-    peft's adapters, peft's wrap policy, as the Trainer sets it."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    peft's adapters, peft's wrap policy, as the Trainer sets it. `offload`: CPUOffload(offload_params=True) (module
+    docstring), the model given on the CPU as FSDP1 then requires."""
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     strategy = ShardingStrategy.FULL_SHARD if stage == 3 else ShardingStrategy.SHARD_GRAD_OP
@@ -115,6 +160,7 @@ def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False) -> torc
         policy = ModuleWrapPolicy({type(_blocks(model)[0])})
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
                                     use_orig_params=orig, limit_all_gathers=True,
+                                    cpu_offload=CPUOffload(offload_params=offload),
                                     device_id=next(model.parameters()).device)
 
 
