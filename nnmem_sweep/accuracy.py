@@ -58,8 +58,9 @@ def hand_modelled_case(case: dict[str, Any]) -> bool:
     ft = inputs.get("finetune") or {}
     if "module" in inputs or ft.get("modules_to_save") or ft.get("method") == "qlora" or inputs.get("preference"):
         return False  # planned from the model's own code (components/finetune_method.py hand_modelled)
-    if ft and inputs.get("fsdp"):
-        return False  # adapters sharded by FSDP: its rank's step traced, as a scenario's (config_model.py)
+    if (ft or (inputs.get("fsdp") or {}).get("offload")) and inputs.get("fsdp"):
+        # adapters sharded by FSDP, or FSDP1's CPU offload: its rank's step traced, as a scenario's (config_model.py)
+        return False
     return (case.get("hf_config") or {}).get("model_type") in supported_model_types()
 
 

@@ -17,7 +17,8 @@ import yaml
 from . import columns as C
 from .config_blocks import (check_cluster, check_gpus, check_grid, check_node, check_overheads, check_parallel,
                             check_report, check_serving, check_throughput, check_zero_grad)
-from .config_model import check_derived, check_finetune, check_model, check_preference, needs_no_sequence
+from .config_model import (check_derived, check_finetune, check_model, check_offloaded_ranks, check_preference,
+                           needs_no_sequence)
 from .config_check import Checker
 from .config_schema import schema_problems, schema_text  # noqa: F401  (schema_text: an entry point of this module)
 from .config_yaml import MAX_NODES, Builder, TooBig, compose, mark
@@ -51,6 +52,7 @@ def _scenario(data: Any, b: Builder, file: str, base_dir: Path, text: str, diges
     node = check_node(data, ck) if (parallel or "cluster" in data) else {}
     model = check_finetune(data, mode, model, parallel, ck)
     model = check_preference(data, mode, model, ck)
+    model = check_offloaded_ranks(data, mode, model, parallel, ck)
     cluster = check_cluster(data, mode, model, grid, node, parallel, ck, gpus)
     throughput = check_throughput(data, mode, model, gpus, ck)
     problems = b.problems + from_schema + ck.problems

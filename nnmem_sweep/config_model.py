@@ -135,6 +135,23 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
         return model
 
 
+def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Checker):
+    """A hand-modelled transformer's full fine-tune offloaded by FSDP1 (offload optimizer+params, fsdp_version 1):
+    planned from its own code, its rank's step traced with the host told apart (derive/step.py), as its adapters
+    are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not FSDP1 (Llama 3.2 1B over 2 ranks,
+    FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side, tests/data/truth/sharded/*-offload-*)."""
+    if model is None or model.kind != "transformer" or mode != "train" or not parallel or "cluster" in data or \
+            not L.fsdp_only(parallel) or C.OFFLOAD_PARAMS not in {str(v) for v in parallel.get(C.OFFLOAD, ())}:
+        return model
+    twin = derived_twin(model, allow_deriving=True)
+    if twin is None:
+        ck.add(f"parallel.{C.OFFLOAD}" if C.OFFLOAD in (data.get("parallel") or {}) else f"grid.{C.OFFLOAD}",
+               f"FSDP1's CPU offload of {model.name} is planned from its own code, which it does not have (give it "
+               "as a preset, hf_config or module)")
+        return model
+    return dataclasses.replace(twin, finetune=model.finetune)
+
+
 def _offload_refused(data: dict, parallel: dict, ck: Checker) -> bool:
     """An offload a model planned from its own code (or adapters, through it) is not traced with, refused at the
     offload key (parallel/layout.py fsdp_offload_problem); False where there is none."""

@@ -126,3 +126,21 @@ def test_a_frame_that_offloads_where_fsdp1_does_not_is_refused():
     with pytest.raises(UsageError, match="^finetune method lora: offload optimizer\\+params is modelled as FSDP1's "
                                          "CPUOffload .* FSDP2's CPUOffloadPolicy is not modelled yet"):
         estimate_components(A.architecture_of(rec, True), "train", frame.assign(fsdp_version=2))
+
+
+def test_a_hand_modelled_full_fine_tune_offloaded_by_fsdp1_is_planned_from_its_own_code():
+    """Llama 3.2 1B fully fine-tuned over 2 ranks with FSDP1's CPU offload: its derived twin's traced rank (the
+    measured cases: tests/test_sharded_truth.py), not the hand model of ZeRO-Offload, whose GPU holds DeepSpeed's
+    engine's bytes; the same layouts without offload, or offload under DeepSpeed's ZeRO (fsdp_version 2, offload
+    optimizer), keep the hand model."""
+    from nnmem_sweep.config import parse_scenario_text
+
+    def model(parallel: str):
+        return parse_scenario_text("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 2, seq_len: 1024, "
+                                   f"precision: bf16, optimizer: adamw}}\nparallel: {parallel}\ngpus: [h100-sxm]\n"
+                                   ).model
+
+    offloaded = model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: [none, optimizer+params]}")
+    assert offloaded.kind == "derived" and offloaded.preset == "llama-3.2-1b"
+    assert model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1}").kind == "transformer"
+    assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer}").kind == "transformer"

@@ -296,6 +296,8 @@ SHARDED_CASES: list[dict[str, Any]] = [
 ] + [
     _offloaded(_fsdp1(_lora("qwen3-0.6b", 2, 1024, "bf16", 16, ALL_LINEAR, alpha=32, method="qlora", ckpt="full"), 2,
                       3)),
+] + [  # a hand-modelled family's full fine-tune offloaded, both strategies
+    _offloaded(_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, z)) for z in (3, 2)
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:
