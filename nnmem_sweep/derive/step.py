@@ -251,8 +251,8 @@ def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) 
     w.steps = 1
     with run_contexts(small, fake=True):
         run_steps(w, _NotRecorded())
-    # CPU offload: after the step every trainable flat parameter's gradient is its pinned CPU gradient (host memory)
-    model._nnmem_host_grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if fsdp.offloaded(case["fsdp"]):  # every trainable flat parameter's gradient is now its pinned CPU gradient
+        model._nnmem_host_grads = [p.grad for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     model._nnmem_warm = True
 
