@@ -84,7 +84,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimate import estimate_point, format_breakdown, resolve_gpu_name, resolve_model_name
+    from .estimate import estimate_point, format_breakdown, layout_model, resolve_gpu_name, resolve_model_name
     from .replays import point_reserve
     from .scenario import Overheads
 
@@ -96,6 +96,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e).replace("runtime.", "--")) from None
     arch = resolve_model_name(args.model, stack)  # a UsageError for an unknown model, as estimate_point would say it
+    arch = layout_model(arch, args.mode, _parallel_flag(args.parallel))  # FSDP1's offload: its derived twin
 
     def point(overheads: Overheads | None = None):
         return estimate_point(

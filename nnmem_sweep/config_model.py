@@ -140,8 +140,8 @@ def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Chec
     planned from its own code, its rank's step traced with the host told apart (derive/step.py), as its adapters
     are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not FSDP1 (Llama 3.2 1B over 2 ranks,
     FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side, tests/data/truth/sharded/*-offload-*)."""
-    if model is None or model.kind != "transformer" or mode != "train" or not parallel or "cluster" in data or \
-            not L.fsdp_only(parallel) or C.OFFLOAD_PARAMS not in {str(v) for v in parallel.get(C.OFFLOAD, ())}:
+    if model is None or model.kind != "transformer" or mode != "train" or "cluster" in data or \
+            not L.fsdp1_offloads(parallel):
         return model
     twin = derived_twin(model, allow_deriving=True)
     if twin is None:

@@ -17,6 +17,7 @@ reserved = peak + library workspaces + ⌈reserve_fraction · peak⌉; total = r
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -34,11 +35,11 @@ from .components.overhead import reserved_bytes, row_overheads, usable_bytes
 from .peak import estimate_components
 from .errors import UsageError
 from .derive import DerivationError
-from .derive.arch import architecture_of
+from .derive.arch import architecture_of, derived_twin
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, typed_value
+from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp1_offloads, typed_value
 from .grid import MAX_ROWS, expand_grid
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
 from .units import format_bytes, parse_size
@@ -195,11 +196,28 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
         C.GPU_MEMORY: [spec.memory_bytes], **({C.ZERO_GRAD: [zero_grad]} if zero_grad is not None else {}),
         **_layout_columns(parallel),
     })
+    arch = layout_model(arch, mode, parallel)
     row = estimate_frame(arch, mode, frame, overheads, headroom).iloc[0].copy()
     row[C.MODEL] = arch.name
     row[C.MODE] = mode
     row["gpu_name"] = spec.name
     return row
+
+
+def layout_model(arch: Architecture, mode: str, parallel: dict[str, object] | None) -> Architecture:
+    """The model a point's layout ({axis: value}) is planned with: a hand-modelled transformer offloaded by FSDP1
+    (offload optimizer+params, fsdp_version 1) through its derived twin, its rank's step traced with the host told
+    apart, as a scenario's (config_model.check_offloaded_ranks); `arch` itself otherwise."""
+    if mode != "train" or arch.kind != "transformer" or not parallel:
+        return arch
+    # the layout's values typed as its columns hold them (a bad axis or value is refused here, in one line)
+    layout = {a: tuple(v) for a, v in _layout_columns(parallel).items() if a in C.PARALLEL_AXES}
+    if not fsdp1_offloads(layout):
+        return arch
+    twin = derived_twin(arch, allow_deriving=True)
+    if twin is None:
+        raise UsageError(f"FSDP1's CPU offload of {arch.name} is planned from its own code, which it does not have")
+    return dataclasses.replace(twin, finetune=arch.finetune)
 
 
 def _layout_columns(parallel: dict[str, object] | None) -> dict[str, list]:
@@ -248,6 +266,9 @@ def format_breakdown(row: pd.Series) -> str:
     lines.append(line("reserved (max_memory_reserved)", row[C.RESERVED]))
     lines.append(line("outside PyTorch (context, NCCL)", row[C.NON_TORCH]))
     lines.append(line("total", row[C.TOTAL]))
+    if int(row.get(C.HOST, 0) or 0):  # offloaded states: host memory of a node of gpus_per_node ranks
+        lines.append(line(f"host memory per node ({row.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE)} ranks)",
+                          row[C.HOST]))
     gpu = row.get("gpu_name", row.get(C.GPU, ""))
     lines.append(line("GPU capacity (as PyTorch sees it)", row[C.GPU_MEMORY]))
     lines.append(line("usable (after headroom)", row[C.USABLE]))

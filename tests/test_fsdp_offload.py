@@ -144,3 +144,16 @@ def test_a_hand_modelled_full_fine_tune_offloaded_by_fsdp1_is_planned_from_its_o
     assert offloaded.kind == "derived" and offloaded.preset == "llama-3.2-1b"
     assert model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1}").kind == "transformer"
     assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer}").kind == "transformer"
+
+
+def test_a_point_offloaded_by_fsdp1_is_planned_as_the_scenario_plans_it():
+    """`nnmem-sweep estimate --parallel ...,fsdp_version=1,offload=optimizer+params` (estimate.layout_model): the
+    same twin a scenario takes; FSDP2's layout offloaded keeps the hand model (ZeRO-Offload's), as it did."""
+    from nnmem_sweep.estimate import layout_model, resolve_model_name
+
+    arch = resolve_model_name("llama-3.2-1b")
+    fsdp1 = {"data_parallel": "2", "zero_stage": "3", "fsdp_version": "1", "offload": "optimizer+params"}
+    assert layout_model(arch, "train", fsdp1).kind == "derived"
+    assert layout_model(arch, "infer", fsdp1) is arch
+    assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2"}) is arch
+    assert layout_model(arch, "train", {**fsdp1, "offload": "none"}) is arch

@@ -287,6 +287,13 @@ def fsdp_only(parallel: dict) -> bool:
     return _only(parallel, FSDP_AXES, {0, 2, 3}) and fsdp_offload_problem(parallel) is None
 
 
+def fsdp1_offloads(parallel: dict) -> bool:
+    """Whether a `parallel:` block ({axis: values}) offloads as FSDP1's CPUOffload does, which a model is planned for
+    from its own code (its rank's step traced with the host told apart), a hand-modelled family through its twin."""
+    return bool(parallel) and fsdp_only(parallel) and \
+        C.OFFLOAD_PARAMS in {str(v) for v in parallel.get(C.OFFLOAD, ())}
+
+
 def fsdp_offload_problem(parallel: dict) -> str | None:
     """Why a `parallel:` block's offload is not FSDP1's CPUOffload(offload_params=True) (offload optimizer+params over
     data-parallel ranks sharded by FSDP1 at zero_stage 2 or 3, one micro-batch per step: FSDP1 cannot accumulate
