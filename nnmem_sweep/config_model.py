@@ -136,17 +136,18 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
 
 
 def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Checker):
-    """A hand-modelled transformer's full fine-tune offloaded by FSDP1 (offload optimizer+params, fsdp_version 1):
-    planned from its own code, its rank's step traced with the host told apart (derive/step.py), as its adapters
-    are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not FSDP1 (Llama 3.2 1B over 2 ranks,
-    FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side, tests/data/truth/sharded/*-offload-*)."""
+    """A hand-modelled transformer's full fine-tune offloaded by FSDP (offload optimizer+params; FSDP1's CPUOffload,
+    FSDP2's CPUOffloadPolicy): planned from its own code, its rank's step traced with the host told apart
+    (derive/step.py), as its adapters are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not
+    FSDP (Llama 3.2 1B over 2 ranks, FSDP1 FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side,
+    tests/data/truth/sharded/*-offload-*)."""
     if model is None or model.kind != "transformer" or mode != "train" or "cluster" in data or \
-            not L.fsdp1_offloads(parallel):
+            not L.fsdp_offloads(parallel):
         return model
     twin = derived_twin(model, allow_deriving=True)
     if twin is None:
         ck.add(f"parallel.{C.OFFLOAD}" if C.OFFLOAD in (data.get("parallel") or {}) else f"grid.{C.OFFLOAD}",
-               f"FSDP1's CPU offload of {model.name} is planned from its own code, which it does not have (give it "
+               f"FSDP's CPU offload of {model.name} is planned from its own code, which it does not have (give it "
                "as a preset, hf_config or module)")
         return model
     return dataclasses.replace(twin, finetune=model.finetune)

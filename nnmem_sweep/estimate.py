@@ -39,7 +39,7 @@ from .derive.arch import architecture_of, derived_twin
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp1_offloads, typed_value
+from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp_offloads, typed_value
 from .grid import MAX_ROWS, expand_grid
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
 from .units import format_bytes, parse_size
@@ -205,18 +205,18 @@ def estimate_point(*, model: str | Architecture, mode: str = "train", batch: int
 
 
 def layout_model(arch: Architecture, mode: str, parallel: dict[str, object] | None) -> Architecture:
-    """The model a point's layout ({axis: value}) is planned with: a hand-modelled transformer offloaded by FSDP1
-    (offload optimizer+params, fsdp_version 1) through its derived twin, its rank's step traced with the host told
-    apart, as a scenario's (config_model.check_offloaded_ranks); `arch` itself otherwise."""
+    """The model a point's layout ({axis: value}) is planned with: a hand-modelled transformer offloaded by FSDP
+    (offload optimizer+params) through its derived twin, its rank's step traced with the host told apart, as a
+    scenario's (config_model.check_offloaded_ranks); `arch` itself otherwise."""
     if mode != "train" or arch.kind != "transformer" or not parallel:
         return arch
     # the layout's values typed as its columns hold them (a bad axis or value is refused here, in one line)
     layout = {a: tuple(v) for a, v in _layout_columns(parallel).items() if a in C.PARALLEL_AXES}
-    if not fsdp1_offloads(layout):
+    if not fsdp_offloads(layout):
         return arch
     twin = derived_twin(arch, allow_deriving=True)
     if twin is None:
-        raise UsageError(f"FSDP1's CPU offload of {arch.name} is planned from its own code, which it does not have")
+        raise UsageError(f"FSDP's CPU offload of {arch.name} is planned from its own code, which it does not have")
     return dataclasses.replace(twin, finetune=arch.finetune)
 
 

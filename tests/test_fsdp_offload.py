@@ -26,21 +26,23 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path / "cache"))
 
 
-def _case(stage: int, offload: bool = True) -> dict:
-    return {"id": f"tiny-lora-fsdp1w2z{stage}-offload", "hf_config": LLAMA, "mode": "train", "batch": 2,
+def _case(stage: int, offload: bool = True, version: int = 1) -> dict:
+    return {"id": f"tiny-lora-fsdp{version}w2z{stage}-offload", "hf_config": LLAMA, "mode": "train", "batch": 2,
             "seq_len": 128, "precision": "bf16", "optimizer": "adamw", "optimizer_impl": "foreach",
             "checkpointing": "none", "attention": "flash", "decode_tokens": 0, "tolerance": {"peak": 0.0},
             "finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
-            "fsdp": {"world": 2, "zero_stage": stage, "version": 1,
+            "fsdp": {"world": 2, "zero_stage": stage, **({"version": 1} if version == 1 else {}),
                      **({"offload": "optimizer+params"} if offload else {})}}
 
 
-@pytest.mark.parametrize("stage", [3, 2])
-def test_a_tiny_offloaded_rank_is_its_measured_gpu_side(stage):
+@pytest.mark.parametrize("stage, version", [(3, 1), (2, 1), (3, 2), (2, 2)])
+def test_a_tiny_offloaded_rank_is_its_measured_gpu_side(stage, version):
     """A 4-layer Llama with LoRA on q and v over 2 ranks: the derived plan (probes at other shapes) gives the
-    measured GPU side of the forward and the backward to the byte, under FULL_SHARD and SHARD_GRAD_OP; the host
-    holds the shards twice (the shard and its pinned CPU gradient) beside AdamW's state."""
-    rec = case_record(_case(stage), measure_case(_case(stage), fake=True))
+    measured GPU side of the forward and the backward to the byte, under FULL_SHARD and SHARD_GRAD_OP, FSDP1's
+    CPUOffload and FSDP2's CPUOffloadPolicy; FSDP1's host holds the shards twice (the shard and its pinned CPU
+    gradient) beside AdamW's state."""
+    case = _case(stage, version=version)
+    rec = case_record(case, measure_case(case, fake=True))
     rec["inputs"]["model"] = ""
     est = A.estimate_case(rec)
     measured = rec["measured"]
@@ -48,8 +50,9 @@ def test_a_tiny_offloaded_rank_is_its_measured_gpu_side(stage):
     for phase, m in measured["phases"].items():
         assert est["phases"][phase] == m["peak_bytes"], phase
         assert m["pool_peak_bytes"] - m["peak_bytes"] == m["host_bytes"]
-    assert measured["totals"]["host_bytes"] == 2 * measured["totals"]["param_bytes"] + \
-        measured["totals"]["optimizer_state_bytes"]
+    if version == 1:
+        assert measured["totals"]["host_bytes"] == 2 * measured["totals"]["param_bytes"] + \
+            measured["totals"]["optimizer_state_bytes"]
 
 
 def _trace(case: dict):
@@ -98,12 +101,13 @@ def test_each_unit_is_copied_to_the_gpu_before_its_all_gather():
 
 
 @pytest.mark.parametrize("parallel, says", [
-    ("{data_parallel: 2, zero_stage: 3, offload: optimizer+params}", "FSDP2's CPUOffloadPolicy is not modelled"),
+    ("{data_parallel: 2, zero_stage: 2, offload: optimizer+params}", "needs zero_stage 3"),
     ("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: optimizer}", "is ZeRO-Offload's (DeepSpeed)"),
+    ("{data_parallel: 2, zero_stage: 3, offload: optimizer}", "is ZeRO-Offload's (DeepSpeed)"),
     ("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: optimizer+params, gradient_accumulation: 2}",
-     "does not accumulate an offloaded gradient"),
+     "with gradient_accumulation > 1 is not modelled"),
 ])
-def test_an_offload_fsdp1_does_not_run_is_refused_at_its_key(parallel, says):
+def test_an_offload_fsdp_does_not_run_is_refused_at_its_key(parallel, says):
     from nnmem_sweep.config import parse_scenario_text
     from nnmem_sweep.errors import ScenarioError
 
@@ -123,16 +127,15 @@ def test_a_frame_that_offloads_where_fsdp1_does_not_is_refused():
                                       "model": ""}, "hf_config": LLAMA}
     frame = A.case_frame(rec)
     assert frame["offload"].tolist() == ["optimizer+params"] and frame["fsdp_version"].tolist() == [1]
-    with pytest.raises(UsageError, match="^finetune method lora: offload optimizer\\+params is modelled as FSDP1's "
-                                         "CPUOffload .* FSDP2's CPUOffloadPolicy is not modelled yet"):
-        estimate_components(A.architecture_of(rec, True), "train", frame.assign(fsdp_version=2))
+    with pytest.raises(UsageError, match="^finetune method lora: offload optimizer is ZeRO-Offload's"):
+        estimate_components(A.architecture_of(rec, True), "train", frame.assign(offload="optimizer"))
 
 
 def test_a_hand_modelled_full_fine_tune_offloaded_by_fsdp1_is_planned_from_its_own_code():
     """Llama 3.2 1B fully fine-tuned over 2 ranks with FSDP1's CPU offload: its derived twin's traced rank (the
     measured cases: tests/test_sharded_truth.py), not the hand model of ZeRO-Offload, whose GPU holds DeepSpeed's
     engine's bytes; the same layouts without offload, or offload under DeepSpeed's ZeRO (fsdp_version 2, offload
-    optimizer), keep the hand model."""
+    optimizer), keep the hand model; FSDP2's CPUOffloadPolicy is planned from its own code too."""
     from nnmem_sweep.config import parse_scenario_text
 
     def model(parallel: str):
@@ -143,17 +146,19 @@ def test_a_hand_modelled_full_fine_tune_offloaded_by_fsdp1_is_planned_from_its_o
     offloaded = model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: [none, optimizer+params]}")
     assert offloaded.kind == "derived" and offloaded.preset == "llama-3.2-1b"
     assert model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1}").kind == "transformer"
+    assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer+params}").kind == "derived"  # FSDP2's
     assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer}").kind == "transformer"
 
 
 def test_a_point_offloaded_by_fsdp1_is_planned_as_the_scenario_plans_it():
-    """`nnmem-sweep estimate --parallel ...,fsdp_version=1,offload=optimizer+params` (estimate.layout_model): the
-    same twin a scenario takes; FSDP2's layout offloaded keeps the hand model (ZeRO-Offload's), as it did."""
+    """`nnmem-sweep estimate --parallel ...,offload=optimizer+params` (estimate.layout_model): the same twin a
+    scenario takes, under FSDP1 and FSDP2; ZeRO-Offload's layouts (DeepSpeed's) keep the hand model."""
     from nnmem_sweep.estimate import layout_model, resolve_model_name
 
     arch = resolve_model_name("llama-3.2-1b")
     fsdp1 = {"data_parallel": "2", "zero_stage": "3", "fsdp_version": "1", "offload": "optimizer+params"}
     assert layout_model(arch, "train", fsdp1).kind == "derived"
     assert layout_model(arch, "infer", fsdp1) is arch
-    assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2"}) is arch
+    assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2"}).kind == "derived"
     assert layout_model(arch, "train", {**fsdp1, "offload": "none"}) is arch
+    assert layout_model(arch, "train", {**fsdp1, "offload": "optimizer"}) is arch

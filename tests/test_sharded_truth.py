@@ -388,7 +388,8 @@ def test_fsdp1_cpu_offload_is_its_ranks_traced_gpu_side(case):
     """LoRA of Llama 3.2 1B (q, v) under FSDP1 with CPUOffload(offload_params=True), FULL_SHARD and SHARD_GRAD_OP,
     with and without checkpointing, FSDP-QLoRA of Qwen3 0.6B as Answer.AI runs it (full checkpointing), and Llama 3.2
     1B's full fine-tune under both strategies (a hand-modelled family, planned from its own code here: its hand model
-    of ZeRO-Offload was 5.5 % high under FULL_SHARD, config_model.check_offloaded_ranks): the
+    of ZeRO-Offload was 5.5 % high under FULL_SHARD, config_model.check_offloaded_ranks); and FSDP2's
+    CPUOffloadPolicy (LoRA under both strategies, the full fine-tune): the
     forward and backward of the GPU's side (the measured step less the host's shards, CPU gradients and optimizer
     state: measure/truth.py gpu_side) are the rank's traced plan with the shards and CPU gradients host memory
     (the shipped plans, no tracing here): to the byte, but for MemTracker's leftover of a checkpointed run (the

@@ -16,10 +16,12 @@ from ..errors import UsageError
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .weights import master_weights_bytes, weights_bytes
 
-FSDP1_OFFLOAD = source("torch-fsdp1-offload", "PyTorch FSDP1 CPUOffload(offload_params=True) "
-                       "(torch/distributed/fsdp/_flat_param.py: each flat parameter's local shard pinned on the CPU, "
-                       "_cpu_grad beside it, the shard copied to the compute device in pre_unshard; the optimizer "
-                       "steps on the CPU)", "https://docs.pytorch.org/docs/stable/fsdp.html")
+FSDP_OFFLOAD = source("torch-fsdp-offload", "PyTorch FSDP1 CPUOffload(offload_params=True) "
+                      "(torch/distributed/fsdp/_flat_param.py: each flat parameter's local shard pinned on the CPU, "
+                      "_cpu_grad beside it, the shard copied to the compute device in pre_unshard) and FSDP2 "
+                      "CPUOffloadPolicy (_fully_shard/_fsdp_param.py all_gather_inputs, _fsdp_collectives.py "
+                      "foreach_reduce: the sharded gradient copied to the CPU); the optimizer steps on the CPU",
+                      "https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html")
 DERIVED = source("nnmem-derived", "nnmem_sweep derived plans: the model's own code traced under FakeTensorMode at "
                  "probe shapes, every allocation's bytes solved as an integer polynomial in (b, s) and checked at "
                  "shapes left out (nnmem_sweep/derive/)", "nnmem_sweep/derive/derivation.py")
@@ -141,16 +143,18 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
     return recipes, {k: v.ravel() for k, v in states.items()}
 
 
-@formula("derived_fsdp1_offload", "GPU: M = S = T_opt = G = 0 (W' the traced parameters left on the GPU);  host per "
-         "rank: 2 · Σ flat-parameter shards + M + S + T_opt", FSDP1_OFFLOAD,
-         where="the shards and their pinned CPU gradients (one per flat parameter, frozen ones too), the master copy, "
-               "optimizer state and step temporaries of the rank's trainable shards, stepped on the CPU",
+@formula("derived_fsdp_offload", "GPU: M = S = T_opt = G = 0 (W' the traced parameters left on the GPU);  host per "
+         "rank: H + M + S + T_opt,  H = FSDP1: 2 · Σ flat-parameter shards; FSDP2: Σ shards + Σ trainable shards",
+         FSDP_OFFLOAD,
+         where="H: the shards and their CPU gradients (FSDP1 pins one per flat parameter, frozen ones too; FSDP2 "
+               "copies the trainable ones' reduce-scattered gradients out); the master copy, optimizer state and "
+               "step temporaries of the rank's trainable shards, stepped on the CPU",
          note="The GPU's side is the traced step (derive/step.py): the shards and CPU gradients host memory, each "
-              "unit's shard copied to the GPU before its all-gather and freed once gathered.")
+              "unit's shards copied to the GPU before its all-gather and freed once gathered.")
 def offloaded_states(states: dict[str, np.ndarray]) -> None:
-    """An FSDP1 rank offloading its parameters to the host (CPUOffload(offload_params=True)): the optimizer steps the
-    shards on the CPU, so the master copy, the optimizer state, the step temporaries and the gradients it reads are
-    host memory (H), not the GPU's; in place."""
+    """An FSDP rank offloading its parameters to the host (FSDP1's CPUOffload(offload_params=True), FSDP2's
+    CPUOffloadPolicy): the optimizer steps the shards on the CPU, so the master copy, the optimizer state, the step
+    temporaries and the gradients it reads are host memory (H), not the GPU's; in place."""
     states["H"] = states["P"] + states["M"] + states["S"] + states["T"]
     for x in ("M", "S", "T", "G"):
         states[x] = np.zeros_like(states[x])

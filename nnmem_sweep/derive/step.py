@@ -142,11 +142,9 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     if unsynced:
         kept = _unsynced_gradients(model, w, case)
     rec = Recorder()
-    if fsdp.offloaded(case.get("fsdp")):  # FSDP1's CPU offload: the shards and their CPU gradients are the host's,
-        # a pinned gradient the size of every flat parameter's shard, frozen ones too (_flat_param.py)
-        shards = model._nnmem_shards
-        rec.host([*shards, *model._nnmem_host_grads], fsdp.check(case["fsdp"])[0],
-                 2 * sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in shards}.values()))
+    offloaded = fsdp.offloaded(case.get("fsdp"))
+    if offloaded:
+        _host_side(rec, model, case["fsdp"])
     rec.external(model.parameters(), PARAM)  # a sharded step's: the rank's local shards (trace._local)
     # FSDP1: the local shards of units the warm-up left unsharded, beside the unsharded flat parameters (_warm_up)
     rec.external(getattr(model, "_nnmem_shards", ()), PARAM)
@@ -169,9 +167,34 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
         rec.mark("end")
     grads = {sid for p in model.parameters() if p.grad is not None
              for sid in [rec.storage_id(p.grad)] if sid is not None}
+    if offloaded and fsdp.version(case["fsdp"]) == 2:  # FSDP2 copies each reduce-scatter output to the host's grads
+        rec.born_freed([p.grad for p in model.parameters() if p.grad is not None])
+        grads = set()
     tr = rec.trace()
     model.zero_grad(set_to_none=True)
     return StepTrace(tr, classify(tr, grads, rec.cache_ids))
+
+
+def _storage_bytes(tensors) -> int:
+    from ..workload.fsdp import local
+
+    by_storage = {id(local(t).untyped_storage()): local(t) for t in tensors}
+    return sum(t.untyped_storage().nbytes() for t in by_storage.values())
+
+
+def _host_side(rec: Recorder, model: torch.nn.Module, spec: dict[str, Any]) -> None:
+    """An offloaded step's host tensors (Recorder.host): FSDP1's flat-parameter shards and their pinned CPU
+    gradients, one the size of every shard, frozen ones too (_flat_param.py); FSDP2's sharded parameters, and at
+    its step the CPU gradients of the trainable ones (FSDPParam, foreach_reduce)."""
+    from ..workload import fsdp
+
+    world = fsdp.check(spec)[0]
+    if fsdp.version(spec) == 1:
+        shards = model._nnmem_shards
+        rec.host([*shards, *model._nnmem_host_grads], world, 2 * _storage_bytes(shards), 1)
+        return
+    params = list(model.parameters())
+    rec.host(params, world, _storage_bytes(params) + _storage_bytes([p for p in params if p.requires_grad]), 2)
 
 
 def _catch_all_reshard(model: torch.nn.Module, rec: Recorder) -> None:

@@ -144,6 +144,8 @@ class Recorder(TorchDispatchMode):
         self._host: dict[int, weakref.ref] = {}  # id(storage) -> the storage: host memory, never an event (host())
         self.shard_copies = 0  # > 0: FSDP1's CPU offload over this many ranks (host())
         self.host_bytes = 0  # the host storages' bytes (host())
+        self._copy_rule = 1  # the FSDP version whose all-gather the shard copies precede (host())
+        self._born_freed: set[int] = set()  # storage ids freed right after their allocation (born_freed())
 
     # ---- storages
     def _see(self, t: torch.Tensor, op: str) -> int | None:
@@ -205,18 +207,29 @@ class Recorder(TorchDispatchMode):
             if sid is not None:
                 self._external.setdefault(sid, kind)
 
-    def host(self, tensors, world: int, held_bytes: int) -> None:
-        """A step offloaded to the host by FSDP1 (CPUOffload(offload_params=True)) over `world` ranks: the storages
-        of `tensors` (the rank's flat-parameter shards and CPU gradients) live in host memory, not on the GPU, and
-        are never an event; and each unit's all-gather, which FSDP1 makes by growing its unsharded storage from empty
-        (UntypedStorage.resize_), is preceded on a GPU by a copy of the unit's host shard to the GPU (FlatParamHandle
-        pre_unshard, 1/world of the unsharded bytes), freed once gathered: recorded as an allocation just before the
-        growth and its free just after, which the one-device run cannot make (the shard is already there).
-        held_bytes: what the host holds throughout (Trace.host_bytes)."""
+    def host(self, tensors, world: int, held_bytes: int, version: int = 1) -> None:
+        """A step offloaded to the host by FSDP over `world` ranks (FSDP1's CPUOffload(offload_params=True), or
+        `version` 2: FSDP2's CPUOffloadPolicy): the storages of `tensors` (the rank's shards, FSDP1's CPU gradients)
+        live in host memory, not on the GPU, and are never an event; and each unit's all-gather is preceded on a GPU
+        by a copy of its host shards to the GPU (1/world of the gathered bytes), freed once copied in, which the
+        one-device run cannot make (the shard is already there): recorded as an allocation just before the
+        all-gather's destination and its free just after. FSDP1 makes that destination by growing its unsharded
+        storage from empty (UntypedStorage.resize_; the copy: FlatParamHandle pre_unshard), FSDP2 by its
+        all_gather_copy_in op (the copies: FSDPParam.all_gather_inputs). held_bytes: what the host holds at the
+        step's most (Trace.host_bytes)."""
         for t in _tensors(list(tensors)):
             st = t.untyped_storage()
             self._host[id(st)] = weakref.ref(st)
-        self.shard_copies, self.host_bytes = int(world), int(held_bytes)
+        self.shard_copies, self.host_bytes, self._copy_rule = int(world), int(held_bytes), int(version)
+
+    def born_freed(self, tensors) -> None:
+        """Storages the GPU frees as soon as they are made, which one device keeps: FSDP2's reduce-scatter output under
+        CPU offload, copied to the host as the rank's gradients (its sharded grads are views of it here); each
+        recorded as freed right after its allocation (trace())."""
+        for t in _tensors(list(tensors)):
+            sid = self.storage_id(t)
+            if sid is not None:
+                self._born_freed.add(sid)
 
     def _shard_copy(self, nbytes: int) -> int:
         sid, self._next = self._next, self._next + 1
@@ -282,7 +295,7 @@ class Recorder(TorchDispatchMode):
 
         def resize_(st, size):  # noqa: ANN001, ANN202
             copy = None
-            if rec.shard_copies and size > 0 and st.nbytes() == 0:  # an offloaded unit's all-gather (host())
+            if rec.shard_copies and rec._copy_rule == 1 and size > 0 and st.nbytes() == 0:  # FSDP1's (host())
                 copy = rec._shard_copy(int(size) // rec.shard_copies)
             out = original(st, size)
             rec._see_storage(st, "resize_")  # a known storage resized, or one first met here (allocated empty)
@@ -305,8 +318,13 @@ class Recorder(TorchDispatchMode):
             return args[0]
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        copy = None
+        if self.shard_copies and self._copy_rule == 2 and name == "all_gather_copy_in":  # FSDP2's (host())
+            copy = self._shard_copy(int(out[1].untyped_storage().nbytes()) // self.shard_copies)
         for t in _tensors(out):
             self._see(t, name)
+        if copy is not None:
+            self._record(copy, -self._size.pop(copy), "")
         if self.workspace_bytes and name in CUBLAS_OPS:
             self._workspace()
         budget.check_event(len(self._events))  # events, seconds, memory: bounded (budget.py)
@@ -322,10 +340,29 @@ class Recorder(TorchDispatchMode):
             self._record(sid, self.workspace_bytes, "cublas_workspace")
 
     def trace(self) -> Trace:
-        events, ops, streams = _canonical(self._events, self._ops, self._streams)
+        events, ops, streams = self._events, self._ops, self._streams
+        if self._born_freed:
+            events, ops, streams = _freed_at_birth(events, ops, streams, self._born_freed)
+        events, ops, streams = _canonical(events, ops, streams)
         ev = np.array(events, dtype=np.int64).reshape(-1, 2)
         st = np.array(streams, dtype=np.int64) if any(streams) else None
         return Trace(ev, ops, dict(self._marks), dict(self._external), list(self._spans), st, self.host_bytes)
+
+
+def _freed_at_birth(events: list[tuple[int, int]], ops: list[str], streams: list[int], sids: set[int]):
+    """The events with each of `sids`' allocations followed at once by its free, and its later free dropped."""
+    out_e, out_o, out_s = [], [], []
+    for e, op, st in zip(events, ops, streams):
+        if e[0] in sids and e[1] < 0:
+            continue
+        out_e.append(e)
+        out_o.append(op)
+        out_s.append(st)
+        if e[0] in sids:
+            out_e.append((e[0], -e[1]))
+            out_o.append("")
+            out_s.append(st)
+    return out_e, out_o, out_s
 
 
 def _canonical(events: list[tuple[int, int]], ops: list[str], streams: list[int]) -> tuple[list, list, list]:

@@ -223,7 +223,8 @@ def _fsdp1(case: dict[str, Any], world: int, stage: int, orig: bool = False) -> 
 
 
 def _offloaded(case: dict[str, Any]) -> dict[str, Any]:
-    """An FSDP1 case with CPUOffload(offload_params=True) (workload/fsdp.py), as Answer.AI's FSDP-QLoRA runs it."""
+    """An FSDP case offloaded to the host (workload/fsdp.py): FSDP1's CPUOffload(offload_params=True), as Answer.AI's
+    FSDP-QLoRA runs it, or FSDP2's CPUOffloadPolicy."""
     return {**case, "id": case["id"].replace("-train-", "-offload-train-", 1),
             "fsdp": {**case["fsdp"], "offload": "optimizer+params"}}
 
@@ -298,6 +299,11 @@ SHARDED_CASES: list[dict[str, Any]] = [
                       3)),
 ] + [  # a hand-modelled family's full fine-tune offloaded, both strategies
     _offloaded(_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, z)) for z in (3, 2)
+] + [  # FSDP2's CPUOffloadPolicy: LoRA both strategies (one checkpointed), a full fine-tune
+    _offloaded(_fsdp(_lora("llama-3.2-1b", 2, 1024, "bf16", 16, QV, ckpt=ck), 2, z)) for z, ck in ((3, "none"),
+                                                                                              (2, "full"))
+] + [
+    _offloaded(_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3)),
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:

@@ -93,12 +93,13 @@ def gpu_side(measured: dict[str, Any]) -> dict[str, Any]:
     The optimizer phase runs on the host and is not a GPU figure: left out. MemTracker's own peak is kept beside
     each phase (pool_peak_bytes)."""
     totals = measured["totals"]
-    shards = 2 * (int(totals["param_bytes"]) - int(totals.get("quant_state_bytes", 0)))
+    fsdp1 = "grad" not in measured.get("fsdp2_offload", "")
+    shards = (2 if fsdp1 else 1) * (int(totals["param_bytes"]) - int(totals.get("quant_state_bytes", 0)))
     phases = {}
     for name, m in measured["phases"].items():
         if name == "optimizer":
             continue
-        host = shards + int(m["categories"].get("opt", 0))
+        host = shards + int(m["categories"].get("opt", 0)) + (0 if fsdp1 else int(m["categories"].get("grad", 0)))
         phases[name] = {**m, "peak_bytes": m["peak_bytes"] - host, "pool_peak_bytes": m["peak_bytes"],
                         "host_bytes": host}
     top = max(phases, key=lambda name: phases[name]["peak_bytes"])
@@ -123,7 +124,8 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     from ..workload import fsdp  # torch's side: measured already
 
     if fsdp.offloaded(case.get("fsdp")):
-        measured = gpu_side(measured)
+        measured = gpu_side({**measured, **({"fsdp2_offload": "grad"} if fsdp.version(case["fsdp"]) == 2 else {})})
+        measured.pop("fsdp2_offload", None)
     rec: dict[str, Any] = {"case_id": case["id"]}
     rec["inputs"] = {k: case[k] for k in INPUT_KEYS if k in case}
     rec["tolerance"] = case["tolerance"]

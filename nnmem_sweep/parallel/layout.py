@@ -287,33 +287,33 @@ def fsdp_only(parallel: dict) -> bool:
     return _only(parallel, FSDP_AXES, {0, 2, 3}) and fsdp_offload_problem(parallel) is None
 
 
-def fsdp1_offloads(parallel: dict) -> bool:
-    """Whether a `parallel:` block ({axis: values}) offloads as FSDP1's CPUOffload does, which a model is planned for
-    from its own code (its rank's step traced with the host told apart), a hand-modelled family through its twin."""
+def fsdp_offloads(parallel: dict) -> bool:
+    """Whether a `parallel:` block ({axis: values}) offloads as FSDP does (FSDP1's CPUOffload, FSDP2's
+    CPUOffloadPolicy), which a model is planned for from its own code (its rank's step traced with the host told
+    apart), a hand-modelled family through its twin."""
     return bool(parallel) and fsdp_only(parallel) and \
         C.OFFLOAD_PARAMS in {str(v) for v in parallel.get(C.OFFLOAD, ())}
 
 
 def fsdp_offload_problem(parallel: dict) -> str | None:
-    """Why a `parallel:` block's offload is not FSDP1's CPUOffload(offload_params=True) (offload optimizer+params over
-    data-parallel ranks sharded by FSDP1 at zero_stage 2 or 3, one micro-batch per step: FSDP1 cannot accumulate
-    gradients on the host), the one offload a model planned from its own code is traced with; None where it is, or
+    """Why a `parallel:` block's offload is not FSDP's CPU offload (FSDP1's CPUOffload(offload_params=True), FSDP2's
+    CPUOffloadPolicy: offload optimizer+params over data-parallel ranks sharded at zero_stage 2 or 3, one
+    micro-batch per step), the one offload a model planned from its own code is traced with; None where it is, or
     where nothing is offloaded."""
     offloads = {str(v) for v in parallel.get(C.OFFLOAD, ("none",))} - {"none"}
     if not offloads:
         return None
     if offloads != {C.OFFLOAD_PARAMS}:
-        return (f"offload {sorted(offloads - {C.OFFLOAD_PARAMS})[0]} is ZeRO-Offload's (DeepSpeed); FSDP offloads as "
-                f"FSDP1's CPUOffload does: offload {C.OFFLOAD_PARAMS} with fsdp_version 1")
-    if fsdp_versions(parallel) != {1}:
-        return (f"offload {C.OFFLOAD_PARAMS} is modelled as FSDP1's CPUOffload (fsdp_version 1); FSDP2's "
-                "CPUOffloadPolicy is not modelled yet: give fsdp_version 1 alone")
+        return (f"offload {sorted(offloads - {C.OFFLOAD_PARAMS})[0]} is ZeRO-Offload's (DeepSpeed); FSDP offloads the "
+                f"parameters with the optimizer (FSDP1's CPUOffload, FSDP2's CPUOffloadPolicy): offload "
+                f"{C.OFFLOAD_PARAMS}")
     if not {int(z) for z in parallel.get(C.ZERO_STAGE, (0,))} <= {2, 3} or \
             min(int(d) for d in parallel.get(C.DATA_PARALLEL, (1,))) < 2:
         return f"offload {C.OFFLOAD_PARAMS} needs FSDP sharding: data_parallel > 1 and zero_stage 2 or 3"
     if any(int(a) > 1 for a in parallel.get(C.GRADIENT_ACCUMULATION, (1,))):
-        return (f"offload {C.OFFLOAD_PARAMS} with gradient_accumulation > 1: FSDP1 does not accumulate an offloaded "
-                "gradient on the host outside no_sync (_flat_param.py says so); give gradient_accumulation 1")
+        return (f"offload {C.OFFLOAD_PARAMS} with gradient_accumulation > 1 is not modelled (FSDP1 does not "
+                "accumulate an offloaded gradient outside no_sync, _flat_param.py says so; FSDP2 adds it on the host); "
+                "give gradient_accumulation 1")
     return None
 
 

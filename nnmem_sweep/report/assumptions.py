@@ -109,20 +109,22 @@ _FSDP1_TEXT = (
     "stream).")
 
 
-def _fsdp1_offload_text(sc: Scenario) -> str:
+def _fsdp_offload_text(sc: Scenario) -> str:
     per_node = sc.node.get(C.GPUS_PER_NODE, DEFAULT_GPUS_PER_NODE)
     host = sc.node.get(C.HOST_MEMORY, parse_size(DEFAULT_HOST_MEMORY))
-    return ("Offload optimizer+params is FSDP1's CPUOffload(offload_params=True), as Answer.AI's FSDP-QLoRA runs it: "
-            "each rank's flat-parameter shards and a pinned CPU gradient of each one's size (made for frozen units "
-            "too) live in host memory, and the CPU steps the trainable shards there (their master copy, optimizer "
-            "state and step temporaries on the host). The GPU's side is the rank's step traced with those host "
-            "tensors told apart, each unit's shard copied to the GPU before its all-gather and freed once gathered "
-            "(FSDP1's pre-unshard); measured against MemTracker on one device less the host's bytes "
+    return ("Offload optimizer+params is FSDP's CPU offload: FSDP1's CPUOffload(offload_params=True), as Answer.AI's "
+            "FSDP-QLoRA runs it, each rank's flat-parameter shards and a pinned CPU gradient of each one's size (made "
+            "for frozen units too), or FSDP2's CPUOffloadPolicy, the sharded parameters and the trainable ones' "
+            "gradients, live in host memory, and the CPU steps the trainable shards there (their master copy, "
+            "optimizer state and step temporaries on the host). The GPU's side is the rank's step traced with those "
+            "host tensors told apart, each unit's shards copied to the GPU before its all-gather and freed once "
+            "gathered, FSDP2's reduce-scattered gradients freed once copied out; measured against MemTracker on one "
+            "device less the host's bytes "
             "(tests/data/truth/sharded/*-offload-*: forward and backward to the byte, less MemTracker's leftover of "
             f"a checkpointed run). Host memory per node is the rank's times {per_node} GPUs per node, against "
             f"{gib(host)} of RAM; a layout over it does not fit. Not modelled: the host-device copies' and the CPU "
             "step's time (the speed of an offloaded row is that of the same step without them, an upper bound), "
-            "pinned memory's own rounding, FSDP2's CPUOffloadPolicy.")
+            "pinned memory's own rounding.")
 
 
 def _parallel_assumptions(sc: Scenario) -> list[str]:
@@ -151,7 +153,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())):
             items.append(_UNSYNCED_TEXT)
         if any(v != "none" for v in axes.get(C.OFFLOAD, ())):
-            items.append(_fsdp1_offload_text(sc))
+            items.append(_fsdp_offload_text(sc))
         return items
     if sc.mode == "train":
         zero = ("ZeRO partitions over DP (Rajbhandari et al. 2019 §5): stage 1 the master weights and optimizer "

@@ -18,13 +18,13 @@ every rank (it is module state, not a parameter), as with bitsandbytes under FSD
 spec "version": 1 wraps the same units with FSDP1's FullyShardedDataParallel instead (_shard_fsdp1), as accelerate's
 FSDP plugin does by default: measured to compare with the FSDP2 estimate (tests/data/truth/sharded/*fsdp1*).
 
-spec "offload": "optimizer+params" (FSDP1 only) adds FSDP1's CPUOffload(offload_params=True), as Answer.AI's
-FSDP-QLoRA and accelerate's fsdp_offload_params run it: each rank's flat-parameter shards and their gradients live in
-pinned host memory and the optimizer steps there. On fake tensors the step runs with two stand-ins (host_stand_ins):
-`Tensor.pin_memory` hands a fake tensor back (FakeTensor has no aten._pin_memory) and `torch.cpu.Stream.synchronize`
-is a no-op (FSDP1's post-backward callback waits on its gradient copies' stream). Host and device are then one
-pool; derive/step.py tells them apart (the rank's shards and CPU gradients registered as host, the GPU's copy of each
-unit's shard before its all-gather recorded where FSDP1 makes it)."""
+spec "offload": "optimizer+params" adds FSDP1's CPUOffload(offload_params=True), as Answer.AI's FSDP-QLoRA and
+accelerate's fsdp_offload_params run it, or FSDP2's CPUOffloadPolicy (pinned): each rank's shards and their gradients
+live in pinned host memory and the optimizer steps there. On fake tensors the step runs with two stand-ins
+(host_stand_ins): `Tensor.pin_memory` hands a fake tensor back (FakeTensor has no aten._pin_memory) and
+`torch.cpu.Stream.synchronize` is a no-op (FSDP1's post-backward callback waits on its gradient copies' stream). Host
+and device are then one pool; derive/step.py tells them apart (the rank's shards and CPU gradients registered as
+host, the GPU's copy of each unit's shards before its all-gather recorded where FSDP makes it)."""
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +55,6 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
     if spec.get("offload", "none") not in ("none", OFFLOAD_PARAMS):
         raise ValueError(f"fsdp: offload must be none or {OFFLOAD_PARAMS}, got {spec['offload']!r}")
-    if offloaded(spec) and version(spec) != 1:
-        raise ValueError(f"fsdp: offload {OFFLOAD_PARAMS} is FSDP1's CPUOffload (version 1)")
     return world, stage
 
 
@@ -121,7 +119,7 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     """The model wrapped with fully_shard (module docstring); call inside fake_process_group(world)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     world, stage = check(spec)
     if version(spec) == 1:
@@ -131,9 +129,10 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     device = next(model.parameters()).device.type
     with unset_fake_temporarily():  # the mesh reads the ranks as real tensors
         mesh = init_device_mesh(device, (world,))
+    policy = CPUOffloadPolicy() if offloaded(spec) else OffloadPolicy()  # CPUOffloadPolicy pins its shards
     for block in _blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=stage == 3)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=stage == 3, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
 
 
