@@ -141,8 +141,11 @@ def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Chec
     (derive/step.py), as its adapters are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not
     FSDP (Llama 3.2 1B over 2 ranks, FSDP1 FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side,
     tests/data/truth/sharded/*-offload-*)."""
-    if model is None or model.kind != "transformer" or mode != "train" or "cluster" in data or \
-            not L.fsdp_offloads(parallel):
+    if model is None or model.kind != "transformer" or mode != "train" or "cluster" in data:
+        return model
+    if L.fsdp_versions(parallel or {}) == {1} and _offload_refused(data, parallel, ck):
+        return model  # FSDP1 named: its offload as FSDP1 runs it, or refused (accumulation, ZeRO-Offload's names)
+    if not L.fsdp_offloads(parallel):
         return model
     twin = derived_twin(model, allow_deriving=True)
     if twin is None:

@@ -39,7 +39,8 @@ from .derive.arch import architecture_of, derived_twin
 from .models.arch import Architecture
 from .models.presets import preset_ids
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
-from .parallel.layout import DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp_offloads, typed_value
+from .parallel.layout import (DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp_offload_problem, fsdp_offloads,
+                              fsdp_versions, typed_value)
 from .grid import MAX_ROWS, expand_grid
 from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
 from .units import format_bytes, parse_size
@@ -212,6 +213,9 @@ def layout_model(arch: Architecture, mode: str, parallel: dict[str, object] | No
         return arch
     # the layout's values typed as its columns hold them (a bad axis or value is refused here, in one line)
     layout = {a: tuple(v) for a, v in _layout_columns(parallel).items() if a in C.PARALLEL_AXES}
+    problem = fsdp_offload_problem(layout) if fsdp_versions(layout) == {1} else None
+    if problem:  # FSDP1 named: its offload as FSDP1 runs it, or refused (config_model.check_offloaded_ranks)
+        raise UsageError(problem)
     if not fsdp_offloads(layout):
         return arch
     twin = derived_twin(arch, allow_deriving=True)

@@ -150,6 +150,12 @@ def test_a_hand_modelled_full_fine_tune_offloaded_by_fsdp1_is_planned_from_its_o
     assert model("{data_parallel: 2, zero_stage: 3, fsdp_version: 1}").kind == "transformer"
     assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer+params}").kind == "derived"  # FSDP2's
     assert model("{data_parallel: 2, zero_stage: 3, offload: optimizer}").kind == "transformer"
+    # FSDP1 named, its offload as it runs it or not at all: accumulating, or ZeRO-Offload's optimizer alone
+    from nnmem_sweep.errors import ScenarioError
+
+    for bad in ("offload: optimizer+params, gradient_accumulation: 2", "offload: optimizer"):
+        with pytest.raises(ScenarioError, match="parallel.offload"):
+            model(f"{{data_parallel: 2, zero_stage: 3, fsdp_version: 1, {bad}}}")
 
 
 def test_a_point_offloaded_by_fsdp1_is_planned_as_the_scenario_plans_it():
@@ -163,4 +169,6 @@ def test_a_point_offloaded_by_fsdp1_is_planned_as_the_scenario_plans_it():
     assert layout_model(arch, "infer", fsdp1) is arch
     assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2"}).kind == "derived"
     assert layout_model(arch, "train", {**fsdp1, "offload": "none"}) is arch
-    assert layout_model(arch, "train", {**fsdp1, "offload": "optimizer"}) is arch
+    assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2", "offload": "optimizer"}) is arch
+    with pytest.raises(UsageError, match="with gradient_accumulation > 1 is not modelled"):
+        layout_model(arch, "train", {**fsdp1, "gradient_accumulation": "2"})
