@@ -24,6 +24,7 @@ from .derive import DerivationError
 from .derive.arch import architecture_of, derived_twin, peft_spec, with_adapters, with_preference
 from .derive.side import NotPrepared, stated
 from .errors import ScenarioError, UsageError
+from .estimate import offload_twin
 from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel import layout as L
 from .workload import preference
@@ -147,13 +148,11 @@ def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Chec
         return model  # FSDP1 named: its offload as FSDP1 runs it, or refused (accumulation, ZeRO-Offload's names)
     if not L.fsdp_offloads(parallel):
         return model
-    twin = derived_twin(model, allow_deriving=True)
-    if twin is None:
-        ck.add(f"parallel.{C.OFFLOAD}" if C.OFFLOAD in (data.get("parallel") or {}) else f"grid.{C.OFFLOAD}",
-               f"FSDP's CPU offload of {model.name} is planned from its own code, which it does not have (give it "
-               "as a preset, hf_config or module)")
+    try:
+        return offload_twin(model)
+    except UsageError as e:
+        ck.add(f"parallel.{C.OFFLOAD}" if C.OFFLOAD in (data.get("parallel") or {}) else f"grid.{C.OFFLOAD}", str(e))
         return model
-    return dataclasses.replace(twin, finetune=model.finetune)
 
 
 def _offload_refused(data: dict, parallel: dict, ck: Checker) -> bool:

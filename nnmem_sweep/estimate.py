@@ -216,11 +216,16 @@ def layout_model(arch: Architecture, mode: str, parallel: dict[str, object] | No
     problem = fsdp_offload_problem(layout) if fsdp_versions(layout) == {1} else None
     if problem:  # FSDP1 named: its offload as FSDP1 runs it, or refused (config_model.check_offloaded_ranks)
         raise UsageError(problem)
-    if not fsdp_offloads(layout):
-        return arch
+    return offload_twin(arch) if fsdp_offloads(layout) else arch
+
+
+def offload_twin(arch: Architecture) -> Architecture:
+    """A hand-modelled transformer offloaded by FSDP: its derived twin (its rank's step traced with the host told
+    apart), with its fine-tune; a UsageError (one line) where it has none."""
     twin = derived_twin(arch, allow_deriving=True)
     if twin is None:
-        raise UsageError(f"FSDP's CPU offload of {arch.name} is planned from its own code, which it does not have")
+        raise UsageError(f"FSDP's CPU offload of {arch.name} is planned from its own code, which it does not have "
+                         "(give it as a preset, hf_config or module)")
     return dataclasses.replace(twin, finetune=arch.finetune)
 
 

@@ -50,7 +50,6 @@ def test_a_tiny_offloaded_rank_is_its_measured_gpu_side(stage, version):
     for phase, m in measured["phases"].items():
         (start, end), = [(a, b) for name, _, a, b in tr.spans if name == phase]
         assert int(live[start:end].max()) == m["peak_bytes"], phase
-        assert m["pool_peak_bytes"] - m["peak_bytes"] == m["host_bytes"]
     if version == 1:
         assert measured["totals"]["host_bytes"] == 2 * measured["totals"]["param_bytes"] + \
             measured["totals"]["optimizer_state_bytes"]

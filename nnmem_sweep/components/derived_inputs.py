@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from .. import columns as C
 from .. import derive
 from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision, get_precision
@@ -137,7 +138,7 @@ def train_inputs(arch, precs: tuple[Precision, ...], o_names: tuple, i_names: tu
                     S = optimizer_state_bytes(arch, prec, opt, impl)
                     T = optimizer_step_temporary_bytes(arch, prec, opt, impl)
                 states["S"][p_i, o_i, i_i], states["T"][p_i, o_i, i_i] = S, T
-    if (arch.derived.source.fsdp or {}).get("offload", "none") != "none":
+    if (arch.derived.source.fsdp or {}).get("offload") == C.OFFLOAD_PARAMS:  # derive/arch.py sharded
         offloaded_states(states)
     del states["P"]
     return recipes, {k: v.ravel() for k, v in states.items()}

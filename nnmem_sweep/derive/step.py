@@ -175,26 +175,21 @@ def run(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any], devic
     return StepTrace(tr, classify(tr, grads, rec.cache_ids))
 
 
-def _storage_bytes(tensors) -> int:
-    from ..workload.fsdp import local
-
-    by_storage = {id(local(t).untyped_storage()): local(t) for t in tensors}
-    return sum(t.untyped_storage().nbytes() for t in by_storage.values())
-
-
 def _host_side(rec: Recorder, model: torch.nn.Module, spec: dict[str, Any]) -> None:
     """An offloaded step's host tensors (Recorder.host): FSDP1's flat-parameter shards and their pinned CPU
     gradients, one the size of every shard, frozen ones too (_flat_param.py); FSDP2's sharded parameters, and at
     its step the CPU gradients of the trainable ones (FSDPParam, foreach_reduce)."""
     from ..workload import fsdp
+    from ..workload.steps import storage_bytes
 
     world = fsdp.check(spec)[0]
     if fsdp.version(spec) == 1:
         shards = model._nnmem_shards
-        rec.host([*shards, *model._nnmem_host_grads], world, 2 * _storage_bytes(shards), 1)
+        rec.host([*shards, *model._nnmem_host_grads], world, 2 * storage_bytes(shards), 1)
         return
-    params = list(model.parameters())
-    rec.host(params, world, _storage_bytes(params) + _storage_bytes([p for p in params if p.requires_grad]), 2)
+    shards = [fsdp.local(p) for p in model.parameters()]
+    trainable = [fsdp.local(p) for p in model.parameters() if p.requires_grad]
+    rec.host(shards, world, storage_bytes(shards) + storage_bytes(trainable), 2)
 
 
 def _catch_all_reshard(model: torch.nn.Module, rec: Recorder) -> None:
@@ -274,7 +269,8 @@ def _warm_up(model: torch.nn.Module, case: dict[str, Any], cfg: dict[str, Any]) 
     w.steps = 1
     with run_contexts(small, fake=True):
         run_steps(w, _NotRecorded())
-    if fsdp.offloaded(case["fsdp"]):  # every trainable flat parameter's gradient is now its pinned CPU gradient
+    if fsdp.offloaded(case["fsdp"]) and fsdp.version(case["fsdp"]) == 1:  # each trainable flat parameter's
+        # gradient is now its pinned CPU gradient (_host_side registers them as the host's)
         model._nnmem_host_grads = [p.grad for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     model._nnmem_warm = True

@@ -142,7 +142,7 @@ class Recorder(TorchDispatchMode):
         self._closed = False
         self.cache_ids: set[int] = set()  # storages seen holding a KV cache (saw_cache)
         self._host: dict[int, weakref.ref] = {}  # id(storage) -> the storage: host memory, never an event (host())
-        self.shard_copies = 0  # > 0: FSDP1's CPU offload over this many ranks (host())
+        self.shard_copies = 0  # > 0: FSDP's CPU offload over this many ranks (host())
         self.host_bytes = 0  # the host storages' bytes (host())
         self._copy_rule = 1  # the FSDP version whose all-gather the shard copies precede (host())
         self._born_freed: set[int] = set()  # storage ids freed right after their allocation (born_freed())
@@ -231,11 +231,18 @@ class Recorder(TorchDispatchMode):
             if sid is not None:
                 self._born_freed.add(sid)
 
-    def _shard_copy(self, nbytes: int) -> int:
+    @contextlib.contextmanager
+    def _shard_copy(self, gathered_bytes: int, rule: bool):
+        """Where `rule` holds (an offloaded step's all-gather of `gathered_bytes`, host()): the host shards' copy
+        to the GPU, 1/world of them, allocated before what the body records and freed after it."""
+        if not (rule and self.shard_copies):
+            yield
+            return
         sid, self._next = self._next, self._next + 1
-        self._size[sid] = nbytes
-        self._record(sid, nbytes, "shard_to_gpu")
-        return sid
+        self._size[sid] = int(gathered_bytes) // self.shard_copies
+        self._record(sid, self._size[sid], "shard_to_gpu")
+        yield
+        self._record(sid, -self._size.pop(sid), "")
 
     def release(self, t: torch.Tensor) -> None:
         """Record the free of a live tensor's storage now, as the run on a GPU frees it where the traced run cannot
@@ -294,13 +301,9 @@ class Recorder(TorchDispatchMode):
         original, rec = torch.UntypedStorage.resize_, self
 
         def resize_(st, size):  # noqa: ANN001, ANN202
-            copy = None
-            if rec.shard_copies and rec._copy_rule == 1 and size > 0 and st.nbytes() == 0:  # FSDP1's (host())
-                copy = rec._shard_copy(int(size) // rec.shard_copies)
-            out = original(st, size)
-            rec._see_storage(st, "resize_")  # a known storage resized, or one first met here (allocated empty)
-            if copy is not None:
-                rec._record(copy, -rec._size.pop(copy), "")
+            with rec._shard_copy(size, rec._copy_rule == 1 and size > 0 and st.nbytes() == 0):  # FSDP1's (host())
+                out = original(st, size)
+                rec._see_storage(st, "resize_")  # a known storage resized, or one first met here (allocated empty)
             return out
 
         self._restore_resize = original
@@ -318,13 +321,10 @@ class Recorder(TorchDispatchMode):
             return args[0]
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        copy = None
-        if self.shard_copies and self._copy_rule == 2 and name == "all_gather_copy_in":  # FSDP2's (host())
-            copy = self._shard_copy(int(out[1].untyped_storage().nbytes()) // self.shard_copies)
-        for t in _tensors(out):
-            self._see(t, name)
-        if copy is not None:
-            self._record(copy, -self._size.pop(copy), "")
+        gathers = self._copy_rule == 2 and name == "all_gather_copy_in"  # FSDP2's (host())
+        with self._shard_copy(out[1].untyped_storage().nbytes() if gathers else 0, gathers):
+            for t in _tensors(out):
+                self._see(t, name)
         if self.workspace_bytes and name in CUBLAS_OPS:
             self._workspace()
         budget.check_event(len(self._events))  # events, seconds, memory: bounded (budget.py)

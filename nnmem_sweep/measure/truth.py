@@ -84,22 +84,22 @@ def versions(kind: str = "", peft: bool = False) -> dict[str, str]:
     return out
 
 
-def gpu_side(measured: dict[str, Any]) -> dict[str, Any]:
-    """An FSDP1 step with CPUOffload(offload_params=True) measured on one device, where host and GPU are one pool: the
-    GPU's side of each phase is MemTracker's peak less what lives in host memory at that moment, all of it constant
-    through the forward and backward: the rank's flat-parameter shards (param_bytes, measured, less QLoRA's quant
-    states, module state that stays on the GPU), a pinned CPU gradient of each one's size (FSDP1's _cpu_grad,
-    zeros_like the shard: _flat_param.py) and the optimizer state the CPU steps (MemTracker's opt at that moment).
-    The optimizer phase runs on the host and is not a GPU figure: left out. MemTracker's own peak is kept beside
-    each phase (pool_peak_bytes)."""
+def gpu_side(measured: dict[str, Any], version: int = 1) -> dict[str, Any]:
+    """An FSDP step offloaded to the host, measured on one device, where host and GPU are one pool: the GPU's side of
+    each phase is MemTracker's peak less what lives in host memory at that moment: the rank's shards (param_bytes,
+    measured, less QLoRA's quant states, module state that stays on the GPU); `version` 1 (FSDP1's CPUOffload) a
+    pinned CPU gradient of each one's size besides (_cpu_grad, zeros_like the shard: _flat_param.py), 2 (FSDP2's
+    CPUOffloadPolicy) the gradients copied out by then (MemTracker's grad at that moment); and the optimizer state
+    the CPU steps (MemTracker's opt). The optimizer phase runs on the host and is not a GPU figure: left out.
+    MemTracker's own peak is kept beside each phase (pool_peak_bytes)."""
     totals = measured["totals"]
-    fsdp1 = "grad" not in measured.get("fsdp2_offload", "")
-    shards = (2 if fsdp1 else 1) * (int(totals["param_bytes"]) - int(totals.get("quant_state_bytes", 0)))
+    shards = (2 if version == 1 else 1) * (int(totals["param_bytes"]) - int(totals.get("quant_state_bytes", 0)))
     phases = {}
     for name, m in measured["phases"].items():
         if name == "optimizer":
             continue
-        host = shards + int(m["categories"].get("opt", 0)) + (0 if fsdp1 else int(m["categories"].get("grad", 0)))
+        host = shards + int(m["categories"].get("opt", 0)) + (int(m["categories"].get("grad", 0)) if version == 2
+                                                              else 0)
         phases[name] = {**m, "peak_bytes": m["peak_bytes"] - host, "pool_peak_bytes": m["peak_bytes"],
                         "host_bytes": host}
     top = max(phases, key=lambda name: phases[name]["peak_bytes"])
@@ -124,8 +124,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     from ..workload import fsdp  # torch's side: measured already
 
     if fsdp.offloaded(case.get("fsdp")):
-        measured = gpu_side({**measured, **({"fsdp2_offload": "grad"} if fsdp.version(case["fsdp"]) == 2 else {})})
-        measured.pop("fsdp2_offload", None)
+        measured = gpu_side(measured, fsdp.version(case["fsdp"]))
     rec: dict[str, Any] = {"case_id": case["id"]}
     rec["inputs"] = {k: case[k] for k in INPUT_KEYS if k in case}
     rec["tolerance"] = case["tolerance"]

@@ -35,7 +35,6 @@ import torch
 from .. import columns as C
 
 STAGES = (2, 3)
-OFFLOAD_PARAMS = C.OFFLOAD_PARAMS  # FSDP1's CPUOffload(offload_params=True), as the offload axis names it
 
 
 def version(spec: dict[str, Any] | None) -> int:
@@ -53,19 +52,19 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"fsdp: world must be at least 2, got {world}")
     if stage not in STAGES:
         raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
-    if spec.get("offload", "none") not in ("none", OFFLOAD_PARAMS):
-        raise ValueError(f"fsdp: offload must be none or {OFFLOAD_PARAMS}, got {spec['offload']!r}")
+    if spec.get("offload", "none") not in ("none", C.OFFLOAD_PARAMS):
+        raise ValueError(f"fsdp: offload must be none or {C.OFFLOAD_PARAMS}, got {spec['offload']!r}")
     return world, stage
 
 
 def offloaded(spec: dict[str, Any] | None) -> bool:
     """Whether a case's `fsdp` spec offloads the parameters, their gradients and the optimizer step to the host."""
-    return (spec or {}).get("offload", "none") == OFFLOAD_PARAMS
+    return (spec or {}).get("offload", "none") == C.OFFLOAD_PARAMS
 
 
 @contextlib.contextmanager
 def host_stand_ins() -> Iterator[None]:
-    """What FSDP1's CPU offload needs of the host that fake tensors lack (module docstring), for the duration: a fake
+    """What FSDP's CPU offload needs of the host that fake tensors lack (module docstring), for the duration: a fake
     tensor's pin_memory is the tensor itself, and the CPU stream's synchronize does nothing. Real tensors pin as
     they would where there is a GPU; without one (real CPU tensors, `measure --device cpu-real`) pinning cannot
     run, and the tensor itself holds the same bytes."""
