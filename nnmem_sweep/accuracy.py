@@ -162,8 +162,9 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
 def _deepspeed_axes(spec: dict[str, Any]) -> dict[str, list]:
     settings = {k: v for k, v in spec.items() if k in DS.KEYS}
     axes = DS.axes(settings, None)
+    offload = {C.OFFLOAD: [spec["offload"]]} if spec.get("offload", "none") != "none" else {}
     return {C.DATA_PARALLEL: [int(spec["world"])], C.ZERO_STAGE: [int(spec["zero_stage"])],
-            **{k: [v] for k, v in axes.items()}}
+            **{k: [v] for k, v in axes.items()}, **offload}
 
 
 # torch.optim keeps each parameter's `step` as a 0-d fp32 tensor on the host unless the optimizer is fused or
@@ -177,7 +178,8 @@ def host_step_bytes(arch, inputs: dict[str, Any]) -> int:
     """4 bytes per trained parameter tensor for the optimizers above, outside fused implementations (0 otherwise).
     A hand-modelled LoRA case is left at 0 (tests/test_finetune.py states its counters itself)."""
     if inputs["mode"] != "train" or inputs.get("optimizer") not in HOST_STEP_OPTIMIZERS or \
-            inputs.get("optimizer_impl", "foreach") == "fused" or (inputs.get("fsdp") or {}).get("offload"):
+            inputs.get("optimizer_impl", "foreach") == "fused" or (inputs.get("fsdp") or {}).get("offload") or \
+            (inputs.get("deepspeed") or {}).get("offload", "none") != "none":
         return 0  # (an offloaded case's optimizer state is the host's, left out of its measured GPU side)
     if inputs.get("finetune"):
         if arch.kind != "derived":

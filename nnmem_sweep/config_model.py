@@ -112,6 +112,10 @@ def check_finetune(data: dict, mode: str, model, parallel: dict, ck: Checker):
     deepspeed = L.deepspeed_dp_only(parallel)
     if not L.deepspeed_layouts(parallel) and _offload_refused(data, parallel, ck):
         return model
+    problem = L.deepspeed_offload_problem(parallel) if L.deepspeed_layouts(parallel) else None
+    if problem:
+        ck.add(_offload_key(data), problem)
+        return model
     if parallel and not accumulation_only(parallel) and not L.fsdp_only(parallel) and not deepspeed:
         ck.add("finetune", f"finetune method {ft.method} is modelled on one GPU, with gradient accumulation, "
                            "sharded as FSDP shards it over data_parallel ranks (zero_stage 2 or 3), or under "
@@ -151,7 +155,7 @@ def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Chec
     try:
         return offload_twin(model)
     except UsageError as e:
-        ck.add(f"parallel.{C.OFFLOAD}" if C.OFFLOAD in (data.get("parallel") or {}) else f"grid.{C.OFFLOAD}", str(e))
+        ck.add(_offload_key(data), str(e))
         return model
 
 
@@ -161,11 +165,16 @@ def _offload_refused(data: dict, parallel: dict, ck: Checker) -> bool:
     problem = L.fsdp_offload_problem(parallel) if parallel else None
     if problem is None:
         return False
-    block = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
-    where = f"parallel.{C.OFFLOAD}" if C.OFFLOAD in block else f"grid.{C.OFFLOAD}"
+    where = _offload_key(data)
     if ck.clean(where):  # once (the adapters' check and the derived model's both ask)
         ck.add(where, problem)
     return True
+
+
+def _offload_key(data: dict) -> str:
+    """Where a scenario gives its offload: parallel.offload, or the grid's axis."""
+    block = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    return f"parallel.{C.OFFLOAD}" if C.OFFLOAD in block else f"grid.{C.OFFLOAD}"
 
 
 def _off_adapter_layouts(parallel: dict) -> str:

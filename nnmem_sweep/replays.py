@@ -80,7 +80,8 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
 DEEPSPEED_RESERVE_SPAN = (0.005, 0.171)
 # the rows the span stands for: the measured cases' stages and recipes (ZeRO-3's steps gather and release parameters
 # in patterns none of these sequences has)
-DEEPSPEED_MEASURED_RECIPE = {C.ZERO_STAGE: ("1", "2"), C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full")}
+DEEPSPEED_MEASURED_RECIPE = {C.ZERO_STAGE: ("1", "2"), C.OPTIMIZER: ("adamw",), C.CHECKPOINTING: ("none", "full"),
+                             C.OFFLOAD: ("none",)}  # ZeRO-Offload's steps needed more (tests/test_deepspeed_offload.py)
 DEEPSPEED_NOTE = (
     "not replayed: no DeepSpeed row's step is traced at its shape (`nnmem-sweep derive CONFIG` traces ZeRO-1/2's, "
     "DeepSpeed installed); DeepSpeed's "
@@ -91,7 +92,8 @@ DEEPSPEED_NOTE = (
     f"{100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the peak, the most where the "
     "optimizer step peaks (its first step makes AdamW's state in the pool the backward left): the reserve assumed is "
     "the default, the decision page's band that span for ZeRO-1/2 rows of their recipes (AdamW, no or full "
-    "checkpointing; others, ZeRO-3's included, the one-GPU range, 0.5-32.5 %); verify such rows by measuring")
+    "checkpointing, no offload; others, ZeRO-Offload's and ZeRO-3's included, the one-GPU range, 0.5-32.5 %); "
+    "verify such rows by measuring")
 
 
 def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:

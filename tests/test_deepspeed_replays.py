@@ -56,10 +56,17 @@ def test_a_row_becomes_the_case_its_sequence_was_measured_for(twin):
     assert zero_rows.end_ranks(case) == (0, 1)
 
 
+def test_a_zero_offload_row_is_traced_with_its_host_told_apart(twin):
+    """ZeRO-Offload (offload optimizer, ZeRO-1/2): its case runs DeepSpeed's offload (workload/zero_engine.py
+    host_side), so its sequence holds the GPU's storages alone."""
+    case, why = zero_rows.row_case(twin.derived.source, {**_row(), C.OFFLOAD: "optimizer"})
+    assert why == "" and case["deepspeed"] == {**CASE["deepspeed"], "overlap_comm": False, "offload": "optimizer"}
+
+
 @pytest.mark.parametrize("change, why", [
     ({C.ZERO_STAGE: 3}, "ZeRO-3 partitions real tensors only"),
     ({C.PRECISION: "bf16"}, "DeepSpeed's bf16 engine runs the recipe bf16-master alone"),
-    ({C.OFFLOAD: "optimizer"}, "an offloaded step"),
+    ({C.OFFLOAD: "optimizer+params"}, "offload optimizer+params is ZeRO-3's"),
     ({C.REDUCE_BUCKET: 0}, "not a DeepSpeed layout"),
     ({C.ZERO_STAGE: 0}, "not a DeepSpeed layout"),  # PyTorch's DDP (parallel/layout.py)
 ])

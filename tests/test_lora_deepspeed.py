@@ -81,8 +81,10 @@ def test_lora_under_zero2_accumulating_keeps_the_adapters_gradient_partition():
      "finetune.adapter_dtype", "casts the whole model to the model's dtype"),
     (LORA, "{data_parallel: 2, zero_stage: 2, deepspeed: true, tensor_parallel: 2}", "finetune",
      ": tensor_parallel with parallel.deepspeed is not modelled for adapters yet"),
-    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true, offload: optimizer}", "finetune",
-     ": offload with parallel.deepspeed is not modelled for adapters yet"),  # it named every axis off one GPU
+    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true, offload: optimizer}", "parallel.offload",
+     "modelled at zero_stage 1 or 2 (ZeRO-Offload"),  # ZeRO-2's runs (tests/test_deepspeed_offload.py)
+    (LORA, "{data_parallel: 2, zero_stage: 3, deepspeed: true, offload: optimizer+params}", "parallel.offload",
+     "ZeRO-3's offload_param, not modelled for adapters"),
     (LORA, "{data_parallel: 2, zero_stage: 1}", "finetune", ": zero_stage 1 (FSDP shards the gradients with the "
      "optimizer state: 2 or 3) is not modelled for adapters yet"),
 ])

@@ -146,6 +146,8 @@ class Recorder(TorchDispatchMode):
         self.host_bytes = 0  # the host storages' bytes (host())
         self._copy_rule = 1  # the FSDP version whose all-gather the shard copies precede (host())
         self._born_freed: set[int] = set()  # storage ids freed right after their allocation (born_freed())
+        self._on_host = 0  # > 0: inside on_host(), where every storage first seen is host memory
+        self._counted_host: list = []  # the storages host_storages() counted in host_bytes (held: ids stay theirs)
 
     # ---- storages
     def _see(self, t: torch.Tensor, op: str) -> int | None:
@@ -167,6 +169,9 @@ class Recorder(TorchDispatchMode):
                 self._size[sid] = n
                 self._record(sid, n, op)
             return sid
+        if self._on_host:
+            self._host[key] = weakref.ref(st)
+            return None
         sid = self._next
         self._next += 1
         n = int(st.nbytes())
@@ -221,6 +226,32 @@ class Recorder(TorchDispatchMode):
             st = t.untyped_storage()
             self._host[id(st)] = weakref.ref(st)
         self.shard_copies, self.host_bytes, self._copy_rule = int(world), int(held_bytes), int(version)
+
+    def host_storages(self, tensors) -> int:
+        """Storages of `tensors` that live in host memory (DeepSpeed's ZeRO-Offload: the fp32 partition, its
+        gradient, the pinned buffers, the optimizer state): never an event; their bytes (each storage once) are
+        added to host_bytes and returned."""
+        added, counted = 0, {id(st): st for st in self._counted_host}
+        for t in _tensors(list(tensors)):
+            st = t.untyped_storage()
+            self._host[id(st)] = weakref.ref(st)
+            if id(st) not in counted:
+                counted[id(st)] = st
+                self._counted_host.append(st)
+                added += int(st.nbytes())
+        self.host_bytes += added
+        return added
+
+    @contextlib.contextmanager
+    def on_host(self):
+        """What runs inside on the host (ZeRO-Offload's CPU step, its CPU gradient buffers): every storage first seen
+        there is host memory, never an event (what it keeps is registered with host_storages() afterwards, so
+        host_bytes counts what the host holds, not the CPU step's transients)."""
+        self._on_host += 1
+        try:
+            yield
+        finally:
+            self._on_host -= 1
 
     def born_freed(self, tensors) -> None:
         """Storages the GPU frees as soon as they are made, which one device keeps: FSDP2's reduce-scatter output under

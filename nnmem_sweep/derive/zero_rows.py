@@ -42,13 +42,16 @@ def row_case(source, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]: 
         return None, "ZeRO-3 partitions real tensors only, which no fake run traces"
     if str(row.get(C.PRECISION)) != ENGINE_PRECISION:
         return None, f"DeepSpeed's bf16 engine runs the recipe {ENGINE_PRECISION} alone"
-    if str(row.get(C.OFFLOAD, "none")) != "none":
-        return None, "an offloaded step: a fake run cannot tell the CPU's storages from the GPU's"
+    offload = str(row.get(C.OFFLOAD, "none"))
+    if offload not in ("none", "optimizer"):  # (ZeRO-3's, refused above)
+        return None, f"offload {offload} is ZeRO-3's, which no fake run traces"
     if source.kind != "hf" or source.preference_json or source.fsdp_json:
         return None, "no DeepSpeed step of this model is traced"
     spec: dict[str, Any] = {"world": int(row[C.DATA_PARALLEL]), "zero_stage": stage,
                             "reduce_bucket_size": int(row[C.REDUCE_BUCKET]),
-                            "overlap_comm": bool(row.get(C.OVERLAP_COMM, False))}
+                            "overlap_comm": bool(row.get(C.OVERLAP_COMM, False)),
+                            # ZeRO-Offload: its host storages told apart (workload/zero_engine.py host_side)
+                            **({"offload": offload} if offload != "none" else {})}
     case = {"id": "row", "model": str(source.spec.get("model_type", "")), "hf_config": source.spec, "mode": "train",
             "batch": int(row[C.BATCH]), "seq_len": int(row[C.SEQ_LEN]), "precision": ENGINE_PRECISION,
             "optimizer": str(row[C.OPTIMIZER]), "optimizer_impl": str(row.get(C.OPTIMIZER_IMPL, "foreach")),

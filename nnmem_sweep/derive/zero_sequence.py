@@ -56,14 +56,17 @@ def recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: i
             for _ in range(untraced):  # the first step makes the optimizer state (module docstring)
                 _step(engine, inputs, None, accum)
             rec = Recorder(workspace_bytes)
-            held = Z.held_tensors(engine, zero, w.optimizer.optimizer)
-            for kind, tensors in held.items():
-                rec.external(tensors, kind)
-            with rec:
-                for _ in range(traced):
-                    _step(engine, inputs, rec, accum)
-                rec.mark("end")
+            with Z.host_side(zero, w.optimizer.optimizer, rec):  # ZeRO-Offload's host storages: never events
+                held = Z.held_tensors(engine, zero, w.optimizer.optimizer)
+                for kind, tensors in held.items():
+                    rec.external(tensors, kind)
+                with rec:
+                    for _ in range(traced):
+                        _step(engine, inputs, rec, accum)
+                    rec.mark("end")
         totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
+        if rec.host_bytes:  # ZeRO-Offload: the master and optimizer state above are the host's
+            totals["host_bytes"] = rec.host_bytes
     return rec, params, totals
 
 

@@ -321,15 +321,17 @@ DEEPSPEED_TOLERANCE = {"peak": 0.005, "states": 0.001}  # one rank's peak: issue
 
 
 def _zero(model: str, seq: int, world: int, stage: int, bucket: int = 500_000_000,
-          lora: tuple[str, ...] = (), accum: int = 1, ckpt: str = "none", overlap: bool = False) -> dict[str, Any]:
+          lora: tuple[str, ...] = (), accum: int = 1, ckpt: str = "none", overlap: bool = False,
+          offload: bool = False) -> dict[str, Any]:
     # LoRA: the adapters in the model's dtype, to which DeepSpeed's bf16 engine casts them whatever peft made
     case = _lora(model, 2, seq, "bf16-master", 16, lora, alpha=32, adapter_dtype="model", ckpt=ckpt) if lora else \
         _train(model, 2, seq, "bf16-master", ckpt=ckpt)
     tag = f"-ds{world}z{stage}" + ("" if bucket == 500_000_000 else f"r{bucket:.0e}".replace("+", "")) + \
-        ("ov" if overlap else "") + (f"-accum{accum}" if accum > 1 else "")
+        ("ov" if overlap else "") + ("-offload" if offload else "") + (f"-accum{accum}" if accum > 1 else "")
     return {**case, "id": case["id"].replace("-train-", f"{tag}-train-", 1), "tolerance": DEEPSPEED_TOLERANCE,
             "deepspeed": {"world": world, "zero_stage": stage, "reduce_bucket_size": bucket,
-                          **({"overlap_comm": True} if overlap else {})},
+                          **({"overlap_comm": True} if overlap else {}),
+                          **({"offload": "optimizer"} if offload else {})},
             **({"gradient_accumulation": accum} if accum > 1 else {})}
 
 
@@ -358,6 +360,15 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("mistral-7b", 1024, 8, 2),
     # overlap_comm: two reduce buckets, the reduction on a stream of its own (the CPU's streams run in order)
     _zero("llama-3.2-1b", 1024, 2, 2, overlap=True), _zero("llama-3.2-1b", 64, 2, 2, overlap=True),
+    # ZeRO-Offload (offload_optimizer to the CPU): the GPU side of the rank, its host storages told apart
+    # (workload/zero_engine.py host_side): the fp64 copy of each gradient for the norm as it is reduced, beside the
+    # bucket and the GPU buffer of the largest gradient; the step on the host
+    _zero("llama-3.2-1b", 64, 2, 2, offload=True), _zero("llama-3.2-1b", 1024, 2, 2, offload=True),
+    _zero("llama-3.2-1b", 64, 4, 1, offload=True), _zero("llama-3.1-8b", 64, 2, 2, offload=True),
+    _zero("llama-3.2-1b", 2048, 2, 2, ckpt="full", offload=True),
+    _zero("llama-3.2-1b", 1024, 2, 2, accum=2, offload=True), _zero("llama-3.2-1b", 64, 2, 2, lora=QV, offload=True),
+    _zero("llama-3.2-1b", 1024, 4, 2, lora=ALL_LINEAR, offload=True),
+    _zero("llama-3.2-1b", 1024, 2, 2, lora=QV, accum=2, offload=True),
 ]
 CASES += DEEPSPEED_CASES
 

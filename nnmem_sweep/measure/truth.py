@@ -188,6 +188,14 @@ DEEPSPEED_METHOD = (
     "gradients answers them. Random init, no download; no attention mask (unpacked sequences).")
 
 
+DEEPSPEED_OFFLOAD = (
+    " ZeRO-Offload (zero_optimization.offload_optimizer: device cpu, pin_memory true; zero_force_ds_cpu_optimizer "
+    "false, so torch's AdamW steps the host partition where DeepSpeedCPUAdam, a compiled op, would): every storage "
+    "counted is the GPU's; the host's are told apart and never counted (workload/zero_engine.py host_side: the fp32 "
+    "partition and its gradient, the pinned 16-bit copy and gradient buffer, the accumulated gradients, the optimizer state, "
+    "whatever the torch step makes), their bytes in totals.host_bytes; master_bytes and opt_bytes are the host's.")
+
+
 DEEPSPEED_METHOD_REAL = (
     "One rank of DeepSpeed's own engine (deepspeed.initialize with bf16, ZeRO stage and reduce_bucket_size as given, "
     "DeepSpeed's other defaults; torch.optim.AdamW foreach handed to it) on rank 0 of PyTorch's fake process group "
@@ -211,6 +219,8 @@ def deepspeed_record(case: dict[str, Any]) -> dict[str, Any]:
     by_rank = per_rank(measure, case, cfg)
     measured = worst_rank(by_rank)
     method = DEEPSPEED_METHOD if fake else DEEPSPEED_METHOD_REAL
+    if case["deepspeed"].get("offload", "none") != "none":
+        method += DEEPSPEED_OFFLOAD
     if len(by_rank) > 1:
         method += DEEPSPEED_RANKS.format(last=world - 1)
     return {"case_id": case["id"], "inputs": {k: case[k] for k in INPUT_KEYS if k in case},

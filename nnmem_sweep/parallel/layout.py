@@ -63,9 +63,11 @@ class Layout:
 
     @property
     def deepspeed_data_parallel(self) -> bool:
-        """DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (accumulating or not), no offload: the layouts a LoRA
-        step under DeepSpeed is planned for (parallel/states.py _adapter_states; the scenario's: deepspeed_dp_only)."""
-        return self.deepspeed and self.zero in (1, 2, 3) and not self.splits_model and self.offload == "none"
+        """DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (accumulating or not), ZeRO-1/2 with ZeRO-Offload or
+        not: the layouts a LoRA step under DeepSpeed is planned for (parallel/states.py _adapter_states; the
+        scenario's: deepspeed_dp_only)."""
+        offload_ok = self.offload == "none" or (self.offload == "optimizer" and self.zero in (1, 2))
+        return self.deepspeed and self.zero in (1, 2, 3) and not self.splits_model and offload_ok
 
     @property
     def unsharded_grads_kept(self) -> bool:
@@ -321,7 +323,23 @@ def deepspeed_dp_only(parallel: dict) -> bool:
     """A `parallel:` block that is DeepSpeed ZeRO-1/2/3 over data-parallel ranks alone (its reduce bucket given, its
     gradient accumulation, nothing else off its default): the layouts LoRA under DeepSpeed is modelled for
     (states.py _adapter_states; per layout, Layout.deepspeed_data_parallel)."""
-    return deepspeed_layouts(parallel, every=True) and _only(parallel, DEEPSPEED_AXES, {1, 2, 3})
+    return deepspeed_layouts(parallel, every=True) and _only(parallel, (*DEEPSPEED_AXES, C.OFFLOAD), {1, 2, 3}) and \
+        deepspeed_offload_problem(parallel) is None
+
+
+def deepspeed_offload_problem(parallel: dict) -> str | None:
+    """Why adapters under DeepSpeed are not planned with a `parallel:` block's offload (ZeRO-Offload is: offload
+    optimizer at zero_stage 1 or 2, the rank's step traced with its host told apart); None where they are."""
+    offloads = {str(v) for v in parallel.get(C.OFFLOAD, ("none",))} - {"none"}
+    if not offloads:
+        return None
+    if offloads != {"optimizer"}:
+        return ("offload optimizer+params under DeepSpeed is ZeRO-3's offload_param, not modelled for adapters; "
+                "ZeRO-Offload is: offload optimizer at zero_stage 1 or 2")
+    if 3 in {int(z) for z in parallel.get(C.ZERO_STAGE, (0,))}:
+        return ("offload optimizer of adapters under DeepSpeed is modelled at zero_stage 1 or 2 (ZeRO-Offload; "
+                "ZeRO-3 partitions real tensors only, which no fake run traces)")
+    return None
 
 
 def _only(parallel: dict, also: tuple[str, ...], stages: set[int]) -> bool:

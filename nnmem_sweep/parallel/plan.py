@@ -42,7 +42,7 @@ def _rank_state_tables(arch, precs, o_names, i_names, layouts):
     opts = [get_optimizer(o) for o in o_names]
     nP, nO, nI, nL = len(precs), len(opts), len(i_names), len(layouts)
     fields = ("weights", "master", "gradients", "optimizer", "step_temp", "host", "kept", "gradients_in_step",
-              "norm_temp", "norm_gradients", "step_released", "end_released")
+              "norm_temp", "norm_gradients", "step_released", "end_released", "offload_buffer", "reduce_temp")
     vals = {(st, f): [] for st in (0, 1) for f in fields}
     for p in precs:
         for o in opts:
@@ -94,6 +94,19 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
         extra = always + (bwd if after_loss else 0) + (step if name == "optimizer" else 0) + \
             (kept if name in ("forward", "backward") and not after_loss else 0)
         previous = name
+        comps = dict(comps)
+        comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
+        out.append((name, comps))
+    return out
+
+
+def _plus_temporary(phases: list, extra: np.ndarray, start: int) -> list:
+    """The phases from `start` on with `extra` added to their temporaries (ZeRO-Offload's GPU buffer, made at
+    initialisation: states.deepspeed_offload); unchanged where it is zero everywhere."""
+    if not extra.any():
+        return phases
+    out = phases[:start]
+    for name, comps in phases[start:]:
         comps = dict(comps)
         comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
         out.append((name, comps))
@@ -305,6 +318,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             return lift(terms_array(ts, (nP, nA, nC, nL)), (0, 3, 4, 5), sizes)
 
         s_ = {k: lift(v, sdims, sizes) for k, v in st[stage].items()}
+        start = len(phases)
         in_flight = [acts[0][j][2 + stage] for j in range(nL)]
         live = lift(consts(list(_grads_flag(layouts, stage, in_flight)), (nL,)), (5,), sizes)
         states = {C.WEIGHTS: s_["weights"], C.MASTER_WEIGHTS: s_["master"], C.OPTIMIZER_STATE: s_["optimizer"]}
@@ -338,6 +352,9 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
+            # ZeRO-Offload reducing its largest gradient (states.deepspeed_offload; the bucket from _with_buffers)
+            *([("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["reduce_temp"]}))]
+              if any(lay.deepspeed and lay.offload == "optimizer" for lay in layouts) else []),
             ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
                                           C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),
@@ -346,6 +363,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             phases.append(("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["end_released"],
                                                         C.GRADIENTS: s_["norm_gradients"], C.ACTIVATIONS: inputs,
                                                         C.TEMPORARY: s_["norm_temp"]})))
+        phases = _plus_temporary(phases, s_["offload_buffer"], start)
         if not any(lay.pp > 1 for lay in layouts):
             break  # no second stage anywhere in the frame
     phases = _with_buffers(arch, phases, precs, layouts, sizes, (0, 5))

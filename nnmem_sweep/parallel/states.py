@@ -27,6 +27,7 @@ from ..components.optimizer import optimizer_state_bytes, optimizer_step_tempora
 from ..components.weights import gradients_bytes, master_weights_bytes, param_summary, transformer_tensors, weights_bytes
 from ..models.arch import Architecture
 from . import deepspeed as DS
+from .deepspeed import DEEPSPEED_ZERO, deepspeed_offload, offload_keeps_gradients
 from .layout import Layout
 
 MEGATRON_2019 = source("shoeybi2019", "Shoeybi et al. 2019, Megatron-LM: Training Multi-Billion Parameter Language "
@@ -68,6 +69,13 @@ class StageParams:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def largest_layer_tensor(arch: Architecture) -> int:
+    """Elements of the largest parameter tensor of one decoder layer (an MLP projection); 0 but for transformers."""
+    if arch.kind != "transformer":
+        return 0
+    return max((x.numel for x in transformer_tensors(arch) if not x.name.startswith((*_EMBEDDING, *_HEAD))), default=0)
 
 
 def _group(name: str) -> str:
@@ -146,6 +154,8 @@ class RankStates:
     norm_gradients: int = 0  # the 16-bit gradient partition DeepSpeed holds from the backward's end to the step
     step_released: int = 0  # gathered parameters DeepSpeed's ZeRO-3 no longer holds in the step
     end_released: int = 0  # ... nor from the backward's end (a frozen base: measured with none left before the step)
+    offload_buffer: int = 0  # ZeRO-Offload's GPU buffer of the largest gradient, every phase (deepspeed_offload)
+    reduce_temp: int = 0  # ZeRO-Offload: what reducing the largest gradient adds in the backward (deepspeed_offload)
 
     @property
     def gradients_in_step(self) -> int:
@@ -173,18 +183,6 @@ def zero_params(sp: StageParams, lay: Layout) -> int:
 def zero3_gathered_bytes(sp: StageParams, prec: Precision) -> int:
     return 2 * sp.largest * prec.weight_bytes
 
-
-DEEPSPEED_ZERO = source("deepspeed-zero", "DeepSpeed runtime/zero: stage_1_and_2.py setup_buckets (with "
-                        "contiguous_gradients, a reduce bucket of reduce_bucket_size elements in the 16-bit dtype of "
-                        "the parameters, a second one with overlap_comm, made at the backward's first gradient and "
-                        "released at its end), stage3.py (parameters gathered module by module, "
-                        "stage3_prefetch_bucket_size elements fetched ahead, kept gathered up to "
-                        "stage3_max_live_parameters; its reduce bucket measured from the backward to the step on "
-                        "0.19.8), config.py (defaults: reduce_bucket_size and allgather_bucket_size 5e8, "
-                        "stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9, contiguous_gradients true, "
-                        "overlap_comm true for stage 3 only), utils.py "
-                        "all_gather_dp_groups (all_gather_into_tensor into the flat parameters: no allgather bucket)",
-                        "https://github.com/deepspeedai/DeepSpeed/tree/master/deepspeed/runtime/zero")
 
 
 @formula("parallel.deepspeed_buffers",
@@ -361,20 +359,23 @@ def _states(arch, prec, opt, impl, lay: Layout, sp: StageParams) -> RankStates:
     m = _share(master_weights_bytes(arch, prec), n_o, psi)
     s = _share(optimizer_state_bytes(arch, prec, opt, impl), n_o, psi)
     t = _share(optimizer_step_temporary_bytes(arch, prec, opt, impl), n_o, psi)
-    host = 0
+    host, norm_g, step_g = 0, _share(gradients_bytes(arch, prec), n_o, psi), deepspeed_step_gradients(lay, prec, n_o)
+    buffer, reduce, ds_host = deepspeed_offload(lay, prec, sp.largest_tensor, n_o, g,
+                                                largest_layer_tensor(arch) if offload_keeps_gradients(lay) else 0)
     if lay.offload != "none":
         # the CPU runs the step (in place: DeepSpeedCPUAdam) on the rank's partition: fp32 master weights, optimizer
-        # state and the fp32 gradients reduced into it; the GPU keeps only the gradient buckets (not counted)
-        host = m + s + MAIN_GRAD_BYTES * n_o
-        m = s = t = g = 0
+        # state and the fp32 gradients reduced into it; DeepSpeed's GPU buffers: deepspeed_offload
+        host = m + s + (ds_host if ds_host else MAIN_GRAD_BYTES * n_o)
+        m = s = t = norm_g = 0
+        g, step_g = (g, 0) if offload_keeps_gradients(lay) else (0, -1)
         if lay.offload == "optimizer+params":
             host += w
             w = 0
     return RankStates(weights=w + gathered, gathered=gathered, master=m, gradients=g, optimizer=s, step_temp=t,
-                      host=host, step_gradients=deepspeed_step_gradients(lay, prec, n_o),
+                      host=host, step_gradients=step_g,
                       step_released=gathered if _deepspeed_on_gpu(lay) and lay.zero == 3 else 0,
-                      norm_temp=deepspeed_norm_temp(lay, prec, sp.largest_tensor, n_o),
-                      norm_gradients=_share(gradients_bytes(arch, prec), n_o, psi))
+                      norm_temp=deepspeed_norm_temp(lay, prec, sp.largest_tensor, n_o), norm_gradients=norm_g,
+                      offload_buffer=buffer, reduce_temp=reduce)
 
 
 @formula("parallel.deepspeed_adapters",
@@ -398,11 +399,17 @@ def _adapter_states(arch: Architecture, prec: Precision, opt: Optimizer, impl: s
     weights, gathered = F.weights_bytes(arch, prec, ft), 0
     if lay.zero == 3:
         weights, gathered = deepspeed_adapter_weights(sp, lay, prec, shapes, n)
+    master = _share(F.master_weights_bytes(arch, prec, ft), n, psi_a)
+    state = _share(F.optimizer_state_bytes(arch, prec, opt, impl, ft), n, psi_a)
+    keeps = offload_keeps_gradients(lay)
+    buffer, reduce, ds_host = deepspeed_offload(lay, prec, largest, n, g_all if keeps else 0)
+    if buffer:  # ZeRO-Offload: the adapters' partition steps on the host
+        return RankStates(weights=weights, gathered=0, master=0, gradients=g_all if keeps else 0, optimizer=0,
+                          step_temp=0, host=master + state + ds_host, step_gradients=0 if keeps else -1,
+                          offload_buffer=buffer, reduce_temp=reduce)
     return RankStates(
-        weights=weights + gathered, gathered=gathered,
-        master=_share(F.master_weights_bytes(arch, prec, ft), n, psi_a),
-        gradients=_share(g_all, n, psi_a) if lay.zero >= 2 else g_all,
-        optimizer=_share(F.optimizer_state_bytes(arch, prec, opt, impl, ft), n, psi_a),
+        weights=weights + gathered, gathered=gathered, master=master,
+        gradients=_share(g_all, n, psi_a) if lay.zero >= 2 else g_all, optimizer=state,
         step_temp=_share(F.optimizer_step_temporary_bytes(arch, prec, opt, impl, ft), n, psi_a), host=0,
         step_gradients=deepspeed_step_gradients(lay, prec, n), norm_temp=deepspeed_norm_temp(lay, prec, largest, n),
         norm_gradients=_share(g_all, n, psi_a), step_released=gathered, end_released=gathered)
@@ -432,8 +439,7 @@ TORCH_DDP = source("torch-ddp", "PyTorch DistributedDataParallel (bucket_cap_mb=
 
 
 @formula("parallel.assumptions.communication_buffers",
-         "not counted: NCCL buffers; the gradient buckets of an offloaded ZeRO step; pipeline send/receive beyond "
-         "one b·s_l·h tensor", NCCL_DOCS, TORCH_DDP,
+         "not counted: NCCL buffers; pipeline send/receive beyond one b·s_l·h tensor", NCCL_DOCS, TORCH_DDP,
          where="NCCL_BUFFSIZE (4 MiB per channel and peer) lives outside the caching allocator, like the CUDA "
                "context (the overheads cover it); PyTorch DDP's buckets are counted (parallel.ddp_buckets), "
                "DeepSpeed's reduce buckets with parallel.deepspeed",

@@ -21,8 +21,9 @@ from ..citations import formula
 from ..components import activations as act
 from ..models.arch import Architecture
 from ..models.count import params_breakdown
+from .deepspeed import offload_keeps_gradients
 from .layout import Layout
-from .states import DEEPSPEED_ZERO
+from .states import DEEPSPEED_ZERO, largest_layer_tensor, stage_params, zero_params
 
 
 @formula("parallel.deepspeed_first_bucket",
@@ -49,8 +50,10 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
     all precede it; bytes of a head gradient alive beside it; bytes a tied head's gradient adds to the backward's
     end moments beside the partition, ZeRO-2's). Zero for every layout but DeepSpeed ZeRO-2 and 3 on the GPU of a full
     fine-tune; ZeRO-3's head gradient bytes include the bucket's flattened gradients."""
-    if not (lay.deepspeed and lay.zero in (2, 3) and lay.offload == "none" and arch.kind == "transformer") or \
-            (arch.finetune is not None and arch.finetune.adapters):
+    # ZeRO-Offload reduces during the backward at ZeRO-2, and at ZeRO-1 with overlap_comm
+    offload = lay.offload == "optimizer" and lay.zero in (1, 2) and not offload_keeps_gradients(lay)
+    if not (lay.deepspeed and (lay.zero in (2, 3) and lay.offload == "none" or offload) and
+            arch.kind == "transformer") or (arch.finetune is not None and arch.finetune.adapters):
         return 0, 0, 0, 0
     parts = params_breakdown(arch)
     tied_grad = act.tied_head_gradient(arch, prec).const  # 0 where the head is not tied
@@ -58,12 +61,15 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
     if bucket <= 0:  # no reduce bucket (contiguous_gradients false): each gradient kept as it is reduced, the
         return 0, 0, 0, tied_grad if lay.zero == 2 else 0  # tied head's still outside them to the end
     if head > bucket:  # reduced alone at the next gradient, while it is copied into the partition
-        k, alive = 0, head * prec.grad_bytes
+        k, alive, largest = 0, head * prec.grad_bytes, head
     else:
         k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
         if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
             return 0, 0, 0, 0
-        alive = tied_grad
+        alive, largest = tied_grad, max(head, largest_layer_tensor(arch))
+    if offload:  # no partition on the GPU: the fp64 copy of the bucket's largest gradient for its norm
+        n_z = zero_params(stage_params(arch)[0], lay)
+        return 0, int(k), alive + 8 * min(largest, n_z), tied_grad
     if lay.zero == 3:  # the bucket's gradients flattened (torch.cat) beside it as it is reduce-scattered; the
         # partition is not made here: ZeRO-3 keeps it from step to step (activations.grads_live_in_forward)
         return 0, int(k), alive + k * parts["per_layer"] * prec.grad_bytes, 0

@@ -13,6 +13,9 @@ overflow check (which runs as it does, allocating what it allocates) is answered
 answers the same for finite gradients. ZeRO-3 (stage3.py) does not run under FakeTensorMode in DeepSpeed 0.19.8
 ("Detected a disagreement on list length" while partitioning): it runs with real tensors on the CPU, rank 0 holding
 its partition only (a 1B model's ZeRO-3 rank fits this machine's memory; an 8B one does not).
+
+ZeRO-Offload (`offload: optimizer`, ZeRO-1/2) runs as DeepSpeed runs it, its pinned host buffers included, with
+torch's optimizer stepping the host partition (host_side tells the host's storages apart: one device holds both).
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from typing import Any, Iterator
 import torch
 
 STAGES = (1, 2, 3)
-# rank: the rank this process is (0 by default): ZeRO-1/2's partitions differ from rank to rank
-KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "rank")
+# rank: the rank this process is (0 by default): ZeRO-1/2's partitions differ from rank to rank; offload: "optimizer"
+# for ZeRO-Offload (offload_optimizer to the CPU, ZeRO-1/2), "none" by default
+KEYS = ("world", "zero_stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "rank", "offload")
+OFFLOADS = ("none", "optimizer")
 
 
 def check(spec: dict[str, Any]) -> tuple[int, int]:
@@ -37,7 +42,17 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"deepspeed: zero_stage must be 1, 2 or 3, got {stage}")
     if not 0 <= int(spec.get("rank", 0)) < world:
         raise ValueError(f"deepspeed: rank must be in 0..{world - 1}, got {spec['rank']}")
+    if spec.get("offload", "none") not in OFFLOADS:
+        raise ValueError(f"deepspeed: offload must be one of {', '.join(OFFLOADS)}, got {spec['offload']!r}")
+    if offloads(spec) and stage == 3:
+        raise ValueError("deepspeed: offload optimizer is traced at zero_stage 1 or 2 (ZeRO-3 partitions real tensors "
+                         "only, and its offload moves them between devices)")
     return world, stage
+
+
+def offloads(spec: dict[str, Any]) -> bool:
+    """Whether the spec runs ZeRO-Offload: the optimizer's partition (fp32 master, state, gradients) on the CPU."""
+    return spec.get("offload", "none") == "optimizer"
 
 
 def ds_config(spec: dict[str, Any], batch: int, accum: int = 1) -> dict[str, Any]:
@@ -46,8 +61,15 @@ def ds_config(spec: dict[str, Any], batch: int, accum: int = 1) -> dict[str, Any
     for key in ("reduce_bucket_size", "overlap_comm", "contiguous_gradients"):
         if key in spec:
             zero[key] = spec[key]
-    return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
-            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+    out = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": accum, "bf16": {"enabled": True},
+           "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30}
+    if offloads(spec):
+        # ZeRO-Offload with pinned host buffers (DeepSpeed's default); torch's optimizer steps the host partition,
+        # where DeepSpeedCPUAdam (a compiled op) would: the step runs on the CPU either way, so the GPU's bytes are
+        # the same (zero_force_ds_cpu_optimizer False lets DeepSpeed take it)
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        out["zero_force_ds_cpu_optimizer"] = False
+    return out
 
 
 @contextlib.contextmanager
@@ -104,9 +126,14 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
     import deepspeed.runtime.zero.stage_1_and_2 as S12
 
     check_overflow, check_norm = zero.has_overflow, S12.is_invalid_grad_norm
+    check_tensor = S12.has_inf_or_nan  # (ZeRO-Offload's check of each gradient as it goes to the host)
 
     def has_overflow(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         check_overflow(*args, **kwargs)
+        return False
+
+    def has_inf_or_nan(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        check_tensor(*args, **kwargs)
         return False
 
     def is_invalid_grad_norm(norm):  # noqa: ANN001, ANN202
@@ -116,19 +143,22 @@ def answered_finite(zero) -> Iterator[None]:  # noqa: ANN001
 
     # a GPU run's collectives on the fake process group move nothing either: a gathered partition holds whatever
     # the block held before (measure/real.py), so ZeRO-3's check is answered the same
-    zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm = \
-        has_overflow, is_invalid_grad_norm, is_invalid_grad_norm
+    zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm, S12.has_inf_or_nan = \
+        has_overflow, is_invalid_grad_norm, is_invalid_grad_norm, has_inf_or_nan
     try:
         yield
     finally:
-        zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm = check_overflow, check_norm, check_norm
+        zero.has_overflow, S12.is_invalid_grad_norm, S3.is_invalid_grad_norm, S12.has_inf_or_nan = \
+            check_overflow, check_norm, check_norm, check_tensor
 
 
 def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, list[torch.Tensor]]:  # noqa: ANN001
     """What a rank holds between steps, by kind: the model's parameters (ZeRO-1/2: views of DeepSpeed's flat 16-bit
     buffers; ZeRO-3: the persistent ones whole, the others' partitions in its flat 16-bit groups or, frozen, each in its
-    own ds_tensor) and buffers, the fp32 partitions (master weights) and the optimizer's state over them; ZeRO-3 also
-    its 16-bit gradient partition and reduce bucket, which it keeps from one step to the next ("grad")."""
+    own ds_tensor) and buffers, the fp32 partitions (master weights) and the optimizer's state over them (ZeRO-Offload:
+    on the host, host_tensors); ZeRO-3 also its 16-bit gradient partition and reduce bucket, which it keeps from one
+    step to the next, and ZeRO-Offload its GPU buffer of the largest trainable tensor's 16-bit gradient ("grad",
+    made at initialisation, used where micro-batches accumulate)."""
     stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
     params = list(engine.module.parameters())
     if stage3:  # the trainable partitions in the flat groups; a frozen parameter's (LoRA's base) its own ds_tensor
@@ -141,7 +171,54 @@ def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, li
         kept = [getattr(zero, "grad_partitions_flat_buffer", None)]
         kept += [getattr(b, "buffer", None) for b in getattr(zero, "ipg_buckets", {}).values()]
         held["grad"] = [t for t in kept if isinstance(t, torch.Tensor)]
+    elif getattr(zero, "cpu_offload", False):  # ZeRO-Offload's GPU buffer of the largest trainable tensor's gradient
+        held["grad"] = [zero.temp_grad_buffer_for_gpu_offload]
     return held
+
+
+def host_tensors(zero, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:  # noqa: ANN001
+    """What a ZeRO-Offload rank keeps in host memory (stage_1_and_2.py with cpu_offload, DeepSpeed 0.19.8): the fp32
+    partition and its fp32 gradient, the pinned 16-bit copy of the partition the GPU's parameters are refreshed
+    from, the pinned gradient buffer, the micro-batches' accumulated gradients (accumulation) and the optimizer's
+    state; none without offload."""
+    if not getattr(zero, "cpu_offload", False):
+        return []
+    out = list(zero.single_partition_of_fp32_groups)
+    out += [t.grad for t in zero.single_partition_of_fp32_groups if t.grad is not None]
+    out += list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
+    out += [zero.temp_grad_buffer_for_cpu_offload, *zero.accumulated_grads_in_cpu.values()]
+    out += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def host_side(zero, optimizer: torch.optim.Optimizer, rec) -> Iterator[None]:  # noqa: ANN001
+    """A ZeRO-Offload rank's host work told apart in the Recorder `rec` (derive/trace.py): its host storages
+    (host_tensors) are never events, nor is what the torch optimizer's step (the CPU step) or the accumulation of a
+    micro-batch's gradients into their host buffers (async_accumulate_grad_in_cpu_via_gpu) makes; nothing without
+    offload."""
+    if not getattr(zero, "cpu_offload", False):
+        yield
+        return
+    rec.host_storages(host_tensors(zero, optimizer))
+    stack = contextlib.ExitStack()
+    pre = optimizer.register_step_pre_hook(lambda *_: stack.enter_context(rec.on_host()))
+    post = optimizer.register_step_post_hook(lambda *_: stack.close())
+    accumulate = zero.async_accumulate_grad_in_cpu_via_gpu
+
+    def on_host_accumulate(param):  # noqa: ANN001, ANN202
+        with rec.on_host():
+            return accumulate(param)
+
+    zero.async_accumulate_grad_in_cpu_via_gpu = on_host_accumulate
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        stack.close()
+        zero.async_accumulate_grad_in_cpu_via_gpu = accumulate
+        rec.host_storages(host_tensors(zero, optimizer))  # what the host made meanwhile (a fresh run's state)
 
 
 class EngineOptimizer:
