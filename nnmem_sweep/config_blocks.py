@@ -279,10 +279,16 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
             ck.add("parallel.deepspeed", f"deepspeed sets {', '.join(clash)}; give one or the other", key=True)
             return {}
         try:
-            block.update(DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None))
+            ds_axes = DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None)
         except DS.DeepSpeedConfigError as e:
             ck.add("parallel.deepspeed", str(e))
             return {}
+        if C.OFFLOAD in ds_axes and (C.OFFLOAD in block or C.OFFLOAD in in_grid):  # the config's offload devices
+            ck.add("parallel.deepspeed", f"deepspeed's config sets offload ({ds_axes[C.OFFLOAD]}, from "
+                                         "offload_optimizer / offload_param); give it there or as offload:, not both",
+                   key=True)
+            return {}
+        block.update(ds_axes)
         if not block and not in_grid:
             return {}
     given = {**block, **in_grid}

@@ -127,3 +127,34 @@ def test_the_last_ranks_first_bucket_by_hand():
     assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000)) == 1
     assert zero1_reduction(Layout(dp=2, zero=1, reduce_bucket=10_000_000, overlap_comm=True)) == 0
     assert zero1_reduction(z2) == 0
+
+
+def test_a_ds_configs_offload_devices_are_its_offload_axis():
+    """A ds_config JSON that offloads (transformers' ZeRO-2 offload example: offload_optimizer to the cpu, buckets
+    'auto') plans its rows with ZeRO-Offload, as `offload: optimizer` does; before, its offload was read by no one
+    and the rows kept the optimizer state on the GPU."""
+    _, row = _run("deepspeed: zero2_offload.json", optimizer="adamw")
+    _, given = _run("deepspeed: {reduce_bucket_size: 4194304}, offload: optimizer", optimizer="adamw")  # 'auto': h·h
+    assert row[C.OFFLOAD] == "optimizer" and row[C.PEAK_ALLOCATED] == given[C.PEAK_ALLOCATED]
+    assert row[C.OPTIMIZER_STATE] == 0 < row[C.HOST] == given[C.HOST]
+
+
+@pytest.mark.parametrize("zero, words", [
+    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "deepspeed's config sets offload (optimizer"),
+    ({"stage": 3, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer to nvme (ZeRO-Infinity) is not"),
+    ({"stage": 3, "offload_param": {"device": "cpu"}}, "offload_param to cpu without offload_optimizer is not"),
+])
+def test_an_offload_the_planner_cannot_take_from_a_ds_config_is_one_line(tmp_path, zero, words):
+    """Given twice (the config and `offload:`), to NVMe, or the parameters alone: one line at parallel.deepspeed."""
+    import json
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero}))
+    text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 128, precision: bf16-master, "
+            "optimizer: adamw}\ngpus: [h100-sxm]\nparallel: {data_parallel: 8, zero_stage: %d, deepspeed: ds.json, "
+            "offload: none}\n" % zero["stage"])
+    if "nvme" in words or "offload_param" in words:
+        text = text.replace(", offload: none", "")
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario_text(text, "ds.yaml", tmp_path)
+    assert any(p.key_path == "parallel.deepspeed" and words in p.message for p in e.value.problems), \
+        [(p.key_path, p.message) for p in e.value.problems]

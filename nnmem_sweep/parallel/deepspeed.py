@@ -20,7 +20,7 @@ PREFETCH_BUCKET_DEFAULT = 50_000_000
 MAX_LIVE_DEFAULT = 1_000_000_000  # stage3_max_live_parameters: gathered parameters ZeRO-3 keeps alive per rank
 PERSISTENCE_THRESHOLD_DEFAULT = 100_000  # stage3_param_persistence_threshold: smaller tensors stay whole on each rank
 KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "overlap_comm",
-        "contiguous_gradients")
+        "contiguous_gradients", "offload_optimizer", "offload_param")
 
 
 class DeepSpeedConfigError(ValueError):
@@ -68,7 +68,32 @@ def axes(settings: dict[str, Any], hidden: int | None) -> dict[str, Any]:
         if not isinstance(v, bool):
             raise DeepSpeedConfigError(f"{key} must be true or false, got {v!r}")
     # without contiguous_gradients no bucket is made (stage_1_and_2.py setup_buckets, stage3.py __init__)
-    return {C.REDUCE_BUCKET: reduce if contiguous else 0, C.OVERLAP_COMM: bool(overlap), C.PREFETCH_BUCKET: prefetch}
+    out = {C.REDUCE_BUCKET: reduce if contiguous else 0, C.OVERLAP_COMM: bool(overlap), C.PREFETCH_BUCKET: prefetch}
+    offload = _offload(settings)
+    return {**out, C.OFFLOAD: offload} if offload else out
+
+
+def _offload(settings: dict[str, Any]) -> str | None:
+    """The offload axis a config's offload_optimizer / offload_param devices say (None: neither given): cpu to the
+    optimizer's, cpu for both to optimizer+params; NVMe (ZeRO-Infinity's) and parameters alone are not modelled."""
+    devices = {}
+    for key in ("offload_optimizer", "offload_param"):
+        given = settings.get(key)
+        if given is None:
+            continue
+        device = given.get("device", "none") if isinstance(given, dict) else given
+        if device not in ("none", "cpu", "nvme"):
+            raise DeepSpeedConfigError(f"{key}.device must be none, cpu or nvme, got {device!r}")
+        if device == "nvme":
+            raise DeepSpeedConfigError(f"{key} to nvme (ZeRO-Infinity) is not modelled: offload to cpu, or none")
+        devices[key] = device
+    optimizer, params = devices.get("offload_optimizer", "none"), devices.get("offload_param", "none")
+    if params == "cpu" and optimizer != "cpu":
+        raise DeepSpeedConfigError("offload_param to cpu without offload_optimizer is not modelled: offload both "
+                                   "(optimizer+params) or the optimizer alone")
+    if not devices:
+        return None
+    return "optimizer+params" if params == "cpu" else "optimizer" if optimizer == "cpu" else "none"
 
 
 def resolve(given: Any, base_dir: Path, hidden: int | None) -> dict[str, Any]:
