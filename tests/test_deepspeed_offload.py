@@ -145,3 +145,16 @@ def test_a_tiny_offloaded_rank_measured_now_is_its_estimate():
     for phase, v in m["phases"].items():
         assert abs(est["phases"][phase] - v["peak_bytes"]) <= 0.005 * v["peak_bytes"], phase
     assert abs(_per_rank_host(rec) - m["totals"]["host_bytes"]) <= 64
+
+
+def test_the_report_states_what_is_measured_of_deepspeeds_offload_and_what_is_not():
+    """configs/llama-8b-zero-offload.yaml's assumptions: ZeRO-1/2's offload measured on DeepSpeed's engine, and
+    ZeRO-3's (not in this scenario, stated wherever offload is) the paper's accounting, to verify by measuring."""
+    from nnmem_sweep.config import load_scenario
+    from nnmem_sweep.report.assumptions import assumptions
+
+    sc = load_scenario(Path(__file__).parents[1] / "configs" / "llama-8b-zero-offload.yaml")
+    (group,) = [g for g in assumptions(sc)["groups"] if g["title"] == "Parallelism and sharding"]
+    (text,) = [t for t in group["items"] if t.startswith("Offload (ZeRO-Offload)")]
+    assert "against 256.0 GiB of RAM" in text and "4 GPUs per node" in text
+    assert "tests/data/truth/deepspeed/*-offload-*" in text and "ZeRO-3's offload" in text and "not measured" in text
