@@ -32,7 +32,7 @@ def _per_rank_host(case) -> int:
 
 
 def test_the_offload_cases_are_committed_with_their_release():
-    assert len(CASES) == 9
+    assert len(CASES) == 10
     assert {c["versions"]["deepspeed"] for c in CASES} == {"0.19.8"}
     assert {(c["inputs"]["deepspeed"]["zero_stage"], bool(c["inputs"].get("finetune"))) for c in CASES} == \
         {(1, False), (2, False), (2, True)}
@@ -101,7 +101,7 @@ def test_their_fresh_runs_need_more_than_the_span_stated_for_deepspeed_and_less_
             with np.load(sequence_path(folder, case["id"], rank)) as z:
                 peak, need = least_capacity(z["events"], AllocatorOptions())
             needs.append((need - peak) / peak)
-    assert len(needs) == 2 * len(OFFLOADED) == 18
+    assert len(needs) == 2 * len(OFFLOADED) == 20
     assert FRAGMENTATION[0] <= round(min(needs), 3) and max(needs) <= FRAGMENTATION[1]
     assert max(needs) > DEEPSPEED_RESERVE_SPAN[1]
 
