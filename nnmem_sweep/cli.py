@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("truth", help="regenerate the committed measured cases (needs [measure])",
                        description="Re-measure every case in the truth catalog and write one JSON per case.")
     s.add_argument("--write", default="tests/data/truth", metavar="DIR")
-    s.add_argument("--only", action="append", default=[], metavar="CASE", help="only these case ids")
+    s.add_argument("--only", action="extend", nargs="+", default=[], metavar="CASE", help="only these case ids")
     s.set_defaults(fn=cmd_truth)
 
     s = sub.add_parser("derive", help="derive the plans of models without a hand model (needs [measure])",
