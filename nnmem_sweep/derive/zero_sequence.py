@@ -44,7 +44,12 @@ def recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: i
     from ..workload.build import run_contexts
     from .trace import Recorder
 
-    fake = Z.check(case["deepspeed"])[1] < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
+    stage = Z.check(case["deepspeed"])[1]
+    if stage == 3 and Z.offloads(case["deepspeed"]):  # the kit measures it on a GPU (measure/real.py)
+        raise ValueError("deepspeed: ZeRO-3's offload is not recorded on one device: its host-to-GPU copies are "
+                         ".to(device) calls that move nothing there (measure it on a GPU: "
+                         "validation/gpu-deepspeed.yaml)")
+    fake = stage < 3  # ZeRO-3 partitions only real tensors (workload/zero_engine.py)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with Z.rank_comm(case["deepspeed"]), fake_mode:
         torch.manual_seed(0)

@@ -44,9 +44,6 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"deepspeed: rank must be in 0..{world - 1}, got {spec['rank']}")
     if spec.get("offload", "none") not in OFFLOADS:
         raise ValueError(f"deepspeed: offload must be one of {', '.join(OFFLOADS)}, got {spec['offload']!r}")
-    if offloads(spec) and stage == 3:
-        raise ValueError("deepspeed: offload optimizer is traced at zero_stage 1 or 2 (ZeRO-3 partitions real tensors "
-                         "only, and its offload moves them between devices)")
     return world, stage
 
 
