@@ -158,3 +158,38 @@ def test_the_report_states_what_is_measured_of_deepspeeds_offload_and_what_is_no
     (text,) = [t for t in group["items"] if t.startswith("Offload (ZeRO-Offload)")]
     assert "against 256.0 GiB of RAM" in text and "4 GPUs per node" in text
     assert "tests/data/truth/deepspeed/*-offload-*" in text and "ZeRO-3's offload" in text and "not measured" in text
+
+
+def test_zero3_offload_is_refused_by_the_cpu_recording_and_left_to_the_gpu_kit():
+    """ZeRO-3's offload moves partitions with .to(device), which moves nothing on one device: the CPU recording
+    refuses it in one line naming the kit, whose point runs it on a GPU (validation/gpu-deepspeed.yaml)."""
+    from nnmem_sweep.derive.zero_sequence import recorded
+    from nnmem_sweep.gpu_points import load_points
+
+    case = {"deepspeed": {"world": 2, "zero_stage": 3, "reduce_bucket_size": 500_000_000, "offload": "optimizer"}}
+    with pytest.raises(ValueError, match="ZeRO-3's offload is not recorded on one device"):
+        recorded(case, {}, untraced=0, traced=1)
+    points = load_points(str(Path(__file__).parents[1] / "validation" / "gpu-deepspeed.yaml"))
+    assert any(p["deepspeed"].get("offload") == "optimizer" and p["deepspeed"]["zero_stage"] == 3 for p in points)
+
+
+def test_a_layout_short_of_host_memory_reads_host_in_the_max_batch_table():
+    """configs/llama-8b-zero-offload.yaml over 2 ranks with ZeRO-Offload: 273 GiB of host memory per node against the
+    workstation's 256 GiB, so no batch fits though batch 1 fits an A100-40GB, an L40S or an A100-80GB (33.2 GiB);
+    those cells read 'host', the RTX 4090's (GPU too small as well) and the layouts without offload a dash, and the
+    note beside the tables says what 'host' means."""
+    from nnmem_sweep.config import load_scenario
+    from nnmem_sweep.report.format import DASH
+    from nnmem_sweep.report.tables import HOST_SHORT, layout_note, max_batch_tables
+    from nnmem_sweep.runner import run_scenario
+
+    sc = load_scenario(Path(__file__).parents[1] / "configs" / "llama-8b-zero-offload.yaml")
+    result = run_scenario(sc, bands=False)
+    (table, *_), _ = max_batch_tables(result.scenario, result.max_batch)
+    cells = {tuple(r["axes"]): [c["text"] for c in r["cells"]] for r in table["rows"]}
+    assert [h["name"] for h in table["gpu_headers"]] == ["GeForce RTX 4090", "A100-SXM4-40GB", "NVIDIA L40S",
+                                                         "A100-SXM4-80GB"]
+    assert cells["2,048", "2", "optimizer"] == [DASH, HOST_SHORT, HOST_SHORT, HOST_SHORT]
+    assert cells["2,048", "2", "none"] == [DASH] * 4
+    assert HOST_SHORT not in cells["2,048", "4", "optimizer"]
+    assert f"'{HOST_SHORT}' fits the GPU at batch 1 but not the node's host memory" in layout_note(sc)

@@ -72,6 +72,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
     key_cols = row_axes + split_axes + [C.GPU]
     for rec in max_batch[key_cols + [C.MAX_BATCH]].itertuples(index=False, name=None):
         lookup[tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec[:-1])] = int(rec[-1])
+    short = _host_short(max_batch, key_cols)
 
     point = point if point is not None else reference_point(sc)
     axes = axis_values(sc)
@@ -90,8 +91,9 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                 continue
             first_fit = next((j for j, c in enumerate(cells) if c and c > 0), None)
             row = {"axes": [axis_value(a, v) for a, v in zip(row_axes, values)],
-                   "cells": [{"text": DASH if not c else f"{c:,}", "level": level(c or 0, top),
-                              "edge": j == first_fit} for j, c in enumerate(cells)]}
+                   "cells": [{"text": (HOST_SHORT if tuple(values) + tuple(split_values) + (g.id,) in short
+                                       else DASH) if not c else f"{c:,}", "level": level(c or 0, top),
+                              "edge": j == first_fit} for j, (g, c) in enumerate(zip(gpus, cells))]}
             rows.append(row)
             if tuple(split_values) == heat_key and all(values[i] == point.get(row_axes[i]) for i in heat_fixed):
                 total_rows += 1
@@ -121,6 +123,20 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
     return tables, heat
 
 
+HOST_SHORT = "host"  # a cell that does not fit at batch 1 for want of the node's host memory alone
+
+
+def _host_short(max_batch: pd.DataFrame, key_cols: list[str]) -> set[tuple]:
+    """The keys of the cells whose layout offloads more to the host than the node holds, while batch 1 fits the
+    GPU: their max batch is 0 for the host's sake (parallel layouts' host_bytes against host_memory_bytes)."""
+    if C.HOST not in max_batch.columns or C.HOST_MEMORY not in max_batch.columns:
+        return set()
+    over = max_batch[(max_batch[C.MAX_BATCH] == 0) & (max_batch[C.HOST] > max_batch[C.HOST_MEMORY])
+                     & (max_batch[C.TOTAL_AT_BATCH_1] <= max_batch[C.USABLE])]
+    return {tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec)
+            for rec in over[key_cols].itertuples(index=False, name=None)}
+
+
 def layout_note(sc: Scenario) -> str:
     """What a table of parallel layouts shows ('' without a `parallel:` block)."""
     if not sc.parallel:
@@ -132,5 +148,8 @@ def layout_note(sc: Scenario) -> str:
                 f"{'; ' + fixed + ' in every one' if fixed else ''}).")
     else:
         text = f"Every cell has the one layout the scenario lists: {layout_text(sc, reference_point(sc))}."
+    offload = any(v != "none" for v in axis_values(sc).get(C.OFFLOAD, ()))
     return (text + " Batch is the micro-batch of one data-parallel rank; memory is that of the most loaded GPU "
-                   "(see Assumptions).")
+                   "(see Assumptions)." + (f" A cell reading '{HOST_SHORT}' fits the GPU at batch 1 but not the "
+                                           "node's host memory, which its offloading ranks need more of than the "
+                                           "node holds." if offload else ""))
