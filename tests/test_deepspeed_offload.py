@@ -32,7 +32,7 @@ def _per_rank_host(case) -> int:
 
 
 def test_the_offload_cases_are_committed_with_their_release():
-    assert len(CASES) == 10
+    assert len(CASES) == 11
     assert {c["versions"]["deepspeed"] for c in CASES} == {"0.19.8"}
     assert {(c["inputs"]["deepspeed"]["zero_stage"], bool(c["inputs"].get("finetune"))) for c in CASES} == \
         {(1, False), (2, False), (2, True)}
@@ -55,9 +55,15 @@ def test_the_gpu_holds_the_16_bit_parameters_and_the_largest_gradients_buffer_th
     """Between steps the GPU holds the parameters, the buffers and the GPU buffer of the largest trainable tensor's
     gradient (temp_grad_buffer_for_gpu_offload); the fp32 partition, its gradient, the pinned copies and AdamW's state
     are the host's, and the estimate's host bytes per rank are the measured ones but for the tensor straddling the
-    partition's end (accumulation's host buffers hold it whole) and AdamW's step counter."""
-    t, m = case["measured"]["totals"], case["measured"]
-    assert m["phases"]["forward"]["start_bytes"] == t["param_bytes"] + t["buffer_bytes"] + t["grad_bytes"]
+    partition's end (accumulation's host buffers hold it whole) and AdamW's step counter. ZeRO-1 with accumulation
+    keeps the micro-batches' gradients on the GPU, not the host (the hand model put them on the host before this case:
+    10.6 % high in host bytes)."""
+    t, m, i = case["measured"]["totals"], case["measured"], case["inputs"]
+    # ZeRO-1 accumulates on the GPU: the last micro-batch starts beside the 16-bit gradients (a full fine-tune's: the
+    # parameters' bytes) and the reduce bucket the first one left (5e8 bf16)
+    kept = t["param_bytes"] + 1_000_000_000 if i["deepspeed"]["zero_stage"] == 1 and i.get("gradient_accumulation") \
+        else 0
+    assert m["phases"]["forward"]["start_bytes"] == t["param_bytes"] + t["buffer_bytes"] + t["grad_bytes"] + kept
     assert t["host_bytes"] > t["master_bytes"] + t["opt_bytes"]
     assert abs(_per_rank_host(case) - t["host_bytes"]) <= 0.002 * t["host_bytes"]
 
@@ -79,7 +85,8 @@ def test_zero1_holds_every_gradient_to_the_backwards_end():
     """ZeRO-1 without overlap_comm reduces after the backward: at the embedding's fp64 copy the gradients not yet in
     the full bucket are still held (the estimate counts one layer tensor more: 0.16 % high), where the hand model
     before, which held none, was 40.4 % low."""
-    (case,) = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] == 1]
+    (case,) = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] == 1 and not c["inputs"].get(
+        "gradient_accumulation")]
     est, measured = A.estimate_case(case)["peak_bytes"], case["measured"]["peak_bytes"]
     assert 0 <= est - measured <= 0.002 * measured
 
@@ -101,7 +108,7 @@ def test_their_fresh_runs_need_more_than_the_span_stated_for_deepspeed_and_less_
             with np.load(sequence_path(folder, case["id"], rank)) as z:
                 peak, need = least_capacity(z["events"], AllocatorOptions())
             needs.append((need - peak) / peak)
-    assert len(needs) == 2 * len(OFFLOADED) == 20
+    assert len(needs) == 2 * len(OFFLOADED) == 22
     assert FRAGMENTATION[0] <= round(min(needs), 3) and max(needs) <= FRAGMENTATION[1]
     assert max(needs) > DEEPSPEED_RESERVE_SPAN[1]
 

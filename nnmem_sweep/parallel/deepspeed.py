@@ -126,7 +126,7 @@ DEEPSPEED_ZERO = source("deepspeed-zero", "DeepSpeed runtime/zero: stage_1_and_2
          "where T > R) beside the bucket; ZeRO-1 without overlap_comm holds every gradient G to the backward's end "
          "and reduces them after it, G − R·g of them (+ T_l·g) still held at the first bucket's;  host: M + S + "
          "4·n_z (fp32 gradients) + 2·n_z (the pinned 16-bit copy) + T·g (the pinned gradient buffer) + n_z·g with "
-         "gradient accumulation (the micro-batches' gradients)", DEEPSPEED_ZERO,
+         "gradient accumulation (the micro-batches' gradients; ZeRO-1 keeps them on the GPU)", DEEPSPEED_ZERO,
          where="T = the largest trainable tensor, T_l a decoder layer's, n_z the rank's partition, R = "
                "reduce_bucket_size, g = 2 (bf16); stage_1_and_2.py (0.19.8): temp_grad_buffer_for_gpu_offload and "
                "_for_cpu_offload (largest_param_numel), param_buffer_of_bit16_for_cpu_offload_groups; "
@@ -154,7 +154,8 @@ def deepspeed_offload(lay, prec: Precision, largest: int, n_z: int, grads: int =
     if offload_keeps_gradients(lay):  # the rest held beside the full bucket, in place of all of them
         bucket = lay.reduce_bucket * g
         reduce += max(grads - bucket, 0) + (layer_largest * g if grads > bucket else 0) - grads
-    accumulated = n_z * g if lay.accum > 1 else 0  # accumulated_grads_in_cpu: the partition's, 16-bit
+    # accumulated_grads_in_cpu: the partition's, 16-bit (ZeRO-1 without overlap_comm accumulates on the GPU)
+    accumulated = n_z * g if lay.accum > 1 and not offload_keeps_gradients(lay) else 0
     return buffer, reduce, (4 + g) * n_z + buffer + accumulated
 
 
