@@ -32,7 +32,7 @@ def _per_rank_host(case) -> int:
 
 
 def test_the_offload_cases_are_committed_with_their_release():
-    assert len(CASES) == 11
+    assert len(CASES) == 12
     assert {c["versions"]["deepspeed"] for c in CASES} == {"0.19.8"}
     assert {(c["inputs"]["deepspeed"]["zero_stage"], bool(c["inputs"].get("finetune"))) for c in CASES} == \
         {(1, False), (2, False), (2, True)}
@@ -86,7 +86,7 @@ def test_zero1_holds_every_gradient_to_the_backwards_end():
     the full bucket are still held (the estimate counts one layer tensor more: 0.16 % high), where the hand model
     before, which held none, was 40.4 % low."""
     (case,) = [c for c in CASES if c["inputs"]["deepspeed"]["zero_stage"] == 1 and not c["inputs"].get(
-        "gradient_accumulation")]
+        "gradient_accumulation") and not c["inputs"]["deepspeed"].get("overlap_comm")]
     est, measured = A.estimate_case(case)["peak_bytes"], case["measured"]["peak_bytes"]
     assert 0 <= est - measured <= 0.002 * measured
 
@@ -108,7 +108,7 @@ def test_their_fresh_runs_need_more_than_the_span_stated_for_deepspeed_and_less_
             with np.load(sequence_path(folder, case["id"], rank)) as z:
                 peak, need = least_capacity(z["events"], AllocatorOptions())
             needs.append((need - peak) / peak)
-    assert len(needs) == 2 * len(OFFLOADED) == 22
+    assert len(needs) == 2 * len(OFFLOADED) == 24
     assert FRAGMENTATION[0] <= round(min(needs), 3) and max(needs) <= FRAGMENTATION[1]
     assert max(needs) > DEEPSPEED_RESERVE_SPAN[1]
 

@@ -370,6 +370,7 @@ DEEPSPEED_CASES: list[dict[str, Any]] = [
     _zero("llama-3.2-1b", 1024, 4, 2, lora=ALL_LINEAR, offload=True),
     _zero("llama-3.2-1b", 64, 2, 2, overlap=True, offload=True),
     _zero("llama-3.2-1b", 1024, 2, 1, accum=2, offload=True),
+    _zero("llama-3.2-1b", 64, 4, 1, overlap=True, offload=True),
     _zero("llama-3.2-1b", 1024, 2, 2, lora=QV, accum=2, offload=True),
 ]
 CASES += DEEPSPEED_CASES

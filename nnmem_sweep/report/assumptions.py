@@ -242,7 +242,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
 
 _ZERO_OFFLOAD_TEXT = (
     "With DeepSpeed at ZeRO-1/2 (offload optimizer) the GPU also holds what DeepSpeed's engine makes there, measured "
-    "on its own engine with the host's storages told apart (tests/data/truth/deepspeed/*-offload-*, 11 cases, every "
+    "on its own engine with the host's storages told apart (tests/data/truth/deepspeed/*-offload-*, 12 cases, every "
     "phase within 0.21 %): a buffer of the largest trainable tensor's 16-bit gradient, the reduce bucket, and, as "
     "each gradient is reduced, its slice in the rank's partition in fp64 for the norm (parallel.deepspeed_offload). "
     "ZeRO-3's offload (optimizer, optimizer+params) is the paper's accounting alone, not measured: a one-device run "
