@@ -222,19 +222,24 @@ class Recorder(TorchDispatchMode):
         storage from empty (UntypedStorage.resize_; the copy: FlatParamHandle pre_unshard), FSDP2 by its
         all_gather_copy_in op (the copies: FSDPParam.all_gather_inputs). held_bytes: what the host holds at the
         step's most (Trace.host_bytes)."""
+        self._mark_host(tensors)
+        self.shard_copies, self.host_bytes, self._copy_rule = int(world), int(held_bytes), int(version)
+
+    def _mark_host(self, tensors) -> list:
+        """The storages of `tensors`, each marked host memory (never an event), in order."""
+        out = []
         for t in _tensors(list(tensors)):
             st = t.untyped_storage()
             self._host[id(st)] = weakref.ref(st)
-        self.shard_copies, self.host_bytes, self._copy_rule = int(world), int(held_bytes), int(version)
+            out.append(st)
+        return out
 
     def host_storages(self, tensors) -> int:
         """Storages of `tensors` that live in host memory (DeepSpeed's ZeRO-Offload: the fp32 partition, its
         gradient, the pinned buffers, the optimizer state): never an event; their bytes (each storage once) are
         added to host_bytes and returned."""
         added, counted = 0, {id(st): st for st in self._counted_host}
-        for t in _tensors(list(tensors)):
-            st = t.untyped_storage()
-            self._host[id(st)] = weakref.ref(st)
+        for st in self._mark_host(tensors):
             if id(st) not in counted:
                 counted[id(st)] = st
                 self._counted_host.append(st)

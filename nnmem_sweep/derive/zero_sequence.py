@@ -41,6 +41,7 @@ def recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: i
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..workload import zero_engine as Z
+    from ..workload.steps import storage_bytes
     from ..workload.build import run_contexts
     from .trace import Recorder
 
@@ -69,7 +70,7 @@ def recorded(case: dict[str, Any], cfg: dict[str, Any], untraced: int, traced: i
                     for _ in range(traced):
                         _step(engine, inputs, rec, accum)
                     rec.mark("end")
-        totals = {f"{kind}_bytes": _storage_bytes(ts) for kind, ts in held.items()}
+        totals = {f"{kind}_bytes": storage_bytes(ts) for kind, ts in held.items()}
         if rec.host_bytes:  # ZeRO-Offload: the master and optimizer state above are the host's
             totals["host_bytes"] = rec.host_bytes
     return rec, params, totals
@@ -92,8 +93,3 @@ def _step(engine, inputs: dict[str, Any], rec, accum: int = 1) -> None:  # noqa:
             engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
     mark("optimizer")
     engine.step()
-
-
-def _storage_bytes(tensors) -> int:
-    seen = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in tensors}
-    return sum(seen.values())

@@ -146,7 +146,7 @@ def deepspeed_offload(lay, prec: Precision, largest: int, n_z: int, grads: int =
     the rank holds to the backward's end: ZeRO-1's, see keeps_gradients), host bytes beside M + S) of a ZeRO-Offload
     rank (DeepSpeed, ZeRO-1/2, offload optimizer), `largest` trainable elements in one tensor, `layer_largest` in a
     decoder layer's; zeros for any other layout."""
-    if not (lay.deepspeed and lay.offload == "optimizer" and lay.zero in (1, 2)):
+    if not zero_offload(lay):
         return 0, 0, 0
     g = prec.weight_bytes  # the bf16 engine's gradients
     buffer = largest * g
@@ -159,6 +159,12 @@ def deepspeed_offload(lay, prec: Precision, largest: int, n_z: int, grads: int =
     return buffer, reduce, (4 + g) * n_z + buffer + accumulated
 
 
+def zero_offload(lay) -> bool:
+    """DeepSpeed's ZeRO-Offload as measured: offload optimizer at ZeRO-1 or 2 (ZeRO-3's keeps the paper's
+    accounting)."""
+    return lay.deepspeed and lay.offload == "optimizer" and lay.zero in (1, 2)
+
+
 def offload_keeps_gradients(lay) -> bool:
     """ZeRO-Offload at stage 1 without overlap_comm: every gradient held to the backward's end, reduced after it."""
-    return lay.deepspeed and lay.offload == "optimizer" and lay.zero == 1 and not lay.overlap_comm
+    return zero_offload(lay) and lay.zero == 1 and not lay.overlap_comm

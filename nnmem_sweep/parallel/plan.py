@@ -26,6 +26,7 @@ from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
 from . import activations as par_act
+from . import deepspeed as par_deepspeed
 from . import fsdp as par_fsdp
 from . import layout as par_layout
 from . import states as par_states
@@ -94,10 +95,13 @@ def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple)
         extra = always + (bwd if after_loss else 0) + (step if name == "optimizer" else 0) + \
             (kept if name in ("forward", "backward") and not after_loss else 0)
         previous = name
-        comps = dict(comps)
-        comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
-        out.append((name, comps))
+        out.append((name, _with_temporary(comps, extra)))
     return out
+
+
+def _with_temporary(comps: dict, extra) -> dict:  # noqa: ANN001 - an array or an int
+    """A phase's components with `extra` added to its temporaries."""
+    return {**comps, C.TEMPORARY: comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra}
 
 
 def _plus_temporary(phases: list, extra: np.ndarray, start: int) -> list:
@@ -105,12 +109,7 @@ def _plus_temporary(phases: list, extra: np.ndarray, start: int) -> list:
     initialisation: states.deepspeed_offload); unchanged where it is zero everywhere."""
     if not extra.any():
         return phases
-    out = phases[:start]
-    for name, comps in phases[start:]:
-        comps = dict(comps)
-        comps[C.TEMPORARY] = comps[C.TEMPORARY] + extra if C.TEMPORARY in comps else extra
-        out.append((name, comps))
-    return out
+    return phases[:start] + [(name, _with_temporary(comps, extra)) for name, comps in phases[start:]]
 
 
 def _hidden(arch, precs, sizes) -> np.ndarray:
@@ -354,7 +353,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
             # ZeRO-Offload reducing its largest gradient (states.deepspeed_offload; the bucket from _with_buffers)
             *([("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["reduce_temp"]}))]
-              if any(lay.deepspeed and lay.offload == "optimizer" for lay in layouts) else []),
+              if any(par_deepspeed.zero_offload(lay) for lay in layouts) else []),
             ("optimizer", dict(states, **{C.WEIGHTS: s_["weights"] - s_["step_released"],
                                           C.GRADIENTS: s_["gradients_in_step"], C.ACTIVATIONS: inputs,
                                           C.TEMPORARY: s_["step_temp"]})),

@@ -21,7 +21,7 @@ from ..citations import formula
 from ..components import activations as act
 from ..models.arch import Architecture
 from ..models.count import params_breakdown
-from .deepspeed import offload_keeps_gradients
+from .deepspeed import offload_keeps_gradients, zero_offload
 from .layout import Layout
 from .states import DEEPSPEED_ZERO, largest_layer_tensor, stage_params, zero_params
 
@@ -51,7 +51,7 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
     end moments beside the partition, ZeRO-2's). Zero for every layout but DeepSpeed ZeRO-2 and 3 on the GPU of a full
     fine-tune; ZeRO-3's head gradient bytes include the bucket's flattened gradients."""
     # ZeRO-Offload reduces during the backward at ZeRO-2, and at ZeRO-1 with overlap_comm
-    offload = lay.offload == "optimizer" and lay.zero in (1, 2) and not offload_keeps_gradients(lay)
+    offload = zero_offload(lay) and not offload_keeps_gradients(lay)
     if not (lay.deepspeed and (lay.zero in (2, 3) and lay.offload == "none" or offload) and
             arch.kind == "transformer") or (arch.finetune is not None and arch.finetune.adapters):
         return 0, 0, 0, 0

@@ -71,7 +71,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
     lookup = {}
     key_cols = row_axes + split_axes + [C.GPU]
     for rec in max_batch[key_cols + [C.MAX_BATCH]].itertuples(index=False, name=None):
-        lookup[tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec[:-1])] = int(rec[-1])
+        lookup[_key(rec[:-1])] = int(rec[-1])
     short = _host_short(max_batch, key_cols)
 
     point = point if point is not None else reference_point(sc)
@@ -133,8 +133,12 @@ def _host_short(max_batch: pd.DataFrame, key_cols: list[str]) -> set[tuple]:
         return set()
     over = max_batch[(max_batch[C.MAX_BATCH] == 0) & (max_batch[C.HOST] > max_batch[C.HOST_MEMORY])
                      & (max_batch[C.TOTAL_AT_BATCH_1] <= max_batch[C.USABLE])]
-    return {tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in rec)
-            for rec in over[key_cols].itertuples(index=False, name=None)}
+    return {_key(rec) for rec in over[key_cols].itertuples(index=False, name=None)}
+
+
+def _key(values: tuple) -> tuple:
+    """A table cell's key: its axis values, a missing one (NaN) as None."""
+    return tuple(None if (isinstance(v, float) and math.isnan(v)) else v for v in values)
 
 
 def layout_note(sc: Scenario) -> str:

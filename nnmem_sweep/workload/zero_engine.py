@@ -163,7 +163,7 @@ def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, li
     master = zero.fp32_partitioned_groups_flat if stage3 else zero.single_partition_of_fp32_groups
     held = {"param": [p for p in params if isinstance(p, torch.Tensor)], "buffer": list(engine.module.buffers()),
             "master": [t for t in master if isinstance(t, torch.Tensor)],
-            "opt": [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]}
+            "opt": _state_tensors(optimizer)}
     if stage3:  # kept from one step to the next: the 16-bit gradient partition and the reduce bucket (stage3.py)
         kept = [getattr(zero, "grad_partitions_flat_buffer", None)]
         kept += [getattr(b, "buffer", None) for b in getattr(zero, "ipg_buckets", {}).values()]
@@ -171,6 +171,11 @@ def held_tensors(engine, zero, optimizer: torch.optim.Optimizer) -> dict[str, li
     elif getattr(zero, "cpu_offload", False):  # ZeRO-Offload's GPU buffer of the largest trainable tensor's gradient
         held["grad"] = [zero.temp_grad_buffer_for_gpu_offload]
     return held
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of the optimizer's state (AdamW's moments and step counters)."""
+    return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
 def host_tensors(zero, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:  # noqa: ANN001
@@ -184,7 +189,7 @@ def host_tensors(zero, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]: 
     out += [t.grad for t in zero.single_partition_of_fp32_groups if t.grad is not None]
     out += list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
     out += [zero.temp_grad_buffer_for_cpu_offload, *zero.accumulated_grads_in_cpu.values()]
-    out += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    out += _state_tensors(optimizer)
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 
