@@ -184,19 +184,37 @@ def test_a_layout_short_of_host_memory_reads_host_in_the_max_batch_table():
     """configs/llama-8b-zero-offload.yaml over 2 ranks with ZeRO-Offload: 273 GiB of host memory per node against the
     workstation's 256 GiB, so no batch fits though batch 1 fits an A100-40GB, an L40S or an A100-80GB (33.2 GiB);
     those cells read 'host', the RTX 4090's (GPU too small as well) and the layouts without offload a dash, and the
-    note beside the tables says what 'host' means."""
+    note beside the tables says what 'host' means. They have a shade of their own, in the tables and the heatmap,
+    which the heatmap's legend names. The bars of those layouts carry the largest replayed reserve, as no row of
+    theirs is replayed, and the chart's caption says so."""
     from nnmem_sweep.config import load_scenario
     from nnmem_sweep.report.format import DASH
-    from nnmem_sweep.report.tables import HOST_SHORT, layout_note, max_batch_tables
+    from nnmem_sweep.report import figures, points
+    from nnmem_sweep.report.charts import LEVEL_FILL, heatmap
+    from nnmem_sweep.report.tables import HOST_LEVEL, HOST_SHORT, layout_note, max_batch_tables
     from nnmem_sweep.runner import run_scenario
 
     sc = load_scenario(Path(__file__).parents[1] / "configs" / "llama-8b-zero-offload.yaml")
     result = run_scenario(sc, bands=False)
-    (table, *_), _ = max_batch_tables(result.scenario, result.max_batch)
+    (table, *_), heat = max_batch_tables(result.scenario, result.max_batch)
     cells = {tuple(r["axes"]): [c["text"] for c in r["cells"]] for r in table["rows"]}
+    shades = {tuple(r["axes"]): [c["level"] for c in r["cells"]] for r in table["rows"]}
     assert [h["name"] for h in table["gpu_headers"]] == ["GeForce RTX 4090", "A100-SXM4-40GB", "NVIDIA L40S",
                                                          "A100-SXM4-80GB"]
     assert cells["2,048", "2", "optimizer"] == [DASH, HOST_SHORT, HOST_SHORT, HOST_SHORT]
     assert cells["2,048", "2", "none"] == [DASH] * 4
+    assert shades["2,048", "2", "optimizer"] == [0, HOST_LEVEL, HOST_LEVEL, HOST_LEVEL]
     assert HOST_SHORT not in cells["2,048", "4", "optimizer"]
+    host_rows = [label for label, row in zip(heat["rows"], heat["cells"]) if HOST_LEVEL in row]
+    assert host_rows and all("offload optimizer" in label for label in host_rows), heat["rows"]
+    assert heat["legend"][HOST_LEVEL] == "fits the GPU, not the node's host memory"
+    svg = heatmap("t", heat["rows"], heat["cols"], heat["cells"], heat["legend"])
+    assert svg.count(f'fill="{LEVEL_FILL[HOST_LEVEL]}"') == 3 * len(host_rows) + 1  # the cells and the legend's key
+    run = result.scenario
+    _, _, note = figures.breakdown_chart(run, result.results, points.reference_point(run),
+                                         points.usable_by_gpu(result.results, run))
+    largest = max(f for _, f in run.overheads.replayed_by_recipe)
+    assert run.overheads.reserve_fraction == largest
+    assert note.startswith(f"The runtime overhead of DP 2 · offload optimizer and DP 2 · offload none holds the "
+                           f"largest replayed allocator reserve ({100 * largest:.1f} % of the peak)"), note
     assert f"'{HOST_SHORT}' fits the GPU at batch 1 but not the node's host memory" in layout_note(sc)

@@ -149,7 +149,7 @@ def test_charts_draw_the_reference_layout_and_each_knob_on_its_own(layouts):
     ref = res[(res[C.GPU] == "a100-40gb") & (res[C.CHECKPOINTING] == "selective") & (res[C.TENSOR_PARALLEL] == 1)
               & (res[C.ZERO_STAGE] == 1)]
     assert len(ref) == 3
-    _, about = figures.breakdown_chart(sc, res, point, usable)
+    _, about, _ = figures.breakdown_chart(sc, res, point, usable)
     assert about == "Llama 3.1 8B training, batch 1, seq 4,096, bf16-master adamw, selective checkpointing, SP · PP 1 · DP 8"
 
 

@@ -16,8 +16,9 @@ from ..units import GiB
 COMPONENT_COLOURS = ("#0072B2", "#56B4E9", "#009E73", "#E69F00", "#D55E00", "#CC79A7", "#F0E442", "#999999")
 LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 # Sequential shades for max batch (level 0 = does not fit). The report's CSS uses the same values for table cells.
-LEVEL_FILL = ("#f1f1f1", "#e3eef8", "#c6dbef", "#9ecae1", "#6baed6", "#2f7fc1")
-LEVEL_TEXT = ("#777777", "#111111", "#111111", "#111111", "#111111", "#ffffff")
+# shades 0..5 (0 = does not fit, 1..5 larger batches), 6: fits the GPU, not the node's host memory (tables.HOST_LEVEL)
+LEVEL_FILL = ("#f1f1f1", "#e3eef8", "#c6dbef", "#9ecae1", "#6baed6", "#2f7fc1", "#f3d9a4")
+LEVEL_TEXT = ("#777777", "#111111", "#111111", "#111111", "#111111", "#ffffff", "#5a3d00")
 
 WIDTH = 640
 FONT = 11
@@ -240,7 +241,8 @@ def line_chart(title: str, xs: list[int], series: list[tuple[str, list[int | Non
 
 def heatmap(title: str, row_labels: list[str], col_labels: list[str], cells: list[list[int]],
             legend: list[str]) -> str:
-    """A grid of shaded cells, level 0..5 (0 = does not fit), with a legend of what each shade means.
+    """A grid of shaded cells, level 0..6 (0 = does not fit; 6 = fits the GPU, not the node's host memory), with a
+    legend of what each shade means.
 
     Cells carry no numbers (the tables do): a PDF renderer lays out every SVG text separately, and hundreds of them
     cost seconds.

@@ -71,7 +71,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
     point = reference_point(sc)
     usable = usable_by_gpu(results, sc)
     tables, heat = max_batch_tables(sc, max_batch, point)
-    breakdown_svg, breakdown_about = breakdown_chart(sc, results, point, usable)
+    breakdown_svg, breakdown_about, breakdown_note = breakdown_chart(sc, results, point, usable)
     lines_svg, lines_about = memory_vs_batch_chart(sc, results, point, usable)
     heat_svg = charts.heatmap("Largest batch that fits", heat["rows"], heat["cols"], heat["cells"], heat["legend"])
     paper = str(sc.report.get("paper", "A4"))
@@ -99,7 +99,7 @@ def build_context(sc: Scenario, results: pd.DataFrame, max_batch: pd.DataFrame, 
         "tables": tables,
         "layout_note": layout_note(sc),
         "charts": {
-            "breakdown": breakdown_svg, "breakdown_about": breakdown_about,
+            "breakdown": breakdown_svg, "breakdown_about": breakdown_about, "breakdown_note": breakdown_note,
             "lines": lines_svg, "lines_about": lines_about,
             "heatmap": heat_svg, "heatmap_truncated": heat["truncated"], "heatmap_about": heat["about"],
             "heatmap_max_rows": str(HEATMAP_MAX_ROWS),

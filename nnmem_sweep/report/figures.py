@@ -41,7 +41,9 @@ def _bar_points(sc: Scenario, point: dict[str, Any]) -> tuple[list[tuple[dict[st
 
 
 def breakdown_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any],
-                     usable: dict[str, int]) -> tuple[str, str]:
+                     usable: dict[str, int]) -> tuple[str, str, str]:
+    """The stacked bars (SVG), the point they stand at in words, and a note on the bars whose allocator reserve is
+    not their recipe's own ('' where there is none)."""
     gpu0 = gpu_order(sc)[0].id
     base = results[results[C.GPU] == gpu0]
     batches = tuple(sc.grid.get(C.BATCH, ()))
@@ -49,17 +51,35 @@ def breakdown_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any],
     if at.get(C.BATCH) not in batches:
         at[C.BATCH] = batches[0]
     segs = list(C.COMPONENTS) + [C.OVERHEAD]
-    bars = []
+    bars, unreplayed = [], []
     points, varied = _bar_points(sc, at)
     for pt, label in points:
         rows = select(base, pt)
         if not rows.empty:
             bars.append((label, [int(v) for v in rows.iloc[0][segs]]))
+            if not _replayed(sc, rows.iloc[0]):
+                unreplayed.append(label)
     # colours stay tied to the component; components that are zero in every bar get no legend entry
     names = [COMPONENT_LABELS[s] if any(b[1][j] > 0 for b in bars) else "" for j, s in enumerate(segs)]
     caps = [(f"{g.name} {gib(usable[g.id])}", usable[g.id]) for g in gpu_order(sc) if g.id in usable]
     about = describe_point(sc, {k: v for k, v in at.items() if k not in varied}, with_batch=C.BATCH not in varied)
-    return charts.stacked_bars("Memory at the peak, by component", bars, names, caps), about
+    note = ""
+    if unreplayed and len(unreplayed) < len(bars):
+        note = (f"The runtime overhead of {' and '.join(unreplayed)} holds the largest replayed allocator reserve "
+                f"({100 * sc.overheads.reserve_fraction:.1f} % of the peak), not a reserve of "
+                f"{'its' if len(unreplayed) == 1 else 'their'} own: a recipe is replayed at its largest batch that "
+                "fits a GPU, and no row of " + ("its recipe" if len(unreplayed) == 1 else "these recipes")
+                + " fits any (Assumptions).")
+    return charts.stacked_bars("Memory at the peak, by component", bars, names, caps), about, note
+
+
+def _replayed(sc: Scenario, row: pd.Series) -> bool:
+    """Whether the row's recipe took its own replayed reserve (components/overhead.py reserve_fractions); True
+    where none did (one reserve for every row, as the Assumptions say)."""
+    ov = sc.overheads
+    if ov.allocator_reserve_fraction is not None or not ov.replayed_by_recipe:
+        return True
+    return tuple(str(row[a]) for a in ov.replayed_axes) in dict(ov.replayed_by_recipe)
 
 
 def memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:

@@ -43,15 +43,16 @@ def level(value: int, top: int) -> int:
     return max(1, min(5, math.ceil(5 * math.log2(1 + value) / math.log2(1 + top))))
 
 
-def level_legend(values: np.ndarray, top: int) -> list[str]:
-    """What each shade means in this report: the range of max batch values that got it ('' where none did)."""
+def level_legend(values: np.ndarray, top: int, host: bool = False) -> list[str]:
+    """What each shade means in this report: the range of max batch values that got it ('' where none did), and
+    HOST_LEVEL's where a cell has it (`host`)."""
     uniq = np.unique(values)
     levels = np.array([level(int(v), top) for v in uniq])
     out = ["does not fit"]
     for lv in range(1, 6):
         got = uniq[levels == lv]
         out.append("" if got.size == 0 else f"{got.min():,}" if got.min() == got.max() else f"{got.min():,}–{got.max():,}")
-    return out
+    return out + ["fits the GPU, not the node's host memory" if host else ""]
 
 
 def _label(axis: str, value: Any, deepspeed: bool) -> str:
@@ -90,10 +91,11 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
             if all(c is None for c in cells):
                 continue
             first_fit = next((j for j, c in enumerate(cells) if c and c > 0), None)
+            hosts = [tuple(values) + tuple(split_values) + (g.id,) in short for g in gpus]
             row = {"axes": [axis_value(a, v) for a, v in zip(row_axes, values)],
-                   "cells": [{"text": (HOST_SHORT if tuple(values) + tuple(split_values) + (g.id,) in short
-                                       else DASH) if not c else f"{c:,}", "level": level(c or 0, top),
-                              "edge": j == first_fit} for j, (g, c) in enumerate(zip(gpus, cells))]}
+                   "cells": [{"text": (HOST_SHORT if h else DASH) if not c else f"{c:,}",
+                              "level": HOST_LEVEL if h else level(c or 0, top), "edge": j == first_fit}
+                             for j, (c, h) in enumerate(zip(cells, hosts))]}
             rows.append(row)
             if tuple(split_values) == heat_key and all(values[i] == point.get(row_axes[i]) for i in heat_fixed):
                 total_rows += 1
@@ -116,7 +118,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
                 "rows": [{"axes": r["axes"], "cells": r["cells"][start:start + len(chunk)]} for r in rows],
             })
     heat = {"rows": heat_rows, "cols": [g.name for g in gpus], "cells": heat_cells,
-            "legend": level_legend(max_batch[C.MAX_BATCH].to_numpy(), top),
+            "legend": level_legend(max_batch[C.MAX_BATCH].to_numpy(), top, bool(short)),
             "truncated": total_rows > len(heat_rows),
             "about": ", ".join(f"{AXIS_LABELS[a]} {axis_value(a, point.get(a))}"
                                for a in split_axes + [row_axes[i] for i in heat_fixed])}
@@ -124,6 +126,7 @@ def max_batch_tables(sc: Scenario, max_batch: pd.DataFrame,
 
 
 HOST_SHORT = "host"  # a cell that does not fit at batch 1 for want of the node's host memory alone
+HOST_LEVEL = 6  # its shade (charts.LEVEL_FILL), apart from "does not fit" in the tables and the heatmap
 
 
 def _host_short(max_batch: pd.DataFrame, key_cols: list[str]) -> set[tuple]:

@@ -419,8 +419,8 @@ def test_reference_points_choose_the_breakdown_bars(run):
     sc = replace(run.scenario, report={**run.scenario.report, "reference_batch": 2,
                                        "reference_points": [{C.PRECISION: "bf16", C.OPTIMIZER: "sgd"},
                                                             {C.BATCH: 16, C.CHECKPOINTING: "full"}]})
-    svg, about = figures.breakdown_chart(sc, run.results, points.reference_point(sc),
-                                          points.usable_by_gpu(run.results, sc))
+    svg, about, _ = figures.breakdown_chart(sc, run.results, points.reference_point(sc),
+                                             points.usable_by_gpu(run.results, sc))
     labels = re.findall(r'text-anchor="end">([^<]*)</text>', svg)
     assert labels == ["bf16 · sgd", "batch 16 · full"]
     # first bar: bf16 sgd at batch 2, seq 4096, no checkpointing: 2e9 + 2e9 + 4e9 + 2·4096·200,000 + overhead
