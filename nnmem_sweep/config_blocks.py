@@ -288,6 +288,15 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
                                          "offload_optimizer / offload_param); give it there or as offload:, not both",
                    key=True)
             return {}
+        stage = ds_axes.pop(C.ZERO_STAGE, None)  # a config file's stage: the zero_stage its rows run at
+        swept = block.get(C.ZERO_STAGE, in_grid.get(C.ZERO_STAGE))
+        if stage is not None and swept is not None and stage not in as_list(swept):
+            ck.add("parallel.deepspeed", f"{ds_given} sets zero_optimization.stage {stage}, which zero_stage "
+                                         f"({', '.join(str(z) for z in as_list(swept))}) does not list: add it, or "
+                                         "leave zero_stage out to plan at the config's stage", key=True)
+            return {}
+        if stage is not None and swept is None:
+            ds_axes[C.ZERO_STAGE] = stage
         block.update(ds_axes)
         if not block and not in_grid:
             return {}

@@ -158,3 +158,37 @@ def test_an_offload_the_planner_cannot_take_from_a_ds_config_is_one_line(tmp_pat
         parse_scenario_text(text, "ds.yaml", tmp_path)
     assert any(p.key_path == "parallel.deepspeed" and words in p.message for p in e.value.problems), \
         [(p.key_path, p.message) for p in e.value.problems]
+
+
+def _with_config(tmp_path, zero: dict, parallel: str = ""):
+    import json
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero}))
+    text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 128, precision: bf16-master, "
+            f"optimizer: adamw}}\ngpus: [h100-sxm]\nparallel: {{data_parallel: 8, deepspeed: ds.json{parallel}}}\n")
+    return parse_scenario_text(text, "ds.yaml", tmp_path)
+
+
+def test_a_ds_configs_stage_is_the_zero_stage_its_rows_run_at(tmp_path):
+    """A pasted ds_config's zero_optimization.stage plans its rows at that stage where the scenario gives no
+    zero_stage (before, it was read by no one and the rows ran at zero_stage 0: nothing partitioned); a stage-3
+    config without overlap_comm takes DeepSpeed's default for stage 3, true. The same rows as zero_stage given."""
+    sc = _with_config(tmp_path, {"stage": 3})
+    assert sc.parallel[C.ZERO_STAGE] == (3,) and sc.parallel[C.OVERLAP_COMM] == (True,)
+    assert _with_config(tmp_path, {"stage": 2}).parallel[C.OVERLAP_COMM] == (False,)
+    row = run_scenario(_with_config(tmp_path, {"stage": 2}), bands=False).results.iloc[0]
+    given = run_scenario(_with_config(tmp_path, {}, ", zero_stage: 2"), bands=False).results.iloc[0]
+    assert row[C.ZERO_STAGE] == 2 and row[C.PEAK_ALLOCATED] == given[C.PEAK_ALLOCATED]
+    # a sweep of zero_stage that lists the config's stage stands
+    assert _with_config(tmp_path, {"stage": 2}, ", zero_stage: [1, 2]").parallel[C.ZERO_STAGE] == (1, 2)
+
+
+@pytest.mark.parametrize("zero, parallel, words", [
+    ({"stage": 3}, ", zero_stage: 2", "ds.json sets zero_optimization.stage 3, which zero_stage (2) does not list"),
+    ({"stage": "auto"}, "", "zero_optimization.stage must be 0, 1, 2 or 3, got 'auto'"),
+])
+def test_a_ds_configs_stage_the_scenario_contradicts_is_one_line(tmp_path, zero, parallel, words):
+    with pytest.raises(ScenarioError) as e:
+        _with_config(tmp_path, zero, parallel)
+    (p,) = e.value.problems
+    assert p.key_path == "parallel.deepspeed" and words in p.message, p.message

@@ -38,7 +38,7 @@ def read_config(path: Path) -> dict[str, Any]:
     zero = data.get("zero_optimization") if isinstance(data, dict) else None
     if not isinstance(zero, dict):
         raise DeepSpeedConfigError(f"{path} has no zero_optimization section: not a DeepSpeed ZeRO config")
-    return {k: zero[k] for k in KEYS if k in zero}  # the other keys (stage, persistence, ...) are not read here
+    return {k: zero[k] for k in (*KEYS, "stage") if k in zero}  # the others (persistence, ...) are not read here
 
 
 def _elements(value: Any, key: str, auto: float | None) -> int:
@@ -97,13 +97,23 @@ def _offload(settings: dict[str, Any]) -> str | None:
 
 
 def resolve(given: Any, base_dir: Path, hidden: int | None) -> dict[str, Any]:
-    """`parallel.deepspeed:` (true | mapping | path) as parallel axes; {} for false."""
+    """`parallel.deepspeed:` (true | mapping | path) as parallel axes; {} for false. A config JSON's
+    zero_optimization.stage comes back as zero_stage (the scenario's own, where it gives one, must list it:
+    config_blocks.check_parallel)."""
     if given is False:
         return {}
     if given is True:
         return axes({}, hidden)
     if isinstance(given, str):
-        return axes(read_config(base_dir / given), hidden)
+        settings = read_config(base_dir / given)
+        if "stage" not in settings:
+            return axes(settings, hidden)
+        stage = settings.pop("stage")
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise DeepSpeedConfigError(f"{given}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+        if stage == 3:  # DeepSpeed's default for stage 3 (config.py), false for the others
+            settings.setdefault("overlap_comm", True)
+        return {**axes(settings, hidden), C.ZERO_STAGE: int(stage)}
     return axes(dict(given), hidden)
 
 
