@@ -192,3 +192,20 @@ def test_a_ds_configs_stage_the_scenario_contradicts_is_one_line(tmp_path, zero,
         _with_config(tmp_path, zero, parallel)
     (p,) = e.value.problems
     assert p.key_path == "parallel.deepspeed" and words in p.message, p.message
+
+
+def test_a_smaller_stage3_max_live_parameters_is_planned_at_the_default_a_larger_is_one_line(tmp_path):
+    """ZeRO-3 is planned with DeepSpeed's default of 1e9 gathered elements alive at most: a config's smaller value
+    (released sooner) is planned at it, an upper bound the report states; a larger one would be missed, so it is
+    refused where it is given, in a config JSON and in a mapping (the schema's bound) alike."""
+    rows = [run_scenario(_with_config(tmp_path, {"stage": 3, **live}), bands=False).results.iloc[0]
+            for live in ({}, {"stage3_max_live_parameters": 1e8})]
+    assert rows[0][C.PEAK_ALLOCATED] == rows[1][C.PEAK_ALLOCATED]
+    with pytest.raises(ScenarioError) as e:
+        _with_config(tmp_path, {"stage": 3, "stage3_max_live_parameters": 2e9})
+    (p,) = e.value.problems
+    assert p.key_path == "parallel.deepspeed" and "stage3_max_live_parameters 2,000,000,000 is above" in p.message
+    with pytest.raises(ScenarioError) as e:
+        _run("deepspeed: {stage3_max_live_parameters: 2.0e+9}", zero=3)
+    (p,) = e.value.problems
+    assert p.key_path == "parallel.deepspeed.stage3_max_live_parameters" and "at most 1,000,000,000" in p.message

@@ -20,7 +20,7 @@ PREFETCH_BUCKET_DEFAULT = 50_000_000
 MAX_LIVE_DEFAULT = 1_000_000_000  # stage3_max_live_parameters: gathered parameters ZeRO-3 keeps alive per rank
 PERSISTENCE_THRESHOLD_DEFAULT = 100_000  # stage3_param_persistence_threshold: smaller tensors stay whole on each rank
 KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "overlap_comm",
-        "contiguous_gradients", "offload_optimizer", "offload_param")
+        "contiguous_gradients", "offload_optimizer", "offload_param", "stage3_max_live_parameters")
 
 
 class DeepSpeedConfigError(ValueError):
@@ -62,6 +62,11 @@ def axes(settings: dict[str, Any], hidden: int | None) -> dict[str, Any]:
     prefetch = _elements(settings.get("stage3_prefetch_bucket_size", PREFETCH_BUCKET_DEFAULT),
                          "stage3_prefetch_bucket_size", 0.9 * h2 if h2 else None)
     _elements(settings.get("allgather_bucket_size", ALLGATHER_BUCKET_DEFAULT), "allgather_bucket_size", h2)
+    live = _elements(settings.get("stage3_max_live_parameters", MAX_LIVE_DEFAULT), "stage3_max_live_parameters", None)
+    if live > MAX_LIVE_DEFAULT:  # a smaller value releases gathered parameters sooner: 1e9 is its upper bound
+        raise DeepSpeedConfigError(f"stage3_max_live_parameters {live:,} is above DeepSpeed's default "
+                                   f"{MAX_LIVE_DEFAULT:,}, which ZeRO-3 is planned with (more gathered parameters "
+                                   "alive would be missed): give at most 1e9")
     overlap = settings.get("overlap_comm", False)
     contiguous = settings.get("contiguous_gradients", True)
     for key, v in (("overlap_comm", overlap), ("contiguous_gradients", contiguous)):
