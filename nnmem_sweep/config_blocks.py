@@ -258,6 +258,10 @@ def check_serving(data: dict, mode: str, model, ck: Checker) -> dict[str, Any]:
     return out
 
 
+# a DeepSpeed config file's settings that say what its run is, as the parallel axes they set (parallel/deepspeed.py)
+RUN_AXES = {C.ZERO_STAGE: "zero_optimization.stage", C.GRADIENT_ACCUMULATION: "gradient_accumulation_steps"}
+
+
 def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: Checker) -> dict[str, tuple]:
     """The parallel axes (every one, defaults filled in), swept in the `parallel:` block or among the `grid:` axes
     (issue 4 names them grid axes; not both for one axis), and their rules, each combination checked at load time
@@ -288,15 +292,16 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
                                          "offload_optimizer / offload_param); give it there or as offload:, not both",
                    key=True)
             return {}
-        stage = ds_axes.pop(C.ZERO_STAGE, None)  # a config file's stage: the zero_stage its rows run at
-        swept = block.get(C.ZERO_STAGE, in_grid.get(C.ZERO_STAGE))
-        if stage is not None and swept is not None and stage not in as_list(swept):
-            ck.add("parallel.deepspeed", f"{ds_given} sets zero_optimization.stage {stage}, which zero_stage "
-                                         f"({', '.join(str(z) for z in as_list(swept))}) does not list: add it, or "
-                                         "leave zero_stage out to plan at the config's stage", key=True)
-            return {}
-        if stage is not None and swept is None:
-            ds_axes[C.ZERO_STAGE] = stage
+        for axis, name in RUN_AXES.items():  # what a config file says its run is: the axis its rows run at
+            value = ds_axes.pop(axis, None)
+            swept = block.get(axis, in_grid.get(axis))
+            if value is not None and swept is not None and value not in as_list(swept):
+                ck.add("parallel.deepspeed", f"{ds_given} sets {name} {value}, which {axis} "
+                                             f"({', '.join(str(z) for z in as_list(swept))}) does not list: add it, "
+                                             f"or leave {axis} out to plan at the config's", key=True)
+                return {}
+            if value is not None and swept is None:
+                ds_axes[axis] = value
         block.update(ds_axes)
         if not block and not in_grid:
             return {}

@@ -160,10 +160,10 @@ def test_an_offload_the_planner_cannot_take_from_a_ds_config_is_one_line(tmp_pat
         [(p.key_path, p.message) for p in e.value.problems]
 
 
-def _with_config(tmp_path, zero: dict, parallel: str = ""):
+def _with_config(tmp_path, zero: dict, parallel: str = "", **top):
     import json
 
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero}))
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero, **top}))
     text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 128, precision: bf16-master, "
             f"optimizer: adamw}}\ngpus: [h100-sxm]\nparallel: {{data_parallel: 8, deepspeed: ds.json{parallel}}}\n")
     return parse_scenario_text(text, "ds.yaml", tmp_path)
@@ -181,15 +181,22 @@ def test_a_ds_configs_stage_is_the_zero_stage_its_rows_run_at(tmp_path):
     assert row[C.ZERO_STAGE] == 2 and row[C.PEAK_ALLOCATED] == given[C.PEAK_ALLOCATED]
     # a sweep of zero_stage that lists the config's stage stands
     assert _with_config(tmp_path, {"stage": 2}, ", zero_stage: [1, 2]").parallel[C.ZERO_STAGE] == (1, 2)
+    # its gradient_accumulation_steps likewise, where a number ('auto' is the Trainer's: the scenario's axis)
+    assert _with_config(tmp_path, {"stage": 2}, gradient_accumulation_steps=4).parallel[C.GRADIENT_ACCUMULATION] == (4,)
+    assert _with_config(tmp_path, {"stage": 2}, gradient_accumulation_steps="auto").parallel[
+        C.GRADIENT_ACCUMULATION] == (1,)
 
 
-@pytest.mark.parametrize("zero, parallel, words", [
-    ({"stage": 3}, ", zero_stage: 2", "ds.json sets zero_optimization.stage 3, which zero_stage (2) does not list"),
-    ({"stage": "auto"}, "", "zero_optimization.stage must be 0, 1, 2 or 3, got 'auto'"),
+@pytest.mark.parametrize("zero, parallel, top, words", [
+    ({"stage": 3}, ", zero_stage: 2", {}, "ds.json sets zero_optimization.stage 3, which zero_stage (2) does not list"),
+    ({"stage": "auto"}, "", {}, "zero_optimization.stage must be 0, 1, 2 or 3, got 'auto'"),
+    ({"stage": 2}, ", gradient_accumulation: [1, 2]", {"gradient_accumulation_steps": 8},
+     "ds.json sets gradient_accumulation_steps 8, which gradient_accumulation (1, 2) does not list"),
+    ({"stage": 2}, "", {"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a whole number"),
 ])
-def test_a_ds_configs_stage_the_scenario_contradicts_is_one_line(tmp_path, zero, parallel, words):
+def test_a_ds_configs_run_the_scenario_contradicts_is_one_line(tmp_path, zero, parallel, top, words):
     with pytest.raises(ScenarioError) as e:
-        _with_config(tmp_path, zero, parallel)
+        _with_config(tmp_path, zero, parallel, **top)
     (p,) = e.value.problems
     assert p.key_path == "parallel.deepspeed" and words in p.message, p.message
 

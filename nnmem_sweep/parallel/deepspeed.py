@@ -38,7 +38,14 @@ def read_config(path: Path) -> dict[str, Any]:
     zero = data.get("zero_optimization") if isinstance(data, dict) else None
     if not isinstance(zero, dict):
         raise DeepSpeedConfigError(f"{path} has no zero_optimization section: not a DeepSpeed ZeRO config")
-    return {k: zero[k] for k in (*KEYS, "stage") if k in zero}  # the others (persistence, ...) are not read here
+    out = {k: zero[k] for k in (*KEYS, "stage") if k in zero}  # the others (persistence, ...) are not read here
+    steps = data.get("gradient_accumulation_steps", "auto")  # 'auto': the Trainer's own, the scenario's axis
+    if steps != "auto":
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise DeepSpeedConfigError(f"{path}: gradient_accumulation_steps must be a whole number of at least 1 "
+                                       f"or 'auto', got {steps!r}")
+        out["gradient_accumulation_steps"] = steps
+    return out
 
 
 def _elements(value: Any, key: str, auto: float | None) -> int:
@@ -103,22 +110,25 @@ def _offload(settings: dict[str, Any]) -> str | None:
 
 def resolve(given: Any, base_dir: Path, hidden: int | None) -> dict[str, Any]:
     """`parallel.deepspeed:` (true | mapping | path) as parallel axes; {} for false. A config JSON's
-    zero_optimization.stage comes back as zero_stage (the scenario's own, where it gives one, must list it:
-    config_blocks.check_parallel)."""
+    zero_optimization.stage and gradient_accumulation_steps (a number, not 'auto') come back as zero_stage and
+    gradient_accumulation (the scenario's own, where it gives them, must list them: config_blocks.RUN_AXES)."""
     if given is False:
         return {}
     if given is True:
         return axes({}, hidden)
     if isinstance(given, str):
         settings = read_config(base_dir / given)
-        if "stage" not in settings:
-            return axes(settings, hidden)
-        stage = settings.pop("stage")
-        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-            raise DeepSpeedConfigError(f"{given}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
-        if stage == 3:  # DeepSpeed's default for stage 3 (config.py), false for the others
-            settings.setdefault("overlap_comm", True)
-        return {**axes(settings, hidden), C.ZERO_STAGE: int(stage)}
+        run = {}  # what the config says its run is: the zero_stage and accumulation axes
+        if "gradient_accumulation_steps" in settings:
+            run[C.GRADIENT_ACCUMULATION] = settings.pop("gradient_accumulation_steps")
+        if "stage" in settings:
+            stage = settings.pop("stage")
+            if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+                raise DeepSpeedConfigError(f"{given}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+            if stage == 3:  # DeepSpeed's default for stage 3 (config.py), false for the others
+                settings.setdefault("overlap_comm", True)
+            run[C.ZERO_STAGE] = int(stage)
+        return {**axes(settings, hidden), **run}
     return axes(dict(given), hidden)
 
 
