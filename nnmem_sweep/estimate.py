@@ -42,7 +42,7 @@ from .models.resolve import DerivedModelSpec, ModelSpecError, resolve_model
 from .parallel.layout import (DEFAULT_GPUS_PER_NODE, DEFAULT_HOST_MEMORY, fsdp_offload_problem, fsdp_offloads,
                               fsdp_versions, typed_value)
 from .grid import MAX_ROWS, expand_grid
-from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario, sweep_prefill_logits
+from .scenario import DEFAULT_HEADROOM, GPUSpec, Overheads, Scenario
 from .units import format_bytes, parse_size
 
 
@@ -54,7 +54,7 @@ def estimate_grid(sc: Scenario, max_rows: int = MAX_ROWS, progress: bool = False
     progress line on stderr after the first second (progress)."""
     start = time.perf_counter()
     grid = expand_grid(sc, max_rows=max_rows)
-    logits = sweep_prefill_logits(sc)
+    logits = sc.prefill_logits
     n = len(grid)
     parts = []
     for lo in range(0, n, CHUNK_ROWS):

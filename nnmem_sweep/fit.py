@@ -23,7 +23,7 @@ from .components.overhead import RowOverheads, row_overheads, total_bytes, usabl
 from .grid import points_frame
 from .peak import host_check, phase_totals_in_batch
 from .models.arch import Architecture
-from .scenario import Overheads, Scenario, sweep_prefill_logits
+from .scenario import Overheads, Scenario
 
 MAX_BATCH_CAP = 2**31 - 1
 
@@ -46,7 +46,7 @@ def scenario_max_batch(sc: Scenario, overheads: Overheads | None = None) -> pd.D
     """max_batch.csv of a scenario: max_batch on its points (grid.points_frame) with `overheads` (the scenario's
     own when None)."""
     return max_batch(sc.model, sc.mode, points_frame(sc), sc.overheads if overheads is None else overheads,
-                     sc.headroom, prefill_logits=sweep_prefill_logits(sc))
+                     sc.headroom, prefill_logits=sc.prefill_logits)
 
 
 def max_batch(arch: Architecture, mode: str, points: pd.DataFrame, overheads: Overheads, headroom: float,

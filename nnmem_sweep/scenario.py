@@ -113,8 +113,9 @@ class Scenario:
     # the `throughput:` block as a throughput.options.ThroughputOptions, None when absent (the sourced defaults)
     throughput: Any = None
 
-
-def sweep_prefill_logits(sc: Scenario) -> str:
-    """The prefill logits of the sweep (results.csv, max_batch.csv, --stream): the scenario's `serving:` choice in
-    infer mode ("last" or "all"), "last" otherwise."""
-    return str((sc.serving or {}).get("prefill_logits", DEFAULT_PREFILL_LOGITS)) if sc.mode == "infer" else "last"
+    @property
+    def prefill_logits(self) -> str:
+        """The prefill logits of the sweep (results.csv, max_batch.csv, --stream): the `serving:` choice in infer
+        mode ("last" or "all"), "last" otherwise."""
+        return str((self.serving or {}).get("prefill_logits", DEFAULT_PREFILL_LOGITS)) if self.mode == "infer" \
+            else "last"

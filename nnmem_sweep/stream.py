@@ -40,7 +40,7 @@ from .grid import MAX_ROWS, add_gpu_columns, axes_of, checked_size, point_axes, 
 from .outputs import RUN_JSON, OutputSet
 from .replays import with_replayed_reserve
 from .runner import estimate_frame, labelled, plan_tables
-from .scenario import Scenario, sweep_prefill_logits
+from .scenario import Scenario
 from .tablefile import TableWriter, csv_bytes, extension
 
 CHUNK_ROWS = 500_000  # grid rows estimated and written at once: a few hundred MB of frames at most
@@ -100,7 +100,7 @@ def run_streamed(sc: Scenario, out_dir: str | Path, chunk_rows: int = CHUNK_ROWS
     points_axes = point_axes(sc) | {C.GPU: gpus}
     cells = prod(len(v) for v in points_axes.values())
     fits = 0
-    logits = sweep_prefill_logits(sc)
+    logits = sc.prefill_logits
     with OutputSet(out_dir, sc, command="run --stream") as out:
         with out.open("results" + ext) as f:
             res = TableWriter(f, fmt)

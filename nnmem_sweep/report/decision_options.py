@@ -30,7 +30,7 @@ from .. import cluster as K
 from .. import columns as C
 from ..estimate import estimate_frame
 from ..grid import add_gpu_columns, axes_of, product_frame
-from ..scenario import GPUSpec, Scenario, sweep_prefill_logits
+from ..scenario import GPUSpec, Scenario
 from ..serving import engine_fixed_bytes, options as serving_options_of, weights_per_gpu_bytes
 from .points import axis_values, gpu_order, layout_text, reference_point, select
 
@@ -69,7 +69,7 @@ class Question:
 def estimate_points(sc: Scenario, frame: pd.DataFrame) -> pd.DataFrame:
     """The estimator on the points the decision speaks about (the report's tests put their toy estimator here)."""
     return estimate_frame(sc.model, sc.mode, add_gpu_columns(frame, sc), sc.overheads, sc.headroom,
-                          prefill_logits=sweep_prefill_logits(sc))
+                          prefill_logits=sc.prefill_logits)
 
 
 def question(sc: Scenario, serving_plan: pd.DataFrame | None, cluster: pd.DataFrame | None) -> Question:
