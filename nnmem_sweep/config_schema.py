@@ -45,6 +45,8 @@ def _show(value: Any) -> str:
         return "a list"
     if isinstance(value, str):
         return f"the string {value!r}"
+    if isinstance(value, float) and value.is_integer() and 1e4 <= abs(value) < 2**53:  # YAML's 2.0e+9, exactly
+        return f"{int(value):,}"
     return f"{value:,}" if isinstance(value, int) else repr(value)
 
 
