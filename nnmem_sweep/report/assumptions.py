@@ -104,7 +104,10 @@ _FSDP1_TEXT = (
     "to the next one); AdamW's step counters one per flat parameter. Measured on one rank with MemTracker "
     "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
     "use_orig_params False, and True under FULL_SHARD, accumulating with its no_sync() or without; every phase "
-    "within 16 KiB). On a GPU FSDP1 frees through record_stream, which can hold a block until its "
+    "within 16 KiB). Its backward prefetches the next unit (BACKWARD_PRE, PyTorch's default); accelerate and the "
+    "Hugging Face Trainer pass no prefetch unless fsdp_backward_prefetch is set, and then FULL_SHARD's backward holds "
+    "one block's 16-bit parameters fewer (measured), so for them the estimate is an upper bound by that much. On a "
+    "GPU FSDP1 frees through record_stream, which can hold a block until its "
     "stream's work completes: the allocator reserve does not model that (a replayed FSDP1 rank runs on one "
     "stream).")
 

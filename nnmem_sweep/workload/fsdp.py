@@ -54,6 +54,9 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
     if spec.get("offload", "none") not in ("none", C.OFFLOAD_PARAMS):
         raise ValueError(f"fsdp: offload must be none or {C.OFFLOAD_PARAMS}, got {spec['offload']!r}")
+    if spec.get("backward_prefetch", "pre") not in ("pre", "none"):
+        raise ValueError(f"fsdp: backward_prefetch must be pre (BACKWARD_PRE) or none (FSDP1 only), got "
+                         f"{spec['backward_prefetch']!r}")
     return world, stage
 
 
@@ -122,7 +125,8 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
 
     world, stage = check(spec)
     if version(spec) == 1:
-        return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)), offloaded(spec))
+        return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)), offloaded(spec),
+                            spec.get("backward_prefetch", "pre"))
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
     device = next(model.parameters()).device.type
@@ -135,15 +139,18 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     return model
 
 
-def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False, offload: bool = False) -> torch.nn.Module:
-    """FSDP1 as accelerate's FSDP plugin runs it by default (fsdp_version 1, a FullyShardedDataParallel unit per
-    decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True). Its
+def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False, offload: bool = False,
+                 prefetch: str = "pre") -> torch.nn.Module:
+    """FSDP1 as accelerate's FSDP plugin wraps a model by default (fsdp_version 1, a FullyShardedDataParallel unit per
+    decoder block and the root, use_orig_params False: one flat parameter per unit; limit_all_gathers True), with
+    PyTorch's BACKWARD_PRE prefetch (`prefetch` "pre"; "none": accelerate's and the Trainer's default, which pass
+    backward_prefetch=None: FULL_SHARD's backward holds one unit fewer, tests/measure/test_fsdp.py). Its
     flat parameters are plain tensors, so MemTracker follows the step and the optimizer steps them directly.
     `orig`: use_orig_params True, the Hugging Face Trainer's default (its fsdp_config), the original parameters
     views of the flat one (the optimizer steps the rank's views; the tracker leaves their gradient hooks out). With
     peft's adapters, peft's wrap policy, as the Trainer sets it. `offload`: CPUOffload(offload_params=True) (module
     docstring), the model given on the CPU as FSDP1 then requires."""
-    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     strategy = ShardingStrategy.FULL_SHARD if stage == 3 else ShardingStrategy.SHARD_GRAD_OP
@@ -158,6 +165,7 @@ def _shard_fsdp1(model: torch.nn.Module, stage: int, orig: bool = False, offload
         policy = ModuleWrapPolicy({type(_blocks(model)[0])})
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
                                     use_orig_params=orig, limit_all_gathers=True,
+                                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch == "pre" else None,
                                     cpu_offload=CPUOffload(offload_params=offload),
                                     device_id=next(model.parameters()).device)
 

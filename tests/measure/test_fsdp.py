@@ -82,3 +82,22 @@ def test_fsdp1_reshards_a_frozen_base_on_real_tensors_and_not_on_fake_ones(stage
         assert fake["phases"][phase]["peak_bytes"] == real["phases"][phase]["peak_bytes"], phase
     assert fake["phases"]["optimizer"]["peak_bytes"] - real["phases"]["optimizer"]["peak_bytes"] == held
     assert fake["phases"]["backward"]["end_bytes"] - real["phases"]["backward"]["end_bytes"] == held
+
+
+@pytest.mark.parametrize("stage", [3, 2])
+def test_fsdp1_without_backward_prefetch_holds_one_block_fewer_in_a_full_shard_backward(stage):
+    """FSDP1 is planned with PyTorch's BACKWARD_PRE (each unit's backward all-gathers the next one first); accelerate
+    and the Hugging Face Trainer pass backward_prefetch=None unless fsdp_backward_prefetch is set (accelerate
+    FullyShardedDataParallelPlugin, transformers' TrainingArguments: 'NO_PREFETCH'). Without it FULL_SHARD's backward
+    peaks one decoder block's bf16 parameters lower: 786,944 elements x 2 B (q, o 256²; k, v 256 x 128; the MLP
+    3 x 256 x 768; two norms); SHARD_GRAD_OP keeps every block unsharded through the backward, so nothing changes,
+    and the forward and the step never do. The report states the estimate as an upper bound by that much."""
+    peaks = {}
+    for prefetch in ("pre", "none"):
+        case = _case(2, stage)
+        case["fsdp"].update(version=1, backward_prefetch=prefetch)
+        peaks[prefetch] = _phases(measure_case(case, fake=True))
+    block = 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 768 + 2 * 256)
+    assert block == 1_573_888
+    assert {ph: peaks["pre"][ph] - peaks["none"][ph] for ph in peaks["pre"]} == \
+        {"forward": 0, "backward": block if stage == 3 else 0, "optimizer": 0}
