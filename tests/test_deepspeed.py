@@ -193,6 +193,7 @@ def test_a_ds_configs_stage_is_the_zero_stage_its_rows_run_at(tmp_path):
     ({"stage": 2}, ", gradient_accumulation: [1, 2]", {"gradient_accumulation_steps": 8},
      "ds.json sets gradient_accumulation_steps 8, which gradient_accumulation (1, 2) does not list"),
     ({"stage": 2}, "", {"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a whole number"),
+    ({"stage": 2, "offload_optimizer": "cpu"}, "", {}, 'offload_optimizer must be a mapping such as {"device": "cpu"}'),
 ])
 def test_a_ds_configs_run_the_scenario_contradicts_is_one_line(tmp_path, zero, parallel, top, words):
     with pytest.raises(ScenarioError) as e:

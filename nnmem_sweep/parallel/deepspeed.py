@@ -93,7 +93,9 @@ def _offload(settings: dict[str, Any]) -> str | None:
         given = settings.get(key)
         if given is None:
             continue
-        device = given.get("device", "none") if isinstance(given, dict) else given
+        if not isinstance(given, dict):  # DeepSpeed's config model takes a mapping ({"device": "cpu", ...})
+            raise DeepSpeedConfigError(f"{key} must be a mapping such as {{\"device\": \"cpu\"}}, got {given!r}")
+        device = given.get("device", "none")
         if device not in ("none", "cpu", "nvme"):
             raise DeepSpeedConfigError(f"{key}.device must be none, cpu or nvme, got {device!r}")
         if device == "nvme":
