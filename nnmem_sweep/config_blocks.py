@@ -31,9 +31,10 @@ from .allocator import AllocatorOptions
 from .cluster import parse_cluster
 from .components.runtime import parse_runtime
 from .config_check import Checker, as_list, dedupe
+from .parallel import accelerate as ACC
 from .parallel import deepspeed as DS
 from .parallel import layout as L
-from .paths import safe_stem
+from .paths import NamedFileError, safe_stem
 from .serving import has_kv_cache
 from .scenario import GPUSpec, Overheads
 from .throughput.defaults import compute_dtype
@@ -262,6 +263,21 @@ def check_serving(data: dict, mode: str, model, ck: Checker) -> dict[str, Any]:
 RUN_AXES = {C.ZERO_STAGE: "zero_optimization.stage", C.GRADIENT_ACCUMULATION: "gradient_accumulation_steps"}
 
 
+def _config_run(ck: Checker, key: str, given: str, run: dict[str, tuple[Any, str]], block: dict,
+                in_grid: dict) -> bool:
+    """A config file's run ({axis: (value, its name there)}) into the block: each axis the scenario does not give
+    takes the config's value; one it gives must list it, else one line at `key` (False)."""
+    for axis, (value, name) in run.items():
+        swept = block.get(axis, in_grid.get(axis))
+        if swept is None:
+            block[axis] = value
+        elif value not in as_list(swept):
+            ck.add(key, f"{given} sets {name} {value}, which {axis} ({', '.join(str(z) for z in as_list(swept))}) "
+                        f"does not list: add it, or leave {axis} out to plan at the config's", key=True)
+            return False
+    return True
+
+
 def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]], ck: Checker) -> dict[str, tuple]:
     """The parallel axes (every one, defaults filled in), swept in the `parallel:` block or among the `grid:` axes
     (issue 4 names them grid axes; not both for one axis), and their rules, each combination checked at load time
@@ -284,7 +300,7 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
             return {}
         try:
             ds_axes = DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None)
-        except DS.DeepSpeedConfigError as e:
+        except (DS.DeepSpeedConfigError, NamedFileError) as e:
             ck.add("parallel.deepspeed", str(e))
             return {}
         if C.OFFLOAD in ds_axes and (C.OFFLOAD in block or C.OFFLOAD in in_grid):  # the config's offload devices
@@ -292,18 +308,30 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
                                          "offload_optimizer / offload_param); give it there or as offload:, not both",
                    key=True)
             return {}
-        for axis, name in RUN_AXES.items():  # what a config file says its run is: the axis its rows run at
-            value = ds_axes.pop(axis, None)
-            swept = block.get(axis, in_grid.get(axis))
-            if value is not None and swept is not None and value not in as_list(swept):
-                ck.add("parallel.deepspeed", f"{ds_given} sets {name} {value}, which {axis} "
-                                             f"({', '.join(str(z) for z in as_list(swept))}) does not list: add it, "
-                                             f"or leave {axis} out to plan at the config's", key=True)
-                return {}
-            if value is not None and swept is None:
-                ds_axes[axis] = value
+        run = {axis: (ds_axes.pop(axis), name) for axis, name in RUN_AXES.items() if axis in ds_axes}
+        if not _config_run(ck, "parallel.deepspeed", ds_given, run, block, in_grid):
+            return {}
         block.update(ds_axes)
         if not block and not in_grid:
+            return {}
+    if "accelerate" in block:  # the run an accelerate config file describes (parallel/accelerate.py)
+        block = dict(block)
+        acc_given = block.pop("accelerate")
+        if "deepspeed" in (data.get("parallel") or {}):
+            ck.add("parallel.accelerate", "an accelerate config and a DeepSpeed one: give one of them", key=True)
+            return {}
+        try:
+            acc_axes, checkpoints = ACC.read(ck.base_dir / acc_given)
+        except (ACC.AccelerateConfigError, NamedFileError) as e:
+            ck.add("parallel.accelerate", str(e))
+            return {}
+        grid_given = data.get("grid") if isinstance(data.get("grid"), dict) else {}
+        if checkpoints and "full" not in as_list(grid_given.get(C.CHECKPOINTING, "none")):
+            ck.add("parallel.accelerate", f"{acc_given} checkpoints every block (fsdp_activation_checkpointing): "
+                                          "give grid.checkpointing: full", key=True)
+            return {}
+        run = {axis: (value, f"its {axis}") for axis, value in acc_axes.items()}
+        if not _config_run(ck, "parallel.accelerate", acc_given, run, block, in_grid):
             return {}
     given = {**block, **in_grid}
     if not given:

@@ -81,3 +81,16 @@ def sources_digest(root: Path, pattern: str = "*.py") -> str:
     for path in sorted(Path(root).rglob(pattern)):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+class NamedFileError(ValueError):
+    """A file a scenario names that cannot be read, in one line."""
+
+
+def read_named_file(path: Path, what: str) -> str:
+    """The text of a file a scenario names (a DeepSpeed or accelerate config); NamedFileError where it cannot be
+    read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise NamedFileError(f"cannot read the {what} {path}: {e.strerror or e}") from None

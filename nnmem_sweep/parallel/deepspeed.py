@@ -12,6 +12,7 @@ from typing import Any
 from .. import columns as C
 from ..catalog.precisions import Precision
 from ..citations import formula, source
+from ..paths import read_named_file
 
 # DeepSpeed runtime/zero/config.py defaults
 REDUCE_BUCKET_DEFAULT = 500_000_000
@@ -30,9 +31,7 @@ class DeepSpeedConfigError(ValueError):
 def read_config(path: Path) -> dict[str, Any]:
     """The zero_optimization section of a DeepSpeed config JSON (the keys this estimate reads)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise DeepSpeedConfigError(f"cannot read the DeepSpeed config {path}: {e.strerror or e}") from None
+        data = json.loads(read_named_file(path, "DeepSpeed config"))
     except json.JSONDecodeError as e:
         raise DeepSpeedConfigError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
     zero = data.get("zero_optimization") if isinstance(data, dict) else None
