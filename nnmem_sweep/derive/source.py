@@ -182,13 +182,18 @@ def _what(source: ModelSource) -> str:
 
 @contextlib.contextmanager
 def quiet():
-    """transformers' one-line notices (loss_type ...) are not for our users."""
+    """transformers' one-line notices (loss_type ...) and the libraries' warnings while a model is built and traced
+    (FSDP1 asks a fake tensor for its data pointer: torch's deprecation warning, twice a trace) are not for our
+    users."""
     import logging
+    import warnings
 
     log = logging.getLogger("transformers")
     old = log.level
     log.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         log.setLevel(old)
