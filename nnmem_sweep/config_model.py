@@ -146,7 +146,14 @@ def check_offloaded_ranks(data: dict, mode: str, model, parallel: dict, ck: Chec
     (derive/step.py), as its adapters are; the hand model of ZeRO-Offload holds what DeepSpeed's engine holds, not
     FSDP (Llama 3.2 1B over 2 ranks, FSDP1 FULL_SHARD, 2 x 1,024: 5.5 % above the measured GPU side,
     tests/data/truth/sharded/*-offload-*)."""
-    if model is None or model.kind != "transformer" or mode != "train" or "cluster" in data:
+    if model is None or model.kind != "transformer" or mode != "train":
+        return model
+    if "cluster" in data:  # the cluster search keeps the hand model, which FSDP's SHARD_GRAD_OP offload is not
+        if parallel and 2 in {int(z) for z in parallel.get(C.ZERO_STAGE, ())} and not L.deepspeed_layouts(parallel) \
+                and C.OFFLOAD_PARAMS in {str(v) for v in parallel.get(C.OFFLOAD, ())}:
+            ck.add(_offload_key(data), "offload optimizer+params at zero_stage 2 (FSDP's CPU offload under "
+                                       "SHARD_GRAD_OP) is planned from the rank's traced step, which a scenario with "
+                                       "a cluster: search does not take: zero_stage 3, or no cluster:")
         return model
     if L.fsdp_versions(parallel or {}) == {1} and _offload_refused(data, parallel, ck):
         return model  # FSDP1 named: its offload as FSDP1 runs it, or refused (accumulation, ZeRO-Offload's names)

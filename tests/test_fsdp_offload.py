@@ -102,7 +102,7 @@ def test_each_unit_is_copied_to_the_gpu_before_its_all_gather():
 
 
 @pytest.mark.parametrize("parallel, says", [
-    ("{data_parallel: 2, zero_stage: 2, offload: optimizer+params}", "needs zero_stage 3"),
+    ("{data_parallel: 2, zero_stage: 1, offload: optimizer+params}", "needs zero_stage 3"),
     ("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: optimizer}", "is ZeRO-Offload's (DeepSpeed)"),
     ("{data_parallel: 2, zero_stage: 3, offload: optimizer}", "is ZeRO-Offload's (DeepSpeed)"),
     ("{data_parallel: 2, zero_stage: 3, fsdp_version: 1, offload: optimizer+params, gradient_accumulation: 2}",
@@ -171,3 +171,31 @@ def test_a_point_offloaded_by_fsdp1_is_planned_as_the_scenario_plans_it():
     assert layout_model(arch, "train", {**fsdp1, "fsdp_version": "2", "offload": "optimizer"}) is arch
     with pytest.raises(UsageError, match="with gradient_accumulation > 1 is not modelled"):
         layout_model(arch, "train", {**fsdp1, "gradient_accumulation": "2"})
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_fsdps_offload_under_shard_grad_op_is_planned_from_its_traced_rank(version):
+    """FSDP's CPU offload at zero_stage 2 (SHARD_GRAD_OP; FSDP1's CPUOffload, FSDP2's CPUOffloadPolicy) is measured
+    (tests/data/truth/sharded/*z2-offload-*, held to the traced rank by test_sharded_truth.py) and traced like
+    FULL_SHARD's, but a ZeRO-3 rule meant for DeepSpeed's offload_param refused it at load time. Now LoRA and the full
+    fine-tune of a transformer sharded over data_parallel alone are planned from their rank's trace (the derived
+    twin); a layer list, tensor parallelism, DeepSpeed or a cluster search still need zero_stage 3."""
+    from nnmem_sweep import columns as C
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.errors import ScenarioError
+
+    def scenario(finetune: str, parallel: str = ""):
+        return parse_scenario_text(
+            "model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 2, seq_len: 1024, precision: bf16, optimizer: "
+            f"adamw}}\n{finetune}parallel: {{data_parallel: 2, zero_stage: 2, fsdp_version: {version}, "
+            f"offload: optimizer+params{parallel}}}\ngpus: [h100-sxm]\n")
+
+    for finetune in ("finetune: {method: lora, rank: 16, alpha: 16, targets: [q_proj, v_proj]}\n", ""):
+        sc = scenario(finetune)
+        assert sc.model.kind == "derived" and sc.parallel[C.ZERO_STAGE] == (2,)
+        assert sc.parallel[C.OFFLOAD] == ("optimizer+params",)
+    with pytest.raises(ScenarioError, match="needs zero_stage 3"):
+        scenario("", ", tensor_parallel: 2")
+    # a cluster: search keeps the hand model, which would put no unsharded parameter on the GPU: refused there
+    with pytest.raises(ScenarioError, match="a cluster: search does not take"):
+        scenario("cluster: {max_gpus: 8, global_batch: 16}\n")
