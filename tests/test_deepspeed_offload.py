@@ -96,10 +96,10 @@ OFFLOADED = [c for c in DEEPSPEED_CASES if c["deepspeed"].get("offload")]
 
 def test_their_fresh_runs_need_more_than_the_span_stated_for_deepspeed_and_less_than_the_one_gpu_range():
     """Each case's fresh run of two steps on both end ranks, replayed by the caching-allocator model: 0.5-27.4 % of
-    the peak (ZeRO-1 at 64 tokens the most: the fp64 copy requested among the freed gradients' blocks), so a
-    ZeRO-Offload row's band is the one-GPU range (replays.DEEPSPEED_MEASURED_RECIPE leaves offload out), which holds
-    them, not the 0.5-17.1 % of DeepSpeed's other steps."""
-    from nnmem_sweep.replays import DEEPSPEED_RESERVE_SPAN
+    the peak (ZeRO-1 at 64 tokens the most: the fp64 copy requested among the freed gradients' blocks), more than the
+    0.5-17.1 % of DeepSpeed's other steps and within the one-GPU range: the span the report states for ZeRO-Offload
+    rows of their recipes (replays.DEEPSPEED_OFFLOAD_SPAN), to the bisection's step."""
+    from nnmem_sweep.replays import DEEPSPEED_OFFLOAD_SPAN, DEEPSPEED_RESERVE_SPAN
 
     folder = TRUTH / "deepspeed" / SEQUENCES_DIR
     needs = []
@@ -111,6 +111,27 @@ def test_their_fresh_runs_need_more_than_the_span_stated_for_deepspeed_and_less_
     assert len(needs) == 2 * len(OFFLOADED) == 24
     assert FRAGMENTATION[0] <= round(min(needs), 3) and max(needs) <= FRAGMENTATION[1]
     assert max(needs) > DEEPSPEED_RESERVE_SPAN[1]
+    assert DEEPSPEED_OFFLOAD_SPAN == (round(min(needs), 3), round(max(needs), 3))
+
+
+def test_a_zero_offload_rows_band_is_what_zero_offloads_measured_steps_needed():
+    """The decision page's band for an untraced ZeRO-Offload row of a measured recipe (AdamW, ZeRO-1/2, no or full
+    checkpointing): DEEPSPEED_OFFLOAD_SPAN, not the one-GPU range it took before; DeepSpeed's other rows keep their
+    span; ZeRO-3's offload and other recipes the one-GPU range."""
+    from nnmem_sweep import columns as C
+    from nnmem_sweep.replays import DEEPSPEED_OFFLOAD_SPAN, DEEPSPEED_RESERVE_SPAN
+    from nnmem_sweep.report.uncertainty import fragmentation_source
+    from nnmem_sweep.config import parse_scenario_text
+
+    row = {C.REDUCE_BUCKET: 500_000_000, C.ZERO_STAGE: 2, C.OPTIMIZER: "adamw", C.CHECKPOINTING: "none",
+           C.OFFLOAD: "optimizer"}
+    sc = parse_scenario_text("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 1, seq_len: 128, precision: bf16, "
+                             "optimizer: adamw}\n"
+                             "gpus: [h100-sxm]\n")  # nothing replayed: the rows' bands are the spans
+    assert fragmentation_source(row, sc) == (DEEPSPEED_OFFLOAD_SPAN, "deepspeed")
+    assert fragmentation_source(row | {C.OFFLOAD: "none"}, sc) == (DEEPSPEED_RESERVE_SPAN, "deepspeed")
+    for other in ({C.ZERO_STAGE: 3}, {C.OPTIMIZER: "sgd"}, {C.OFFLOAD: "optimizer+params"}, {C.REDUCE_BUCKET: 0}):
+        assert fragmentation_source(row | other, sc) == (FRAGMENTATION, "default"), other
 
 
 def test_a_lora_scenario_under_zero_offload_runs_and_states_its_host():

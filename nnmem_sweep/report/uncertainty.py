@@ -32,7 +32,8 @@ from typing import Any
 from .. import columns as C
 from ..components.overhead import fixed_bytes
 from ..components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
-from ..replays import DEEPSPEED_MEASURED_RECIPE, DEEPSPEED_RESERVE_SPAN
+from ..replays import (DEEPSPEED_MEASURED_RECIPE, DEEPSPEED_OFFLOAD_RECIPE, DEEPSPEED_OFFLOAD_SPAN,
+                       DEEPSPEED_RESERVE_SPAN)
 from ..scenario import GPUSpec, Scenario
 from .format import percent, size
 
@@ -84,21 +85,33 @@ def fragmentation_band(row: Mapping[str, Any], sc: Scenario) -> tuple[float, flo
 def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[float, float], str]:
     """(band, whence): the row's recipe's replays (a fresh and a resumed run, replays.py) where it was replayed
     ("replayed"); on a DeepSpeed ZeRO-1/2 layout with a recipe like those measured (AdamW, no or full checkpointing),
-    what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, "deepspeed"), with the row's own
+    what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, ZeRO-Offload's
+    DEEPSPEED_OFFLOAD_SPAN: "deepspeed"), with the row's own
     traced step where it was replayed (a fresh run alone: "deepspeed-row"); else FRAGMENTATION ("default")."""
     ov = sc.overheads
-    bucket = row.get(C.REDUCE_BUCKET)
-    measured_like = bucket is not None and not _isnan(bucket) and int(bucket) > 0 and \
-        all(str(row.get(axis, values[0])) in values for axis, values in DEEPSPEED_MEASURED_RECIPE.items())
+    span = _deepspeed_span(row)
     if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
         band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
-        if band is not None and measured_like:  # a DeepSpeed row's fresh run alone: its measured steps' span beside
-            return (min(band[0], DEEPSPEED_RESERVE_SPAN[0]), max(band[1], DEEPSPEED_RESERVE_SPAN[1])), "deepspeed-row"
+        if band is not None and span:  # a DeepSpeed row's fresh run alone: its measured steps' span beside
+            return (min(band[0], span[0]), max(band[1], span[1])), "deepspeed-row"
         if band is not None:
             return band, "replayed"
-    if measured_like:
-        return DEEPSPEED_RESERVE_SPAN, "deepspeed"  # a DeepSpeed layout (its buffers), a recipe like those measured
+    if span:
+        return span, "deepspeed"  # a DeepSpeed layout (its buffers), a recipe like those measured
     return FRAGMENTATION, "default"
+
+
+def _deepspeed_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """What DeepSpeed's own measured steps of the row's recipe needed (replays.DEEPSPEED_RESERVE_SPAN; ZeRO-Offload's,
+    DEEPSPEED_OFFLOAD_SPAN), None for a row that is not DeepSpeed's or whose recipe none of them has."""
+    bucket = row.get(C.REDUCE_BUCKET)
+    if bucket is None or _isnan(bucket) or int(bucket) <= 0:
+        return None
+    for recipe, span in ((DEEPSPEED_MEASURED_RECIPE, DEEPSPEED_RESERVE_SPAN),
+                         (DEEPSPEED_OFFLOAD_RECIPE, DEEPSPEED_OFFLOAD_SPAN)):
+        if all(str(row.get(a, C.PARALLEL_DEFAULTS.get(a, values[0]))) in values for a, values in recipe.items()):
+            return span
+    return None
 
 
 def uncertainty_bytes(row: Mapping[str, Any], sc: Scenario) -> tuple[int, int]:
