@@ -196,6 +196,10 @@ def test_fsdps_offload_under_shard_grad_op_is_planned_from_its_traced_rank(versi
         assert sc.parallel[C.OFFLOAD] == ("optimizer+params",)
     with pytest.raises(ScenarioError, match="needs zero_stage 3"):
         scenario("", ", tensor_parallel: 2")
+    # accumulating, FSDP's offload is not traced (fsdp_offload_problem): the full fine-tune would fall back to the hand
+    # model, which holds no unsharded parameter on the GPU at zero_stage 2
+    with pytest.raises(ScenarioError, match="needs zero_stage 3"):
+        scenario("", ", gradient_accumulation: 2")
     # a cluster: search keeps the hand model, which would put no unsharded parameter on the GPU: refused there
     with pytest.raises(ScenarioError, match="a cluster: search does not take"):
         scenario("cluster: {max_gpus: 8, global_batch: 16}\n")

@@ -48,7 +48,8 @@ def load(tmp_path: Path, text: str):
      "11:22: parallel.pipeline_parallel: pipeline_parallel 64 is more stages than the 32 layers"),
     ("parallel:\n  zero_stage: 2\n  offload: optimizer+params\n",
      "12:12: parallel.offload: offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
-     "partitions; FSDP's CPU offload also at 2, for a transformer sharded over data_parallel alone), got zero_stage 2"),
+     "partitions; FSDP's CPU offload also at 2, for a transformer sharded over data_parallel alone, one micro-batch "
+     "a step), got zero_stage 2"),
     ("parallel:\n  pipeline_parallel: 2\n  pipeline_schedule: interleaved\n",
      "11:3: parallel: the interleaved schedule needs pipeline_parallel > 1 and virtual_stages > 1, got "
      "pipeline_parallel 2, virtual_stages 1"),

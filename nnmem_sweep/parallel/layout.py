@@ -196,7 +196,7 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
     if lay.offload == "optimizer+params" and lay.zero != 3 and not _fsdp_grad_op_offload(arch, lay):
         out.append((C.OFFLOAD, f"offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
                                f"partitions; FSDP's CPU offload also at 2, for a transformer sharded over "
-                               f"data_parallel alone), got zero_stage {lay.zero}"))
+                               f"data_parallel alone, one micro-batch a step), got zero_stage {lay.zero}"))
     elif lay.offload == "optimizer" and lay.zero == 0:
         out.append((C.OFFLOAD, "offload optimizer needs zero_stage 1, 2 or 3 (ZeRO-Offload moves the optimizer "
                                "partition of each rank), got zero_stage 0"))
@@ -242,9 +242,11 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
 def _fsdp_grad_op_offload(arch: Architecture | None, lay: Layout) -> bool:
     """FSDP's CPU offload under SHARD_GRAD_OP (FSDP1's CPUOffload, FSDP2's CPUOffloadPolicy at zero_stage 2), which a
     transformer sharded over data_parallel alone is planned for from its rank's traced step (config_model: a
-    full fine-tune's offload twin, adapters' derived twin; measured, tests/data/truth/sharded/*-offload-*)."""
+    full fine-tune's offload twin, adapters' derived twin; measured, tests/data/truth/sharded/*-offload-*), one
+    micro-batch a step as fsdp_offload_problem requires (else the hand model would take it, with no unsharded
+    parameter on the GPU)."""
     return (lay.zero == 2 and not lay.deepspeed and lay.dp > 1 and lay.tp == lay.pp == lay.cp == lay.ep == 1
-            and arch is not None and arch.kind in ("transformer", "derived"))
+            and lay.accum == 1 and arch is not None and arch.kind in ("transformer", "derived"))
 
 
 def seq_problem(lay: Layout, seq_len: int) -> str | None:
