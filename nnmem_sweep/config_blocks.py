@@ -259,10 +259,6 @@ def check_serving(data: dict, mode: str, model, ck: Checker) -> dict[str, Any]:
     return out
 
 
-# a DeepSpeed config file's settings that say what its run is, as the parallel axes they set (parallel/deepspeed.py)
-RUN_AXES = {C.ZERO_STAGE: "zero_optimization.stage", C.GRADIENT_ACCUMULATION: "gradient_accumulation_steps"}
-
-
 def _config_run(ck: Checker, key: str, given: str, run: dict[str, tuple[Any, str]], block: dict,
                 in_grid: dict) -> bool:
     """A config file's run ({axis: (value, its name there)}) into the block: each axis the scenario does not give
@@ -299,7 +295,7 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
             ck.add("parallel.deepspeed", f"deepspeed sets {', '.join(clash)}; give one or the other", key=True)
             return {}
         try:
-            ds_axes = DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None)
+            ds_axes, run = DS.resolve(ds_given, ck.base_dir, getattr(model, "hidden", None) or None)
         except (DS.DeepSpeedConfigError, NamedFileError) as e:
             ck.add("parallel.deepspeed", str(e))
             return {}
@@ -308,7 +304,6 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
                                          "offload_optimizer / offload_param); give it there or as offload:, not both",
                    key=True)
             return {}
-        run = {axis: (ds_axes.pop(axis), name) for axis, name in RUN_AXES.items() if axis in ds_axes}
         if not _config_run(ck, "parallel.deepspeed", ds_given, run, block, in_grid):
             return {}
         block.update(ds_axes)
@@ -321,7 +316,7 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
             ck.add("parallel.accelerate", "an accelerate config and a DeepSpeed one: give one of them", key=True)
             return {}
         try:
-            acc_axes, checkpoints = ACC.read(ck.base_dir / acc_given)
+            run, checkpoints = ACC.read(ck.base_dir / acc_given)
         except (ACC.AccelerateConfigError, NamedFileError) as e:
             ck.add("parallel.accelerate", str(e))
             return {}
@@ -330,7 +325,6 @@ def check_parallel(data: dict, mode: str, model, grid: dict[str, tuple[Any, ...]
             ck.add("parallel.accelerate", f"{acc_given} checkpoints every block (fsdp_activation_checkpointing): "
                                           "give grid.checkpointing: full", key=True)
             return {}
-        run = {axis: (value, f"its {axis}") for axis, value in acc_axes.items()}
         if not _config_run(ck, "parallel.accelerate", acc_given, run, block, in_grid):
             return {}
     given = {**block, **in_grid}

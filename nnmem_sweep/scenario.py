@@ -70,6 +70,13 @@ class Overheads:
         """(recipe, reserve fraction) of every replayed recipe."""
         return tuple((key, f) for key, f, _, _ in self.replayed_recipes)
 
+    def recipe_of(self, row) -> tuple[str, ...] | None:  # noqa: ANN001 - a mapping of a row's values
+        """The row's recipe as replayed_recipes keys it (the values of replayed_axes, as text); None where the row
+        lacks one of those axes."""
+        if not all(a in row for a in self.replayed_axes):
+            return None
+        return tuple(str(row[a]) for a in self.replayed_axes)
+
     @property
     def replayed_band_by_recipe(self) -> tuple[tuple[tuple[str, ...], tuple[float, float]], ...]:
         """(recipe, (low, high)): the fractions a replayed recipe's fresh and resumed runs span."""

@@ -64,8 +64,9 @@ def _strategy(fsdp: dict[str, Any], version: int) -> int:
     return STAGE_OF[name]
 
 
-def read(path: Path) -> tuple[dict[str, Any], bool]:
-    """(the parallel axes the accelerate config at `path` sets, one value each; whether it checkpoints)."""
+def read(path: Path) -> tuple[dict[str, tuple[Any, str]], bool]:
+    """(the run the accelerate config at `path` says: {parallel axis: (its value, how the refusal names it)};
+    whether it checkpoints)."""
     try:
         data = yaml.safe_load(read_named_file(path, "accelerate config"))
     except yaml.YAMLError as e:
@@ -83,7 +84,7 @@ def read(path: Path) -> tuple[dict[str, Any], bool]:
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise AccelerateConfigError(f"num_processes must be a whole number of at least 2 for {kind}, got {ranks!r}")
     if kind == "MULTI_GPU":  # DistributedDataParallel: every rank the whole model
-        return {C.DATA_PARALLEL: ranks, C.ZERO_STAGE: 0}, False
+        return _named({C.DATA_PARALLEL: ranks, C.ZERO_STAGE: 0}), False
     fsdp = data.get("fsdp_config") or {}
     if not isinstance(fsdp, dict):
         raise AccelerateConfigError(f"fsdp_config must be a mapping, got {fsdp!r}")
@@ -99,4 +100,8 @@ def read(path: Path) -> tuple[dict[str, Any], bool]:
     offload = _bool(fsdp.get("fsdp_offload_params", False), "fsdp_offload_params")
     axes = {C.DATA_PARALLEL: ranks, C.ZERO_STAGE: _strategy(fsdp, version), C.FSDP_VERSION: version,
             C.OFFLOAD: C.OFFLOAD_PARAMS if offload else "none"}
-    return axes, _bool(fsdp.get("fsdp_activation_checkpointing", False), "fsdp_activation_checkpointing")
+    return _named(axes), _bool(fsdp.get("fsdp_activation_checkpointing", False), "fsdp_activation_checkpointing")
+
+
+def _named(axes: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    return {axis: (value, f"its {axis}") for axis, value in axes.items()}

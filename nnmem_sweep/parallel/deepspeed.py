@@ -109,28 +109,27 @@ def _offload(settings: dict[str, Any]) -> str | None:
     return "optimizer+params" if params == "cpu" else "optimizer" if optimizer == "cpu" else "none"
 
 
-def resolve(given: Any, base_dir: Path, hidden: int | None) -> dict[str, Any]:
-    """`parallel.deepspeed:` (true | mapping | path) as parallel axes; {} for false. A config JSON's
-    zero_optimization.stage and gradient_accumulation_steps (a number, not 'auto') come back as zero_stage and
-    gradient_accumulation (the scenario's own, where it gives them, must list them: config_blocks.RUN_AXES)."""
+def resolve(given: Any, base_dir: Path, hidden: int | None) -> tuple[dict[str, Any], dict[str, tuple[Any, str]]]:
+    """`parallel.deepspeed:` (true | mapping | path) as (parallel axes, the run a config JSON says it is); ({}, {})
+    for false. The run: zero_optimization.stage and gradient_accumulation_steps (a number, not 'auto') as
+    {zero_stage / gradient_accumulation: (value, its name in the config)}, which the scenario's own axes, where it
+    gives them, must list (config_blocks._config_run)."""
     if given is False:
-        return {}
-    if given is True:
-        return axes({}, hidden)
-    if isinstance(given, str):
-        settings = read_config(base_dir / given)
-        run = {}  # what the config says its run is: the zero_stage and accumulation axes
-        if "gradient_accumulation_steps" in settings:
-            run[C.GRADIENT_ACCUMULATION] = settings.pop("gradient_accumulation_steps")
-        if "stage" in settings:
-            stage = settings.pop("stage")
-            if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-                raise DeepSpeedConfigError(f"{given}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
-            if stage == 3:  # DeepSpeed's default for stage 3 (config.py), false for the others
-                settings.setdefault("overlap_comm", True)
-            run[C.ZERO_STAGE] = int(stage)
-        return {**axes(settings, hidden), **run}
-    return axes(dict(given), hidden)
+        return {}, {}
+    if not isinstance(given, str):
+        return axes({} if given is True else dict(given), hidden), {}
+    settings = read_config(base_dir / given)
+    run = {}
+    if "gradient_accumulation_steps" in settings:
+        run[C.GRADIENT_ACCUMULATION] = (settings.pop("gradient_accumulation_steps"), "gradient_accumulation_steps")
+    if "stage" in settings:
+        stage = settings.pop("stage")
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise DeepSpeedConfigError(f"{given}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+        if stage == 3:  # DeepSpeed's default for stage 3 (config.py), false for the others
+            settings.setdefault("overlap_comm", True)
+        run[C.ZERO_STAGE] = (int(stage), "zero_optimization.stage")
+    return axes(settings, hidden), run
 
 
 DEEPSPEED_ZERO = source("deepspeed-zero", "DeepSpeed runtime/zero: stage_1_and_2.py setup_buckets (with "

@@ -21,9 +21,9 @@ from ..citations import formula
 from ..components import activations as act
 from ..models.arch import Architecture
 from ..models.count import params_breakdown
-from .deepspeed import offload_keeps_gradients, zero_offload
+from .deepspeed import DEEPSPEED_ZERO, offload_keeps_gradients, zero_offload
 from .layout import Layout
-from .states import DEEPSPEED_ZERO, largest_layer_tensor, stage_params, zero_params
+from .states import largest_layer_tensor, stage_params, zero_params
 
 
 @formula("parallel.deepspeed_first_bucket",

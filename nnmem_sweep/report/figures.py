@@ -79,7 +79,7 @@ def _replayed(sc: Scenario, row: pd.Series) -> bool:
     ov = sc.overheads
     if ov.allocator_reserve_fraction is not None or not ov.replayed_by_recipe:
         return True
-    return tuple(str(row[a]) for a in ov.replayed_axes) in dict(ov.replayed_by_recipe)
+    return ov.recipe_of(row) in dict(ov.replayed_by_recipe)
 
 
 def memory_vs_batch_chart(sc: Scenario, results: pd.DataFrame, point: dict[str, Any], usable: dict[str, int]) -> tuple[str, str]:

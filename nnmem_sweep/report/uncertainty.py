@@ -90,8 +90,8 @@ def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[fl
     traced step where it was replayed (a fresh run alone: "deepspeed-row"); else FRAGMENTATION ("default")."""
     ov = sc.overheads
     span = _deepspeed_span(row)
-    if ov.replayed_band_by_recipe and all(a in row for a in ov.replayed_axes):
-        band = dict(ov.replayed_band_by_recipe).get(tuple(str(row[a]) for a in ov.replayed_axes))
+    if ov.replayed_band_by_recipe and ov.recipe_of(row) is not None:
+        band = dict(ov.replayed_band_by_recipe).get(ov.recipe_of(row))
         if band is not None and span:  # a DeepSpeed row's fresh run alone: its measured steps' span beside
             return (min(band[0], span[0]), max(band[1], span[1])), "deepspeed-row"
         if band is not None:
