@@ -16,7 +16,10 @@ def checkpoint(stage: str) -> None:
     exists; nothing unless NNMEM_TEST_PAUSE_AT is `stage`."""
     if os.environ.get(PAUSE_ENV) != stage:
         return
-    print(f"nnmem-sweep: test hook: paused at {stage}", file=sys.stderr, flush=True)
+    # one write(2) of the whole line: a derive's worker processes pause too, and print's two writes (text, newline)
+    # could let another process's line in between them
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"nnmem-sweep: test hook: paused at {stage}\n".encode())
     resume, deadline = os.environ.get(RESUME_ENV), time.monotonic() + 60
     while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
         time.sleep(0.01)
