@@ -152,6 +152,9 @@ def case_frame(case: dict[str, Any]) -> pd.DataFrame:
         # one rank of an FSDP step (FSDP1 or FSDP2): the layout the estimate reads (parallel/)
         **({C.DATA_PARALLEL: [int(i["fsdp"]["world"])], C.ZERO_STAGE: [int(i["fsdp"]["zero_stage"])],
             C.FSDP_VERSION: [fsdp_version(i)]} if i.get("fsdp") else {}),
+        # FSDP1 without backward prefetch (workload/fsdp.py)
+        **({C.BACKWARD_PREFETCH: [i["fsdp"]["backward_prefetch"]]} if (i.get("fsdp") or {}).get("backward_prefetch")
+           else {}),
         # FSDP1's CPU offload (workload/fsdp.py)
         **({C.OFFLOAD: [i["fsdp"]["offload"]]} if (i.get("fsdp") or {}).get("offload") else {}),
         # one rank of a DeepSpeed ZeRO step: the layout and DeepSpeed's bucket settings (parallel/deepspeed.py)

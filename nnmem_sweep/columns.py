@@ -106,6 +106,9 @@ DDP_BUCKET_VIEW = "ddp_bucket_view"
 # 1 | 2: PyTorch's FSDP1 (FullyShardedDataParallel, flat parameters; accelerate's FSDP plugin's default) or FSDP2
 # (fully_shard, per-parameter DTensors) for a layout FSDP shards (parallel/fsdp.py); ignored by other layouts
 FSDP_VERSION = "fsdp_version"
+# pre | none: FSDP1's backward prefetch, BACKWARD_PRE (PyTorch's default: a unit's backward all-gathers the next
+# unit's parameters first) or none (accelerate's FSDP plugin's and the Trainer's default, NO_PREFETCH); FSDP1 only
+BACKWARD_PREFETCH = "backward_prefetch"
 # DeepSpeed ZeRO's communication buffers (parallel/states.py deepspeed_buffers; `parallel.deepspeed:` fills them with
 # DeepSpeed's defaults or a ds_config's values); 0 / False: a ZeRO layout that is not DeepSpeed's (FSDP)
 REDUCE_BUCKET = "reduce_bucket_size"  # elements of DeepSpeed's gradient reduce bucket
@@ -114,14 +117,15 @@ PREFETCH_BUCKET = "prefetch_bucket_size"  # elements ZeRO-3 prefetches ahead (st
 PARALLEL_AXES = (DATA_PARALLEL, ZERO_STAGE, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE_PARALLEL, MICRO_BATCHES,
                  PIPELINE_SCHEDULE, VIRTUAL_STAGES, CONTEXT_PARALLEL, EXPERT_PARALLEL, OFFLOAD,
                  GRADIENT_ACCUMULATION, FP32_GRAD_ACCUMULATION, REDUCE_BUCKET, OVERLAP_COMM, PREFETCH_BUCKET,
-                 GRADIENT_SYNC, DDP_BUCKET_VIEW, FSDP_VERSION)
+                 GRADIENT_SYNC, DDP_BUCKET_VIEW, FSDP_VERSION, BACKWARD_PREFETCH)
 # true/false values, kept as bools
 PARALLEL_BOOL_AXES = (SEQUENCE_PARALLEL, FP32_GRAD_ACCUMULATION, OVERLAP_COMM, DDP_BUCKET_VIEW)
 PARALLEL_DEFAULTS = {DATA_PARALLEL: 1, ZERO_STAGE: 0, TENSOR_PARALLEL: 1, SEQUENCE_PARALLEL: False,
                      PIPELINE_PARALLEL: 1, MICRO_BATCHES: 1, PIPELINE_SCHEDULE: "1f1b", VIRTUAL_STAGES: 1,
                      CONTEXT_PARALLEL: 1, EXPERT_PARALLEL: 1, OFFLOAD: "none", GRADIENT_ACCUMULATION: 1,
                      FP32_GRAD_ACCUMULATION: False, REDUCE_BUCKET: 0, OVERLAP_COMM: False, PREFETCH_BUCKET: 0,
-                     GRADIENT_SYNC: "each", DDP_BUCKET_VIEW: False, FSDP_VERSION: 2}
+                     GRADIENT_SYNC: "each", DDP_BUCKET_VIEW: False, FSDP_VERSION: 2,
+                     BACKWARD_PREFETCH: "pre"}
 # The node a rank runs on (scenario `node:`), carried as columns beside gpu_memory_bytes when PARALLEL_AXES are
 GPUS_PER_NODE = "gpus_per_node"
 HOST_MEMORY = "host_memory_bytes"  # the node's RAM

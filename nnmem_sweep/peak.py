@@ -45,7 +45,7 @@ def one_gpu(arch: Architecture, frame: pd.DataFrame) -> pd.DataFrame:
     # a model planned from its own code may also be sharded as FSDP2 shards it over data-parallel ranks alone
     # (zero_stage 2 or 3; 0 replicates it: one GPU's plan per rank): the estimator reads those two columns
     # (components/derived.py, its traced sharded plans)
-    sharding = (C.DATA_PARALLEL, C.ZERO_STAGE, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD) \
+    sharding = (C.DATA_PARALLEL, C.ZERO_STAGE, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD, C.BACKWARD_PREFETCH) \
         if arch.kind == "derived" else ()
     off = [c for c in C.PARALLEL_AXES if c not in (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) and c not in sharding
            and c in frame.columns

@@ -352,10 +352,11 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
     if C.REDUCE_BUCKET in row.index and int(row[C.REDUCE_BUCKET]) > 0:  # its rank's step traced (_deepspeed_rows)
         ((note, frac),) = _deepspeed_rows(twin, mode, [(row.to_dict(), lazy_state)], options)
         return (None, note) if frac is None else (_rounded(frac), note)
-    # a sharded point's rank (data_parallel, zero_stage, fsdp_version, FSDP1's offload) replays its rank's own traced
-    # sequence (and an accumulating point's micro-batches, which keep its gradients: derived.with_kept_gradients)
+    # a sharded point's rank (data_parallel, zero_stage, fsdp_version, FSDP1's offload and prefetch) replays its rank's
+    # own traced sequence (and an accumulating point's micro-batches, which keep its gradients:
+    # derived.with_kept_gradients)
     axes = [a for a in (*C.GRID_AXES, C.ZERO_GRAD, C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION, C.OFFLOAD,
-                        C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) if a in row.index]
+                        C.BACKWARD_PREFETCH, C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC) if a in row.index]
     ((note, frac),) = _replay_rows(twin, mode, [(row[axes].to_dict(), lazy_state)], options)
     if frac is None:
         return None, note

@@ -59,6 +59,11 @@ def _written_out(tmp_path, parallel: str):
     (FSDP1.replace("fsdp_sharding_strategy: 1", "fsdp_sharding_strategy: SHARD_GRAD_OP"),
      "data_parallel: 8, zero_stage: 2, fsdp_version: 1"),
     ("distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: bf16\n", "data_parallel: 2, zero_stage: 0"),
+    # no fsdp_backward_prefetch: the plugin's default, None (NO_PREFETCH); the older key accelerate's launcher takes
+    (FSDP1.replace("  fsdp_backward_prefetch: BACKWARD_PRE\n", ""),
+     "data_parallel: 8, zero_stage: 3, fsdp_version: 1, backward_prefetch: none"),
+    (FSDP1.replace("fsdp_backward_prefetch: BACKWARD_PRE", "fsdp_backward_prefetch_policy: NO_PREFETCH"),
+     "data_parallel: 8, zero_stage: 3, fsdp_version: 1, backward_prefetch: none"),
 ])
 def test_an_accelerate_config_plans_the_layout_it_describes(tmp_path, config, written):
     """accelerate's defaults as its plugin reads them: fsdp_version 1, FULL_SHARD; the number 1 is FULL_SHARD;
@@ -66,7 +71,8 @@ def test_an_accelerate_config_plans_the_layout_it_describes(tmp_path, config, wr
     the byte, as the layout written out."""
     got = run_scenario(_scenario(tmp_path, config), bands=False).results
     want = run_scenario(_written_out(tmp_path, written), bands=False).results
-    cols = [C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION, C.OFFLOAD, C.BATCH, C.PEAK_ALLOCATED, C.TOTAL]
+    cols = [C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION, C.BACKWARD_PREFETCH, C.OFFLOAD, C.BATCH, C.PEAK_ALLOCATED,
+            C.TOTAL]
     assert got[cols].astype(str).values.tolist() == want[cols].astype(str).values.tolist()
 
 
@@ -93,6 +99,10 @@ def test_a_layout_the_scenario_sweeps_beside_the_config_must_list_its_value(tmp_
                                                                      "least 2 for FSDP, got 1"),
     ("compute_environment: LOCAL_MACHINE\n", "", "", "acc.yaml has no distributed_type: not an accelerate config"),
     (FSDP1, ", deepspeed: true", "", "an accelerate config and a DeepSpeed one: give one of them"),
+    (FSDP1.replace("BACKWARD_PRE", "BACKWARD_POST"), "", "",
+     "fsdp_backward_prefetch BACKWARD_POST is not modelled: BACKWARD_PRE or NO_PREFETCH"),
+    (FSDP1.replace("BACKWARD_PRE", "EARLY"), "", "", "fsdp_backward_prefetch must be one of BACKWARD_PRE"),
+    (FSDP1, ", backward_prefetch: none", "", "acc.yaml sets its backward_prefetch pre, which backward_prefetch (none) does not"),
 ])
 def test_what_an_accelerate_config_cannot_be_planned_as_is_one_line(tmp_path, config, parallel, grid, words):
     with pytest.raises(ScenarioError) as e:

@@ -310,18 +310,21 @@ def _ddp_rows(frame: pd.DataFrame) -> np.ndarray:
 def _rank_layouts(frame: pd.DataFrame) -> tuple[np.ndarray, list]:
     """Per row the code of its layout, and the layouts: None for one GPU (no data_parallel column, or one rank),
     DDP for data-parallel ranks at zero_stage 0 with DDP's buckets beside the gradients (with bucket views: one GPU's
-    step with its gradients kept, with_kept_gradients), else (world, zero_stage, fsdp_version, offloaded) of an FSDP
-    layout, offloaded where FSDP1 offloads the parameters to the host (offload optimizer+params: workload/fsdp.py)
-    (peak.one_gpu passes only these parallel columns through for a derived model)."""
+    step with its gradients kept, with_kept_gradients), else (world, zero_stage, fsdp_version, offloaded, prefetch)
+    of an FSDP layout, offloaded where FSDP1 offloads the parameters to the host (offload optimizer+params:
+    workload/fsdp.py), prefetch FSDP1's backward_prefetch (pre or none) (peak.one_gpu passes only these parallel
+    columns through for a derived model)."""
     d, z, v = _axis(frame, C.DATA_PARALLEL), _axis(frame, C.ZERO_STAGE), _axis(frame, C.FSDP_VERSION)
     off = _axis(frame, C.OFFLOAD) == C.OFFLOAD_PARAMS
+    unfetched = (_axis(frame, C.BACKWARD_PREFETCH) == "none") & (v == 1)
     pair = np.zeros(len(frame), dtype=np.int64)  # 0: one GPU
     pair[_ddp_rows(frame) & ~_axis(frame, C.DDP_BUCKET_VIEW)] = 1
     fsdp = (d >= 2) & (z >= 2)
-    pair[fsdp] = ((d[fsdp] * 4 + z[fsdp]) * 2 + (v[fsdp] == 1)) * 2 + off[fsdp]
+    pair[fsdp] = (((d[fsdp] * 4 + z[fsdp]) * 2 + (v[fsdp] == 1)) * 2 + off[fsdp]) * 2 + unfetched[fsdp]
     uniq, inv = np.unique(pair, return_inverse=True)
     return inv.astype(np.int64).reshape(-1), [None if u == 0 else DDP if u == 1 else
-                                              (int(u // 16), int(u // 4 % 4), 1 if u // 2 % 2 else 2, bool(u % 2))
+                                              (int(u // 32), int(u // 8 % 4), 1 if u // 4 % 2 else 2,
+                                               bool(u // 2 % 2), "none" if u % 2 else "pre")
                                               for u in uniq]
 
 

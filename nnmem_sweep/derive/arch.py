@@ -120,13 +120,15 @@ def peft_spec(ft: Any) -> dict[str, Any]:
             "modules_to_save": list(ft.modules_to_save) or None}
 
 
-def sharded(arch: Architecture, world: int, stage: int, version: int = 2, offload: bool = False) -> Architecture:
+def sharded(arch: Architecture, world: int, stage: int, version: int = 2, offload: bool = False,
+            prefetch: str = "pre") -> Architecture:
     """One rank of a derived model's step sharded by FSDP over `world` ranks (zero_stage 2: SHARD_GRAD_OP, 3:
     FULL_SHARD; workload/fsdp.py): plans of its own (that step traced on the fake process group), and its card's
     tensors the rank's shards, which the optimizer's catalogs read (the optimizer steps the rank's shards): FSDP2's
     Shard(0), ceil(rows / world) rows of each tensor; FSDP1's (version 1) flat parameters, one per decoder block and
     one for the rest (the root), ceil(elements / world) each. `offload`: FSDP1's CPUOffload(offload_params=True)
-    (workload/fsdp.py), the traced plans the GPU's side of that step."""
+    (workload/fsdp.py), the traced plans the GPU's side of that step. `prefetch` "none": FSDP1 without backward
+    prefetch (workload/fsdp.py)."""
     import dataclasses
 
     card = arch.derived.card
@@ -140,7 +142,8 @@ def sharded(arch: Architecture, world: int, stage: int, version: int = 2, offloa
     # FSDP2's spec as it always was (the shipped plans are keyed by it); FSDP1 names its version
     source = arch.derived.source.with_fsdp({"world": int(world), "zero_stage": int(stage),
                                             **({"version": 1} if version == 1 else {}),
-                                            **({"offload": C.OFFLOAD_PARAMS} if offload else {})})
+                                            **({"offload": C.OFFLOAD_PARAMS} if offload else {}),
+                                            **({"backward_prefetch": "none"} if prefetch == "none" else {})})
     return dataclasses.replace(arch, derived=dataclasses.replace(arch.derived, source=source, card=rank))
 
 

@@ -229,6 +229,13 @@ def _offloaded(case: dict[str, Any]) -> dict[str, Any]:
             "fsdp": {**case["fsdp"], "offload": "optimizer+params"}}
 
 
+def _unprefetched(case: dict[str, Any]) -> dict[str, Any]:
+    """An FSDP1 case without backward prefetch (backward_prefetch=None), as accelerate's FSDP plugin and the Trainer
+    pass it unless fsdp_backward_prefetch is set (workload/fsdp.py)."""
+    return {**case, "id": case["id"].replace("-train-", "-noprefetch-train-", 1),
+            "fsdp": {**case["fsdp"], "backward_prefetch": "none"}}
+
+
 SHARDED_CASES: list[dict[str, Any]] = [
     _fsdp(_train("llama-3.2-1b", 2, 1024, "bf16", ckpt=ck), w, z)
     for w in (2, 4, 8) for z in (2, 3) for ck in ("none", "full")
@@ -304,6 +311,20 @@ SHARDED_CASES: list[dict[str, Any]] = [
                                                                                               (2, "full"))
 ] + [
     _offloaded(_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3)),
+] + [  # FSDP1 without backward prefetch, what accelerate and the Trainer run unless fsdp_backward_prefetch is set
+    # (layout backward_prefetch none): FULL_SHARD over 2 and 4 ranks, long and short, with and without checkpointing,
+    # an untied head over 8, SHARD_GRAD_OP (unchanged), and traced steps (Qwen3 0.6B; Llama 3.2 1B's adapters)
+    _unprefetched(_fsdp1(_train("llama-3.2-1b", 2, s, "bf16", ckpt=ck), w, 3)) for w in (2, 4) for s in (1024, 128)
+    for ck in ("none", "full") if w == 2 or ck == "none"
+] + [
+    _unprefetched(_fsdp1(_train("llama-3.1-8b", 2, 128, "bf16"), 8, 3)),
+    _unprefetched(_fsdp1(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 2)),
+    _unprefetched(_fsdp1(_train("qwen3-0.6b", 2, 1024, "bf16"), 2, 3)),
+    _unprefetched(_fsdp1(_lora("llama-3.2-1b", 2, 1024, "bf16", 16, QV), 2, 3)),
+] + [  # ... and an MoE's, whose blocks outweigh its root (the blocks' backward, not the root's, holds the peak), with
+    # every layer checkpointed, both ways
+    f(_fsdp1(_train("mixtral-small", 2, s, "bf16", ckpt="full"), 2, 3)) for f in (dict, _unprefetched)
+    for s in (128, 1024)
 ]
 for _c in SHARDED_CASES:
     if _c.get("gradient_accumulation", 1) > 1:

@@ -13,10 +13,11 @@ utils/constants.py):
 - `fsdp_config.fsdp_offload_params`: offload optimizer+params (FSDP's CPU offload) or none;
 - `fsdp_config.fsdp_auto_wrap_policy`: TRANSFORMER_BASED_WRAP (a unit per decoder block, as planned) or absent;
   SIZE_BASED_WRAP and NO_WRAP make other units and are refused.
+- FSDP1's `fsdp_config.fsdp_backward_prefetch` (or the older `fsdp_backward_prefetch_policy`, which accelerate's
+  launcher takes for it): BACKWARD_PRE is backward_prefetch pre, NO_PREFETCH and no key at all (the plugin's default,
+  None) none; BACKWARD_POST is not modelled. FSDP2 takes none (accelerate ignores it there).
 `fsdp_config.fsdp_activation_checkpointing` is returned beside the axes (the grid's checkpointing must then list
-full: config_blocks.check_parallel). Not read: `mixed_precision` (the scenario's precision axis says the dtypes) and
-`fsdp_backward_prefetch` (FSDP1 is planned with BACKWARD_PRE, PyTorch's default, where accelerate passes none unless
-it is set: the report states the estimate as an upper bound by one block for FULL_SHARD's backward).
+full: config_blocks.check_parallel). Not read: `mixed_precision` (the scenario's precision axis says the dtypes).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from ..paths import read_named_file
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")  # accelerate's order
 STAGE_OF = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
 WRAPS = ("TRANSFORMER_BASED_WRAP",)
+PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+PREFETCH_OF = {"BACKWARD_PRE": "pre", "NO_PREFETCH": "none"}
 
 
 class AccelerateConfigError(ValueError):
@@ -62,6 +65,19 @@ def _strategy(fsdp: dict[str, Any], version: int) -> int:
         raise AccelerateConfigError(f"{key} {name} is not modelled: FULL_SHARD (zero_stage 3) or SHARD_GRAD_OP "
                                     "(zero_stage 2)")
     return STAGE_OF[name]
+
+
+def _prefetch(fsdp: dict[str, Any]) -> str:
+    """backward_prefetch of FSDP1's config (module docstring): pre or none."""
+    keys = [k for k in ("fsdp_backward_prefetch", "fsdp_backward_prefetch_policy") if fsdp.get(k) is not None]
+    if not keys:
+        return "none"  # the plugin's default: backward_prefetch None
+    given = str(fsdp[keys[0]]).upper()
+    if given not in PREFETCHES:
+        raise AccelerateConfigError(f"{keys[0]} must be one of {', '.join(PREFETCHES)}, got {fsdp[keys[0]]!r}")
+    if given not in PREFETCH_OF:
+        raise AccelerateConfigError(f"{keys[0]} {given} is not modelled: BACKWARD_PRE or NO_PREFETCH")
+    return PREFETCH_OF[given]
 
 
 def read(path: Path) -> tuple[dict[str, tuple[Any, str]], bool]:
@@ -100,6 +116,8 @@ def read(path: Path) -> tuple[dict[str, tuple[Any, str]], bool]:
     offload = _bool(fsdp.get("fsdp_offload_params", False), "fsdp_offload_params")
     axes = {C.DATA_PARALLEL: ranks, C.ZERO_STAGE: _strategy(fsdp, version), C.FSDP_VERSION: version,
             C.OFFLOAD: C.OFFLOAD_PARAMS if offload else "none"}
+    if version == 1:
+        axes[C.BACKWARD_PREFETCH] = _prefetch(fsdp)
     return _named(axes), _bool(fsdp.get("fsdp_activation_checkpointing", False), "fsdp_activation_checkpointing")
 
 

@@ -84,8 +84,15 @@ def fsdp_weight_deltas(arch: Architecture, prec: Precision, lay) -> tuple[int, i
     kept = 0 if lay.fsdp1 else u.block  # FSDP1 keeps no block's all-gather output to the loss
     if lay.zero == 2:  # rank_states holds W (unsharded): add the shard through forward and backward, W goes at rest
         return u.shard + kept, u.shard, u.shard, u.shard - u.full
-    return (u.root + kept - u.gathered, u.root + u.block - u.gathered, u.root + 2 * u.block - u.gathered,
-            -u.gathered)
+    ahead = _prefetched(u, lay)  # at the loss, the last block's all-gather, which the root's backward prefetches
+    return u.root + kept - u.gathered, u.root + ahead - u.gathered, u.root + u.block + ahead - u.gathered, -u.gathered
+
+
+def _prefetched(u: _Units, lay) -> int:
+    """The next block's all-gather output a FULL_SHARD backward holds beside the unit in use (at the loss, the root's:
+    the last block): one block, but none under FSDP1 without backward prefetch (backward_prefetch none, accelerate's
+    and the Trainer's default; measured: tests/data/truth/sharded/*-noprefetch-*)."""
+    return 0 if lay.fsdp1 and lay.prefetch == "none" else u.block
 
 
 @formula("parallel.fsdp2_backward_end",
@@ -152,8 +159,9 @@ def fsdp_last_block(arch: Architecture, prec: Precision, lay) -> tuple[int, int,
     if not fsdp_applies(arch, lay) or lay.zero != 3:
         return 0, 0, 0
     u = _units(arch, prec, lay)
-    if lay.fsdp1:
-        return -u.block, (arch.layers - 2) * u.block_grad_shard, 3 * u.block + fsdp1_norm_gradient(arch, prec)
+    if lay.fsdp1:  # without backward prefetch block 0 is not gathered yet: the blocks' moment holds block 1 alone
+        ahead = _prefetched(u, lay)
+        return -ahead, (arch.layers - 2) * u.block_grad_shard, 2 * u.block + ahead + fsdp1_norm_gradient(arch, prec)
     # the L - 2 shards are the blocks' moment's one and L - 3 more; an MoE block's unsharded gradients at its
     # experts' backward are the experts' alone
     grads = experts_gradient(arch, prec) if arch.num_experts else u.block
@@ -169,6 +177,23 @@ def fsdp_last_block_experts(arch: Architecture, prec: Precision) -> tuple[Term, 
     """(the top block's saved activations its experts' backward has freed; its temporaries) at that moment, beside
     the per-layer saved activations and the block's gradients counted in plan.py."""
     return experts_backward(arch, prec)
+
+
+@formula("parallel.fsdp1_block0_unprefetched",
+         "FSDP1 FULL_SHARD without backward prefetch, at block 0's concatenation (the last block's backward): the "
+         "root and block 0 unsharded, the other L - 1 blocks' gradient shards, block 0's gradients twice (its view "
+         "gradients and flat_param.grad), one b·s·h gradient; block 0's saved activations freed",
+         FSDP1, where="block as in parallel.fsdp2_unsharded_parameters; with BACKWARD_PRE block 1's moment, holding "
+         "block 0 prefetched, is always above it",
+         note="Measured on a 4-layer Mixtral over 2 ranks with every layer checkpointed (128 and 1,024 tokens), "
+              "whose blocks outweigh its root: the step's peak (tests/data/truth/sharded/*-noprefetch-*)")
+def fsdp1_block0(arch: Architecture, prec: Precision, lay) -> tuple[int, int, int]:
+    """(weights, gradients, temporaries) that moment adds to the blocks' moment (plan.py), where FSDP1 shards the
+    layout at zero_stage 3 without backward prefetch; zeros otherwise."""
+    if not fsdp_applies(arch, lay) or lay.zero != 3 or not lay.fsdp1 or lay.prefetch != "none":
+        return 0, 0, 0
+    u = _units(arch, prec, lay)
+    return 0, (arch.layers - 1) * u.block_grad_shard, 2 * u.block + fsdp1_norm_gradient(arch, prec)
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:

@@ -44,6 +44,7 @@ class Layout:
     sync: str = "each"  # gradient_sync: each | last (columns.GRADIENT_SYNC)
     bucket_view: bool = False  # ddp_bucket_view: DDP's gradient_as_bucket_view
     fsdp_version: int = 2  # fsdp_version: FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard)
+    prefetch: str = "pre"  # backward_prefetch: FSDP1's BACKWARD_PRE or none (accelerate's default)
 
     @property
     def fsdp1(self) -> bool:
@@ -103,10 +104,11 @@ _FIELDS = {C.DATA_PARALLEL: "dp", C.ZERO_STAGE: "zero", C.TENSOR_PARALLEL: "tp",
            C.GRADIENT_ACCUMULATION: "accum", C.FP32_GRAD_ACCUMULATION: "fp32_grads",
            C.REDUCE_BUCKET: "reduce_bucket", C.OVERLAP_COMM: "overlap_comm", C.PREFETCH_BUCKET: "prefetch_bucket",
            C.GRADIENT_SYNC: "sync", C.DDP_BUCKET_VIEW: "bucket_view",
-           C.FSDP_VERSION: "fsdp_version"}
-_STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD, C.GRADIENT_SYNC)
+           C.FSDP_VERSION: "fsdp_version", C.BACKWARD_PREFETCH: "prefetch"}
+_STR = (C.PIPELINE_SCHEDULE, C.OFFLOAD, C.GRADIENT_SYNC, C.BACKWARD_PREFETCH)
 GRADIENT_SYNCS = ("each", "last")
 FSDP_VERSIONS = (1, 2)
+BACKWARD_PREFETCHES = ("pre", "none")
 
 
 _PARALLEL = frozenset(C.PARALLEL_AXES)
@@ -182,6 +184,9 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
     if lay.fsdp_version not in FSDP_VERSIONS:
         out.append((C.FSDP_VERSION, f"fsdp_version must be 1 (FullyShardedDataParallel) or 2 (fully_shard), got "
                                     f"{lay.fsdp_version}"))
+    if lay.prefetch not in BACKWARD_PREFETCHES:
+        out.append((C.BACKWARD_PREFETCH, f"backward_prefetch must be pre (BACKWARD_PRE) or none (no prefetch), got "
+                                         f"{lay.prefetch!r}"))
     if lay.sync not in GRADIENT_SYNCS:
         out.append((C.GRADIENT_SYNC, f"gradient_sync must be one of {', '.join(GRADIENT_SYNCS)}, got {lay.sync!r}"))
     if out:
@@ -193,6 +198,10 @@ def problems(arch: Architecture | None, lay: Layout, mode: str = "train") -> lis
     if lay.fsdp1 and lay.deepspeed:
         out.append((C.FSDP_VERSION, "fsdp_version 1 names PyTorch's FSDP1; this layout is DeepSpeed's ZeRO "
                                     "(reduce_bucket_size given): leave fsdp_version at 2"))
+    if lay.prefetch == "none" and not lay.fsdp1:
+        out.append((C.BACKWARD_PREFETCH, "backward_prefetch none is FSDP1's (FullyShardedDataParallel's "
+                                         "backward_prefetch=None): give fsdp_version 1 (FSDP2 always prefetches the "
+                                         "next block's all-gather in the backward)"))
     if lay.offload == "optimizer+params" and lay.zero != 3 and not _fsdp_grad_op_offload(arch, lay):
         out.append((C.OFFLOAD, f"offload optimizer+params needs zero_stage 3 (parameters are offloaded as ZeRO-3 "
                                f"partitions; FSDP's CPU offload also at 2, for a transformer sharded over "
@@ -275,7 +284,8 @@ def check(arch: Architecture, layouts: tuple[Layout, ...], mode: str, seq_lens=(
 
 # the axes besides data_parallel and zero_stage that each sharded family takes off their default (fsdp_only,
 # deepspeed_dp_only; config_model names the others in its refusal)
-FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD)
+FSDP_AXES = (C.GRADIENT_ACCUMULATION, C.GRADIENT_SYNC, C.DDP_BUCKET_VIEW, C.FSDP_VERSION, C.OFFLOAD,
+             C.BACKWARD_PREFETCH)
 DEEPSPEED_AXES = (C.REDUCE_BUCKET, C.OVERLAP_COMM, C.PREFETCH_BUCKET, C.GRADIENT_ACCUMULATION)
 
 

@@ -185,6 +185,10 @@ def _block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states
     if last is not None:  # every layer's saved activations freed but its own (FSDP1: block 0's, and the rope tables)
         weights, grads, temp = last
         rope = lift(terms_array([act.rope_saved(arch, p) for p in precs], (len(precs),)), (0,), sizes)
+        block0 = _layout_tables(lambda p, lay: par_fsdp.fsdp1_block0(arch, p, lay), precs, layouts, sizes, (0, 5))
+        if block0 is not None:  # FSDP1 without prefetch: block 0's own concatenation, its activations (rope too) freed
+            w0, g0, t0 = block0
+            out.append(moment(w0, t0, 3, g0, acts=lambda v1: inputs))
         if not arch.num_experts:  # a dense block's end: the layer's temporaries twice (an MoE block's: its experts)
             out.append(moment(weights, temp, 3, grads, acts=lambda v1: inputs + layer + rope * v1,
                               temps=2 * layer_temp))

@@ -104,12 +104,22 @@ _FSDP1_TEXT = (
     "to the next one); AdamW's step counters one per flat parameter. Measured on one rank with MemTracker "
     "(tests/data/truth/sharded/*-fsdp1w*: 2, 4 and 8 ranks, both strategies, with and without checkpointing, "
     "use_orig_params False, and True under FULL_SHARD, accumulating with its no_sync() or without; every phase "
-    "within 16 KiB). Its backward prefetches the next unit (BACKWARD_PRE, PyTorch's default); accelerate and the "
-    "Hugging Face Trainer pass no prefetch unless fsdp_backward_prefetch is set, and then FULL_SHARD's backward holds "
-    "one block's 16-bit parameters fewer (measured), so for them the estimate is an upper bound by that much. On a "
-    "GPU FSDP1 frees through record_stream, which can hold a block until its "
+    "within 16 KiB). With parallel.backward_prefetch pre (BACKWARD_PRE, PyTorch's default) each unit's backward "
+    "all-gathers the next unit first; with none (accelerate's FSDP plugin and the Hugging Face Trainer pass no "
+    "prefetch unless fsdp_backward_prefetch is set) FULL_SHARD's backward holds one block's parameters fewer, "
+    "SHARD_GRAD_OP's the same (measured: tests/data/truth/sharded/*-noprefetch-*, every phase within 16 KiB).{pre} "
+    "On a GPU FSDP1 frees through record_stream, which can hold a block until its "
     "stream's work completes: the allocator reserve does not model that (a replayed FSDP1 rank runs on one "
     "stream).")
+
+
+def _fsdp1_text(axes: dict) -> str:
+    """_FSDP1_TEXT, saying where a layout's prefetch makes its estimate an upper bound for accelerate's runs."""
+    pre = "pre" in {str(v) for v in axes.get(C.BACKWARD_PREFETCH, ("pre",))}
+    return _FSDP1_TEXT.format(pre=" A run launched by accelerate or the Trainer without fsdp_backward_prefetch does "
+                                  "not prefetch: for it a FULL_SHARD row planned with pre is an upper bound by one "
+                                  "block (give backward_prefetch none, or the run's accelerate config as "
+                                  "parallel.accelerate)." if pre else "")
 
 
 def _fsdp_offload_text(sc: Scenario) -> str:
@@ -175,7 +185,7 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
                 "backward), ZeRO-3 as FULL_SHARD (the shard, the root unsharded from forward to backward, one "
                 "block's all-gather at the loss, two blocks in the rest of the backward); each block resharded after "
                 "its backward, the embedding's backward holding the blocks' gradient shards and two reduce-scatter "
-                "inputs. " + (_FSDP1_TEXT if 1 in fsdp_versions(axes) else
+                "inputs. " + (_fsdp1_text(axes) if 1 in fsdp_versions(axes) else
                               "FSDP1 (FullyShardedDataParallel, accelerate's default) holds other bytes: "
                               "parallel.fsdp_version 1 models it."))
         items += [

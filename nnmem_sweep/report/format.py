@@ -46,6 +46,7 @@ AXIS_LABELS = {
     "gradient_sync": "grad sync",
     "ddp_bucket_view": "DDP bucket view",
     "fsdp_version": "FSDP version",
+    "backward_prefetch": "FSDP1 bwd prefetch",
 }
 
 COMPONENT_LABELS = {
