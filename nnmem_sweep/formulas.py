@@ -11,7 +11,7 @@ import importlib
 from . import citations, replays, serving  # noqa: F401  (replays, serving: register)
 from .catalog import optimizers, precisions  # noqa: F401  (register)
 from .components import (activations, cpu_kernels, derived, derived_inputs, finetune, kv, moe, optimizer,  # noqa: F401
-                         overhead, reserve, weights)
+                         overhead, recompute, reserve, weights)
 from .derive import events as derive_events  # noqa: F401  (registers)
 from .models import count, layers  # noqa: F401  (register)
 from .parallel import (activations as parallel_activations, deepspeed as parallel_deepspeed,  # noqa: F401
@@ -23,9 +23,9 @@ from .throughput import defaults, flops, inference, training  # noqa: F401  (reg
 replay = importlib.import_module(".allocator.replay", __package__)
 
 REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derived_inputs,
-                       derive_events, finetune, kv, moe, optimizer, overhead, reserve, weights, count, layers,
-                       parallel_activations, parallel_deepspeed, parallel_fsdp, parallel_states, parallel_zero_bucket,
-                       replay, rules, defaults, flops, inference, training)
+                       derive_events, finetune, kv, moe, optimizer, overhead, recompute, reserve, weights, count,
+                       layers, parallel_activations, parallel_deepspeed, parallel_fsdp, parallel_states,
+                       parallel_zero_bucket, replay, rules, defaults, flops, inference, training)
 
 
 def all_formulas() -> list[citations.Formula]:

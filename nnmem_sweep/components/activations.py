@@ -281,7 +281,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     full_layer = layer_saved(arch, p, attention, device=device)
     layers = L * per_layer_saved(arch, p, attention, checkpointing, device)
     inputs = inputs_term(arch)
-    copies = Term(const=autocast_copies_bytes(arch, p))
+    copies = Term(const=autocast_copies_bytes(arch, p, checkpointing))  # the rest cached to the loss: forward_temp
     saved = (inputs + copies + embedding_saved(arch, p, device) + rope_saved(arch, p) + layers
              + head_saved(arch, p, device) + sliding_window_mask(arch, attention))
     bwd_start = [loss_backward_temp(arch, p), last_layer_backward_temp(arch, p)]
@@ -292,7 +292,7 @@ def train_activations(arch: Architecture, p: Precision, attention: str, checkpoi
     return TrainActivations(
         saved=saved,
         inputs=inputs,
-        forward_temp=loss_forward_temp(arch, p),
+        forward_temp=loss_forward_temp(arch, p) + Term(const=autocast_copies_bytes(arch, p)) - copies,
         backward_start_temp=tuple(bwd_start),
         backward_end_temp=embedding_backward_temp(arch, p),
         # after the loss (the first), a tied head's gradient waits in the engine's buffer

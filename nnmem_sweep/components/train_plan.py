@@ -38,7 +38,7 @@ from ..catalog.optimizers import get_optimizer
 from ..catalog.precisions import Precision
 from ..models.arch import Architecture
 from . import activations as act
-from . import finetune, moe
+from . import finetune, moe, recompute
 from .finetune_method import FULL
 from .optimizer import optimizer_state_bytes, optimizer_step_temporary_bytes
 from .plan import NCOEF, Plan, consts, lift, precisions, terms_array
@@ -136,11 +136,13 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
         firsts, pending = experts_moment_terms(arch, precs, a_names, c_names, device, sizes)
         experts = [dict(states, **{C.GRADIENTS: g - pending, C.ACTIVATIONS: table([f[0] for f in firsts]),
                                    C.TEMPORARY: table([f[1] for f in firsts])})]
+    recomputed = [] if ft.adapters else recomputed_blocks(arch, precs, a_names, c_names, device, sizes, states, g)
     phases = [
         ("forward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: fwd_tmp})),
         *[("backward", dict(states, **{C.ACTIVATIONS: saved, C.TEMPORARY: t})) for t in bwd_start],
         *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
         *[("backward", e) for e in experts],
+        *[("backward", e) for e in recomputed],
         ("optimizer", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t_opt})),
     ]
     axes = (C.PRECISION, C.OPTIMIZER, C.OPTIMIZER_IMPL, C.ATTENTION, C.CHECKPOINTING)
@@ -155,6 +157,7 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})
               for t in table_moments(kept_ends, n_end)],
             *[dict(e, **{C.GRADIENTS: g}) for e in experts],  # kept: the new gradients added in place (not measured)
+            *[dict(e, **{C.GRADIENTS: g}) for e in recomputed],
             phases[-1][1],
             *[dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: saved, C.TEMPORARY: t}) for t in kept_only]]
     # the kept-only moments, where the gradients are set to None: a copy of the first backward moment (a tie, which
@@ -164,14 +167,37 @@ def train_plan(arch: Architecture, device: str, p_names: tuple, o_names: tuple, 
                         arch)
 
 
-_ROOT = ("embed_tokens", "final_norm.weight", "lm_head.weight")  # components/weights.py's tensors outside the blocks
+
+
+def recomputed_blocks(arch: Architecture, precs: tuple[Precision, ...], a_names: tuple, c_names: tuple,
+                      device: str, sizes: tuple[int, ...], states: dict, g: np.ndarray) -> list[dict]:
+    """The top block's and block 0's gated-MLP backward under full checkpointing (recompute.moments), as two moments'
+    components over `sizes` (precision, ..., attention, checkpointing at axes 0, 3, 4); none where no combination
+    has them. A combination without full checkpointing holds the inputs there, below its other moments."""
+    if not any(recompute.applies(arch, c) for c in c_names):
+        return []
+    combos = [(p, a, c) for p in precs for a in a_names for c in c_names]
+    per = [recompute.moments(arch, p, a, device) if recompute.applies(arch, c) else None for p, a, c in combos]
+    shape = (len(precs), len(a_names), len(c_names))
+
+    def table(j: int, k: int) -> np.ndarray:
+        return lift(terms_array([m[j][k] if m else act.inputs_term(arch) if k == 0 else Term() for m in per], shape),
+                    (0, 3, 4), sizes)
+
+    def grads(j: int) -> np.ndarray:
+        made = consts([m[j][2] if m else 0 for m in per], shape)
+        return lift(made, (0, 3, 4), sizes)
+
+    top = dict(states, **{C.GRADIENTS: grads(0), C.ACTIVATIONS: table(0, 0), C.TEMPORARY: table(0, 1)})
+    first = dict(states, **{C.GRADIENTS: g - grads(1), C.ACTIVATIONS: table(1, 0), C.TEMPORARY: table(1, 1)})
+    return [top, first]
 
 
 def pending_gradients(arch: Architecture, p: Precision) -> int:
     """The gradients block 0's experts' backward has not made yet: the untied embedding's and block 0's other
     parameters' (attention, norms, router)."""
     block = sum(math.prod(t.shape) for t in param_summary(arch).tensors
-                if t.name not in _ROOT and not t.name.startswith("experts."))
+                if t.name not in recompute.ROOT_TENSORS and not t.name.startswith("experts."))
     return ((0 if arch.tied_embeddings else arch.vocab * arch.hidden) + block) * p.grad_bytes
 
 

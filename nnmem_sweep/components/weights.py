@@ -198,11 +198,18 @@ def gradients_bytes(arch: Architecture, prec: Precision) -> int:
     return param_summary(arch).total * prec.grad_bytes
 
 
-@formula("autocast_weight_copies_bytes", "Σ matmul weights · 2 (16-bit copies cached by autocast)",
-         TORCH_AMP, where="torch.amp: autocast caches the cast of each leaf weight for the duration of the autocast region; "
-         "the 16-bit copy is saved for backward by the matmul that used it",
-         note="Counted as activations: they are created during forward and freed by backward.")
-def autocast_copies_bytes(arch: Architecture, prec: Precision) -> int:
+@formula("autocast_weight_copies_bytes", "Σ matmul weights · 2 (16-bit copies cached by autocast);  full "
+         "checkpointing: the LM head's alone, V·h·2", TORCH_AMP,
+         where="torch.amp: autocast caches the cast of each leaf weight for the duration of the autocast region; "
+         "the 16-bit copy is saved for backward by the matmul that used it. Under full checkpointing no matmul in a "
+         "checkpointed block saves its copy: the cache holds them to the forward's end (the loss), then they are "
+         "gone, remade by each block's recomputation; the head runs outside the blocks and keeps its own",
+         note="Counted as activations: they are created during forward and freed by backward. Measured: Llama 3.2 1B "
+              "full fine-tune, bf16-mixed, full checkpointing, b 8 x s 2,048: the blocks' copies counted to the "
+              "backward made its peak 1,946,140,408 B (4.5 %) high")
+def autocast_copies_bytes(arch: Architecture, prec: Precision, checkpointing: str = "none") -> int:
     if not prec.autocast or arch.kind != "transformer":
         return 0
+    if checkpointing == "full":
+        return (arch.vocab * arch.hidden if arch.head == "causal_lm" else 0) * prec.act_bytes
     return param_summary(arch).matmul * prec.act_bytes

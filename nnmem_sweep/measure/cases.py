@@ -103,6 +103,10 @@ CASES: list[dict[str, Any]] = [
     _train("llama-3.1-8b", 4, 4096, "bf16", ckpt="full"),
     _train("llama-3.1-8b", 1, 1024, "bf16-mixed"),
     _train("llama-3.1-8b", 1, 8192, "bf16", "sgd"),
+    # full checkpointing, the backward's peak in a recomputed block (components/recompute.py); autocast's copies
+    *[_train(m, b, s, p, o, ckpt="full") for m, b, s, p, o in (("llama-3.1-8b", 2, 4096, "bf16-mixed", "sgd"),
+      ("mistral-7b", 8, 2048, "bf16", "sgd"), ("llama-3.2-1b", 8, 2048, "bf16-mixed", "adamw"),
+      ("llama-3.2-1b", 2, 2048, "fp32", "sgd"))],
     _infer("llama-3.1-8b", 8, 4096, "bf16", 16),
     _infer("llama-3.1-8b", 1, 128, "bf16", 8),
     # Qwen2.5 0.5B: tied embeddings and a 152k vocabulary, so the fp32 loss is the peak
@@ -311,9 +315,8 @@ SHARDED_CASES: list[dict[str, Any]] = [
                                                                                               (2, "full"))
 ] + [
     _offloaded(_fsdp(_train("llama-3.2-1b", 2, 1024, "bf16"), 2, 3)),
-] + [  # FSDP1 without backward prefetch, what accelerate and the Trainer run unless fsdp_backward_prefetch is set
-    # (layout backward_prefetch none): FULL_SHARD over 2 and 4 ranks, long and short, with and without checkpointing,
-    # an untied head over 8, SHARD_GRAD_OP (unchanged), and traced steps (Qwen3 0.6B; Llama 3.2 1B's adapters)
+] + [  # FSDP1 without backward prefetch (accelerate's and the Trainer's default; layout backward_prefetch none):
+    # FULL_SHARD over 2, 4 and 8 ranks, ± checkpointing, SHARD_GRAD_OP, traced steps (Qwen3 0.6B; Llama 1B's LoRA)
     _unprefetched(_fsdp1(_train("llama-3.2-1b", 2, s, "bf16", ckpt=ck), w, 3)) for w in (2, 4) for s in (1024, 128)
     for ck in ("none", "full") if w == 2 or ck == "none"
 ] + [

@@ -21,7 +21,7 @@ from ..catalog.optimizers import get_optimizer
 from ..components import activations as act
 from ..components.infer_plan import InferTables, infer_phases
 from ..components.plan import Plan, cached, codes, combine, consts, lift, precisions, terms_array
-from ..components.train_plan import experts_moment_terms, layer_net_train
+from ..components.train_plan import experts_moment_terms, layer_net_train, recomputed_blocks
 from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
@@ -236,6 +236,21 @@ def _first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, 
                                          C.TEMPORARY: temps * flag}))]
 
 
+def _recomputed_blocks(arch, precs, a_names, c_names, layouts, sizes, device, states, g) -> list:
+    """A dense gated model's top block and block 0 recomputed under full checkpointing (components/recompute.py), on
+    the layouts whose rank holds every gradient and one GPU's activations (as _first_block_experts); none where no
+    layout is one of those or no combination checkpoints fully."""
+    def whole(lay) -> bool:
+        return not lay.splits_model and lay.zero <= 1 and lay.accum == 1 and lay.offload == "none" and \
+            not lay.fp32_grads
+
+    if (arch.finetune is not None and arch.finetune.adapters) or not any(whole(lay) for lay in layouts):
+        return []
+    moments = recomputed_blocks(arch, precs, a_names, c_names, device, sizes, states, g)
+    flag = lift(consts([int(whole(lay)) for lay in layouts], (len(layouts),)), (5,), sizes)[..., :1]
+    return [("backward", {k: v * flag for k, v in m.items()}) for m in moments]
+
+
 def _zero1_reduction(precs, layouts, sizes, states, g, inputs, partition) -> list:
     """DeepSpeed ZeRO-1 reducing after the backward (zero_bucket.zero1_reduction): every gradient beside the rank's
     16-bit partition (the bucket added by _with_buffers). None where no layout is ZeRO-1's."""
@@ -351,6 +366,8 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *first_bucket,
             *zero1,  # after the backward; placed before the embedding's moments (_with_fsdp_units counts those last)
             *(_first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
+              if stage == 0 else []),
+            *(_recomputed_blocks(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
               if stage == 0 else []),
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
