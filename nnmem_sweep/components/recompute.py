@@ -33,8 +33,8 @@ def applies(arch: Architecture, checkpointing: str) -> bool:
 @formula("gated_mlp_backward_bytes",
          "at down(act(gate(x)) · up(x))'s multiplication backward: − e·I (the product, down's saved input, freed "
          "with down's weight gradient), + 3·e·I + r·h per token (the product's gradient and the two it makes; the "
-         "residual's gradient), I·h·g made (down's weight gradient); a fp32 residual stream: − 2·r·h saved, + r·h "
-         "temporaries (the first RMSNorm keeps the checkpointed input itself as its fp32 input)", HF_MODELING,
+         "residual's gradient), I·h·g made (down's weight gradient); a fp32 residual stream: − 2·r·h saved, "
+         "+ r·h temporaries (the first RMSNorm keeps the checkpointed input itself as its fp32 input)", HF_MODELING,
          where="LlamaMLP; e = activation bytes, r = residual bytes, g = gradient bytes",
          note="Measured (MemTracker): block 0 of a 4-layer Llama (h 1,024, I 3,584), b 4 x s 2,048, full "
               "checkpointing: temporaries 192,937,984 B = 8,192 x (3 x 7,168 + 2,048)")

@@ -196,6 +196,43 @@ def fsdp1_block0(arch: Architecture, prec: Precision, lay) -> tuple[int, int, in
     return 0, (arch.layers - 1) * u.block_grad_shard, 2 * u.block + fsdp1_norm_gradient(arch, prec)
 
 
+@formula("parallel.fsdp_recomputed_blocks",
+         "full checkpointing, inside block k's recomputed MLP backward (components/recompute.py), beside the blocks' "
+         "moment (its parameters, the head's gradient, FSDP2's one gradient shard): each block down holds one "
+         "checkpointed input fewer and one gradient shard more, so the peak is at an end of that run: the top block "
+         "(k = L − 1: no shard yet, every checkpointed input), k = L − 2 or k = 1 (L − 1 − k shards, k + 1 "
+         "inputs; FSDP2 also holds the reduce-scatter input before it, + 1 block; under SHARD_GRAD_OP the blocks "
+         "above are resharded, − 1 block at L − 2), and FSDP1 without prefetch block 0 (L − 1 shards, nothing "
+         "gathered ahead); each with down's weight gradient (FSDP1: and the final norm's)",
+         FSDP2, FSDP1, where="one GPU's activations and temporaries of the top block's and block 0's moments "
+         "(recomputed_block_moments); the prefetched block's all-gather output counted among the temporaries, as "
+         "fsdp2_last_block counts it",
+         note="Measured (FSDPMemTracker / MemTracker, fake process group): a 3-8-layer Llama of hidden 1,024 and "
+              "vocabulary 4,000, tied and untied, over 2, 4 and 8 ranks, FSDP2 and FSDP1 (with and without "
+              "prefetch), both strategies, 1-16 x 1,024-4,096 tokens: every backward within the forward's own "
+              "bytes, where the plan without these moments was 6.5-9.3 % low; Mistral 7B over 8 FSDP2 ranks, 4 x "
+              "2,048: 25 KB (was 7.4 MB low). tests/data/truth/FINDINGS.md")
+def fsdp_recomputed_blocks(arch: Architecture, prec: Precision, lay) -> tuple[tuple[int, int, int], ...]:
+    """(weights, gradients, temporaries) beside the blocks' moment at the top block's, the second's from the top,
+    block 1's and (FSDP1 without prefetch) block 0's moments under full checkpointing (formula above); zeros where
+    fsdp_applies does not or a moment does not apply."""
+    none = (0, 0, 0)
+    if not fsdp_applies(arch, lay) or lay.accum > 1:  # accumulating: the shards kept, measured one micro-batch a step
+        return none, none, none, none
+    u = _units(arch, prec, lay)
+    down, shard = arch.intermediate * arch.hidden * prec.grad_bytes, u.block_grad_shard
+    if lay.fsdp1:  # no reduce-scatter input held, no shard in fsdp_blocks_backward; the final norm's gradient waits
+        down += fsdp1_norm_gradient(arch, prec)
+        if lay.zero == 2:
+            return (0, 0, down), (-u.block, shard, down), none, none
+        block0 = (0, (arch.layers - 1) * shard, down) if lay.prefetch == "none" else none
+        return (0, 0, down), (0, shard, down), (0, (arch.layers - 2) * shard, down), block0
+    if lay.zero == 2:
+        return (0, -shard, down), (-u.block, 0, u.block + down), none, none
+    return (0, -shard, down), (-u.block, 0, 2 * u.block + down), (-u.block, (arch.layers - 3) * shard,
+                                                                  2 * u.block + down), none
+
+
 def fsdp1_applies(arch: Architecture, lay) -> bool:
     """FSDP1's moments (parallel.fsdp1_flat_gradients) in place of FSDP2's: a layout FSDP shards, fsdp_version 1."""
     return fsdp_applies(arch, lay) and lay.fsdp1

@@ -21,7 +21,7 @@ from ..catalog.optimizers import get_optimizer
 from ..components import activations as act
 from ..components.infer_plan import InferTables, infer_phases
 from ..components.plan import Plan, cached, codes, combine, consts, lift, precisions, terms_array
-from ..components.train_plan import experts_moment_terms, layer_net_train, recomputed_blocks
+from ..components.train_plan import experts_moment_terms, layer_net_train
 from ..components.terms import Term
 from ..errors import UsageError
 from ..models.arch import Architecture
@@ -31,6 +31,8 @@ from . import fsdp as par_fsdp
 from . import layout as par_layout
 from . import states as par_states
 from . import zero_bucket
+from .recomputed import recomputed_sharded, recomputed_whole
+from .tables import layout_tables as _layout_tables
 
 
 # ---------------------------------------------------------------- parallel layouts (issue 4)
@@ -66,16 +68,6 @@ def _grads_flag(layouts, stage: int, in_flight: list[int]) -> np.ndarray:
 def _host_table(st, sizes, dims) -> np.ndarray:
     host = np.maximum(st[0]["host"], st[1]["host"])  # the most loaded rank's
     return np.ascontiguousarray(lift(host, dims, sizes)[..., 0]).reshape(-1)
-
-
-def _layout_tables(fn, precs, layouts, sizes: tuple, dims: tuple) -> list[np.ndarray] | None:
-    """fn(precision, layout) -> a tuple of byte counts, as one plan array per element over every (precision,
-    layout) at plan dimensions `dims`; None where every count is zero (the phases need nothing added)."""
-    rows = [tuple(fn(p, lay)) for p in precs for lay in layouts]
-    if not any(any(r) for r in rows):
-        return None
-    shape = (len(precs), len(layouts))
-    return [lift(consts([r[k] for r in rows], shape), dims, sizes) for k in range(len(rows[0]))]
 
 
 def _with_buffers(arch, phases: list, precs, layouts, sizes: tuple, dims: tuple) -> list:
@@ -236,21 +228,6 @@ def _first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, 
                                          C.TEMPORARY: temps * flag}))]
 
 
-def _recomputed_blocks(arch, precs, a_names, c_names, layouts, sizes, device, states, g) -> list:
-    """A dense gated model's top block and block 0 recomputed under full checkpointing (components/recompute.py), on
-    the layouts whose rank holds every gradient and one GPU's activations (as _first_block_experts); none where no
-    layout is one of those or no combination checkpoints fully."""
-    def whole(lay) -> bool:
-        return not lay.splits_model and lay.zero <= 1 and lay.accum == 1 and lay.offload == "none" and \
-            not lay.fp32_grads
-
-    if (arch.finetune is not None and arch.finetune.adapters) or not any(whole(lay) for lay in layouts):
-        return []
-    moments = recomputed_blocks(arch, precs, a_names, c_names, device, sizes, states, g)
-    flag = lift(consts([int(whole(lay)) for lay in layouts], (len(layouts),)), (5,), sizes)[..., :1]
-    return [("backward", {k: v * flag for k, v in m.items()}) for m in moments]
-
-
 def _zero1_reduction(precs, layouts, sizes, states, g, inputs, partition) -> list:
     """DeepSpeed ZeRO-1 reducing after the backward (zero_bucket.zero1_reduction): every gradient beside the rank's
     16-bit partition (the bucket added by _with_buffers). None where no layout is ZeRO-1's."""
@@ -367,10 +344,12 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
             *zero1,  # after the backward; placed before the embedding's moments (_with_fsdp_units counts those last)
             *(_first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
               if stage == 0 else []),
-            *(_recomputed_blocks(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
+            *(recomputed_whole(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
               if stage == 0 else []),
             *(_block_moments(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, saved, inputs,
                              bwd_start) if fsdp_moments else []),
+            *(recomputed_sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd)
+              if fsdp_moments else []),
             *[("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: t})) for t in bwd_end],
             # ZeRO-Offload reducing its largest gradient (states.deepspeed_offload; the bucket from _with_buffers)
             *([("backward", dict(states, **{C.GRADIENTS: g, C.ACTIVATIONS: inputs, C.TEMPORARY: s_["reduce_temp"]}))]

@@ -114,10 +114,12 @@ _FSDP1_TEXT = (
 
 
 _SHARDED_RECOMPUTE_TEXT = (
-    "Full checkpointing on a rank that shards its gradients (zero_stage 2 or 3): the backward's moment inside a "
-    "recomputed block's MLP, which one GPU's plan and DDP or ZeRO-1 ranks hold (components/recompute.py), is not "
-    "placed for it. Measured: 0.06 % low for Mistral 7B over 8 FSDP2 ranks at 4 x 2,048 tokens, 6.5-9.3 % where a "
-    "block outweighs the logits (a vocabulary a few times the hidden size; tests/data/truth/FINDINGS.md).")
+    "Full checkpointing on a DeepSpeed ZeRO-2/3 rank, a tensor- or pipeline-parallel one, or an FSDP rank that "
+    "accumulates gradients: the backward's moment "
+    "inside a recomputed block's MLP, which one GPU's plan, DDP, ZeRO-1 and FSDP ranks hold (components/recompute.py, "
+    "parallel.fsdp_recomputed_blocks), is not placed for it; on FSDP ranks without it the plan was 0.06 % low for "
+    "Mistral 7B over 8 at 4 x 2,048 tokens and 6.5-9.3 % where a block outweighs the logits (a vocabulary a few times "
+    "the hidden size; tests/data/truth/FINDINGS.md).")
 
 
 def _fsdp1_text(axes: dict) -> str:
@@ -203,8 +205,10 @@ def _parallel_assumptions(sc: Scenario) -> list[str]:
             "Activations per rank (Korthikanti et al. 2022): TP splits the attention and MLP inner tensors, SP the "
             "rest of each layer's tensors too, CP the sequence; the first stage of a 1F1B pipeline keeps "
             "min(PP, micro-batches) micro-batches in flight."]
-        if "full" in {str(c) for c in sc.grid.get(C.CHECKPOINTING, ())} and \
-                any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())):
+        split = any(int(v) > 1 for a in (C.TENSOR_PARALLEL, C.PIPELINE_PARALLEL) for v in axes.get(a, ()))
+        accum = any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ()))
+        if "full" in {str(c) for c in sc.grid.get(C.CHECKPOINTING, ())} and (split or (
+                (deepspeed_layouts(axes) or accum) and any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())))):
             items.append(_SHARDED_RECOMPUTE_TEXT)
         if any(int(a) > 1 for a in axes.get(C.GRADIENT_ACCUMULATION, ())) and not deepspeed_only and \
                 any(int(z) >= 2 for z in axes.get(C.ZERO_STAGE, ())):  # FSDP's sync (DeepSpeed's: its item)

@@ -46,3 +46,29 @@ def test_a_recomputed_blocks_mlp_backward_is_the_backwards_peak_as_planned(layer
     miss = {ph: est["phases"][ph] - phases[ph] for ph in phases}
     assert abs(miss["backward"] - miss["forward"]) <= 1024 or precision == "bf16-mixed", miss
     assert abs(miss["backward"]) <= 17 * 1024, miss
+
+
+@pytest.mark.parametrize("fsdp, layers, batch, seq, tied", [
+    ({"world": 2, "zero_stage": 3}, 4, 4, 2048, False),  # FSDP2 FULL_SHARD: the second block from the top
+    ({"world": 4, "zero_stage": 3}, 4, 2, 1024, True),  # ... block 1, its shards above a checkpointed input
+    ({"world": 2, "zero_stage": 2}, 4, 4, 2048, False),  # FSDP2 SHARD_GRAD_OP: the top block
+    ({"world": 2, "zero_stage": 3, "version": 1}, 4, 4, 2048, True),  # FSDP1 FULL_SHARD
+    ({"world": 2, "zero_stage": 3, "version": 1, "backward_prefetch": "none"}, 4, 1, 1024, False),  # ... block 0
+    ({"world": 2, "zero_stage": 2, "version": 1}, 8, 16, 4096, False),  # FSDP1 SHARD_GRAD_OP
+])
+def test_a_sharded_ranks_recomputed_block_is_planned_as_measured(fsdp, layers, batch, seq, tied):
+    """One rank of an FSDP step with full checkpointing (parallel.fsdp_recomputed_blocks), on PyTorch's fake process
+    group: its backward peaks inside a recomputed block's MLP too, and is planned within what its forward misses;
+    without these moments it was 6.5-9.3 % low (FINDINGS.md)."""
+    cfg = dict(MID, num_hidden_layers=layers, tie_word_embeddings=tied)
+    case = {"hf_config": cfg, "mode": "train", "batch": batch, "seq_len": seq, "precision": "bf16",
+            "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "full", "attention": "flash",
+            "fsdp": fsdp}
+    measured = measure_case(case, fake=True)
+    inputs = {k: v for k, v in case.items() if k != "hf_config"} | {"model": "mid-llama"}
+    est = A.estimate_case({"case_id": "mid", "inputs": inputs, "hf_config": cfg, "measured": measured})
+    phases = {ph: v["peak_bytes"] for ph, v in measured["phases"].items()}
+    miss = {ph: est["phases"][ph] - phases[ph] for ph in phases}
+    assert measured["peak_phase"] == est["peak_phase"] == "backward"
+    assert measured["phases"]["backward"]["op"] == "mul"
+    assert -36 * 1024 <= miss["backward"] <= 0, miss

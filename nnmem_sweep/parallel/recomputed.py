@@ -1,0 +1,63 @@
+"""A block recomputed by full checkpointing (components/recompute.py) on a parallel layout's rank: the one-GPU moments
+on the ranks that hold every gradient (DDP, ZeRO-1), FSDP's own at the ends of its run of blocks
+(fsdp.fsdp_recomputed_blocks). parallel/plan.py places them among the blocks' backward moments."""
+from __future__ import annotations
+
+from .. import columns as C
+from ..components import recompute
+from ..components.plan import consts, lift, terms_array
+from ..components.terms import Term
+from ..components.train_plan import recomputed_blocks
+from . import fsdp as par_fsdp
+from .tables import layout_tables
+
+
+def recomputed_whole(arch, precs, a_names, c_names, layouts, sizes, device, states, g) -> list:
+    """A dense gated model's top block and block 0 recomputed under full checkpointing (components/recompute.py), on
+    the layouts whose rank holds every gradient and one GPU's activations (as plan.py's _first_block_experts); none
+    where no layout is one of those or no combination checkpoints fully."""
+    def whole(lay) -> bool:
+        return not lay.splits_model and lay.zero <= 1 and lay.accum == 1 and lay.offload == "none" and \
+            not lay.fp32_grads
+
+    if (arch.finetune is not None and arch.finetune.adapters) or not any(whole(lay) for lay in layouts):
+        return []
+    moments = recomputed_blocks(arch, precs, a_names, c_names, device, sizes, states, g)
+    flag = lift(consts([int(whole(lay)) for lay in layouts], (len(layouts),)), (5,), sizes)[..., :1]
+    return [("backward", {k: v * flag for k, v in m.items()}) for m in moments]
+
+
+def recomputed_sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd) -> list:
+    """Recomputed blocks' MLP backward on an FSDP rank with full checkpointing (fsdp.fsdp_recomputed_blocks): the
+    top block's, the second's from the top, block 1's and (FSDP1 without prefetch) block 0's, with one GPU's
+    activations and temporaries of the top block's and of block 0's moments (components/recompute.py) and the lower
+    blocks' checkpointed inputs (k + 1 at block k); none where no layout or combination has them."""
+    if not any(recompute.applies(arch, c) for c in c_names) or arch.layers < 3:
+        return []
+    shape = (len(precs), len(a_names), len(c_names))
+    per = [(p, recompute.moments(arch, p, a, device) if recompute.applies(arch, c) else None)
+           for p in precs for a in a_names for c in c_names]
+    ckpt = lift(consts([int(m is not None) for _, m in per], shape), (0, 3, 4), sizes)[..., :1]
+    out = []
+    # (the moment, one GPU's moment it takes its activations from: the top's 0, block 0's 1, more inputs held)
+    for k, (j, held) in enumerate(((0, 0), (1, arch.layers - 2), (1, 1), (1, 0))):
+        tables = layout_tables(lambda p, lay: par_fsdp.fsdp_recomputed_blocks(arch, p, lay)[k], precs, layouts,
+                                sizes, (0, 5))
+        if tables is None:
+            continue
+        weights, grads, temp = tables
+        acts = lift(terms_array([m[j][0] + Term(tok=held * p.residual_bytes * arch.hidden) if m else Term()
+                                 for p, m in per], shape), (0, 3, 4), sizes)
+        # a tied head's gradient, one GPU's temporary there, is fsdp_blocks_backward's here
+        tied = [Term(const=arch.vocab * arch.hidden * p.grad_bytes) if j == 0 and arch.tied_embeddings
+                and arch.head == "causal_lm" else Term()
+                for p, _ in per]
+        temps = lift(terms_array([m[j][1] - t if m else Term() for (_, m), t in zip(per, tied)], shape), (0, 3, 4),
+                     sizes)
+        (on,) = layout_tables(lambda p, lay: (int(any(par_fsdp.fsdp_recomputed_blocks(arch, p, lay)[k])),), precs,
+                               layouts, sizes, (0, 5))
+        flag = ckpt * on[..., :1]
+        out.append(("backward", dict(states, **{C.WEIGHTS: states[C.WEIGHTS] + weights * flag,
+                                                C.GRADIENTS: g_fwd + grads * flag, C.ACTIVATIONS: acts * flag,
+                                                C.TEMPORARY: (temps + temp) * flag})))
+    return out
