@@ -165,8 +165,11 @@ def _stage_activations(arch: Architecture, p: Precision, attention: str, checkpo
 
     count, nf = first_stage_layer_micro_batches(arch, lay)
     if lay.pp == 1:
-        saved = inputs + copies_of(first_p.held) + emb + rope + count * layer + head
-        one = TrainActivations(saved=saved, inputs=inputs, forward_temp=loss_fwd,
+        # full checkpointing: the head's copy saved, the blocks' in autocast's cache to the loss (weights.py)
+        held = copies_of(first_p.held).const
+        kept = Term(const=held * act.autocast_copies_bytes(arch, p, checkpointing) // copies if copies else 0)
+        saved = inputs + kept + emb + rope + count * layer + head
+        one = TrainActivations(saved=saved, inputs=inputs, forward_temp=loss_fwd + copies_of(first_p.held) - kept,
                                backward_start_temp=(loss_bwd, last_layer, *recompute), backward_end_temp=emb_end)
         return one, None, 1, 1
     # the first stage sends its output forward (and receives its gradient): one b·s_l·h tensor, as grad_in

@@ -50,6 +50,7 @@ def test_a_recomputed_blocks_mlp_backward_is_the_backwards_peak_as_planned(layer
 
 @pytest.mark.parametrize("fsdp, layers, batch, seq, tied", [
     ({"world": 2, "zero_stage": 3}, 4, 4, 2048, False),  # FSDP2 FULL_SHARD: the second block from the top
+    ({"world": 2, "zero_stage": 3, "precision": "bf16-mixed"}, 4, 4, 2048, False),  # autocast: no block's copy saved
     ({"world": 4, "zero_stage": 3}, 4, 2, 1024, True),  # ... block 1, its shards above a checkpointed input
     ({"world": 2, "zero_stage": 2}, 4, 4, 2048, False),  # FSDP2 SHARD_GRAD_OP: the top block
     ({"world": 2, "zero_stage": 3, "version": 1}, 4, 4, 2048, True),  # FSDP1 FULL_SHARD
@@ -61,7 +62,9 @@ def test_a_sharded_ranks_recomputed_block_is_planned_as_measured(fsdp, layers, b
     group: its backward peaks inside a recomputed block's MLP too, and is planned within what its forward misses;
     without these moments it was 6.5-9.3 % low (FINDINGS.md)."""
     cfg = dict(MID, num_hidden_layers=layers, tie_word_embeddings=tied)
-    case = {"hf_config": cfg, "mode": "train", "batch": batch, "seq_len": seq, "precision": "bf16",
+    fsdp = dict(fsdp)
+    precision = fsdp.pop("precision", "bf16")
+    case = {"hf_config": cfg, "mode": "train", "batch": batch, "seq_len": seq, "precision": precision,
             "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "full", "attention": "flash",
             "fsdp": fsdp}
     measured = measure_case(case, fake=True)
