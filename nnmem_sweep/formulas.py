@@ -15,7 +15,8 @@ from .components import (activations, cpu_kernels, derived, derived_inputs, fine
 from .derive import events as derive_events  # noqa: F401  (registers)
 from .models import count, layers  # noqa: F401  (register)
 from .parallel import (activations as parallel_activations, deepspeed as parallel_deepspeed,  # noqa: F401
-                       fsdp as parallel_fsdp, states as parallel_states, zero_bucket as parallel_zero_bucket)
+                       fsdp as parallel_fsdp, recomputed as parallel_recomputed, states as parallel_states,
+                       zero_bucket as parallel_zero_bucket)
 from .allocator import rules  # noqa: F401  (registers)
 from .throughput import defaults, flops, inference, training  # noqa: F401  (register)
 
@@ -24,8 +25,8 @@ replay = importlib.import_module(".allocator.replay", __package__)
 
 REGISTERING_MODULES = (replays, serving, optimizers, precisions, activations, cpu_kernels, derived, derived_inputs,
                        derive_events, finetune, kv, moe, optimizer, overhead, recompute, reserve, weights, count,
-                       layers, parallel_activations, parallel_deepspeed, parallel_fsdp, parallel_states,
-                       parallel_zero_bucket, replay, rules, defaults, flops, inference, training)
+                       layers, parallel_activations, parallel_deepspeed, parallel_fsdp, parallel_recomputed,
+                       parallel_states, parallel_zero_bucket, replay, rules, defaults, flops, inference, training)
 
 
 def all_formulas() -> list[citations.Formula]:

@@ -212,11 +212,11 @@ def fsdp1_block0(arch: Architecture, prec: Precision, lay) -> tuple[int, int, in
               "prefetch), both strategies, 1-16 x 1,024-4,096 tokens: every backward within the forward's own "
               "bytes, where the plan without these moments was 6.5-9.3 % low; Mistral 7B over 8 FSDP2 ranks, 4 x "
               "2,048: 25 KB (was 7.4 MB low). tests/data/truth/FINDINGS.md")
-def fsdp_recomputed_blocks(arch: Architecture, prec: Precision, lay) -> tuple[tuple[int, int, int], ...]:
+def fsdp_recomputed_blocks(arch: Architecture, prec: Precision, lay) -> tuple[tuple[int, int, int] | None, ...]:
     """(weights, gradients, temporaries) beside the blocks' moment at the top block's, the second's from the top,
-    block 1's and (FSDP1 without prefetch) block 0's moments under full checkpointing (formula above); zeros where
+    block 1's and (FSDP1 without prefetch) block 0's moments under full checkpointing (formula above); None where
     fsdp_applies does not or a moment does not apply."""
-    none = (0, 0, 0)
+    none = None  # a moment the layout does not have
     if not fsdp_applies(arch, lay) or lay.accum > 1:  # accumulating: the shards kept, measured one micro-batch a step
         return none, none, none, none
     u = _units(arch, prec, lay)
