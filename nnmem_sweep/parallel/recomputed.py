@@ -58,10 +58,12 @@ def deepspeed_recomputed(arch, prec, lay) -> tuple[tuple[int, int, int] | None, 
 
 
 def _sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, fn, tied_apart: bool) -> list:
-    """Recomputed blocks' MLP backward on an FSDP rank with full checkpointing (fsdp.fsdp_recomputed_blocks): the
-    top block's, the second's from the top, block 1's and (FSDP1 without prefetch) block 0's, with one GPU's
-    activations and temporaries of the top block's and of block 0's moments (components/recompute.py) and the lower
-    blocks' checkpointed inputs (k + 1 at block k); none where no layout or combination has them."""
+    """Recomputed blocks' MLP backward on a sharded rank with full checkpointing, `fn(arch, precision, layout)` giving
+    each moment's (weights, gradients, temporaries) beside the blocks' moment, or None where the layout lacks it:
+    the top block's, the second's from the top, block 1's and block 0's, with one GPU's activations and temporaries
+    of the top block's and of block 0's moments (components/recompute.py) and the lower blocks' checkpointed inputs
+    (k + 1 at block k). `tied_apart`: a tied head's gradient is counted by the layout's own moments (FSDP's
+    fsdp_blocks_backward), not as one GPU's temporary. None where no layout or combination has them."""
     if not any(recompute.applies(arch, c) for c in c_names) or arch.layers < 3:
         return []
     shape = (len(precs), len(a_names), len(c_names))
@@ -73,9 +75,9 @@ def _sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fw
     for k, (j, held) in enumerate(((0, 0), (1, arch.layers - 2), (1, 1), (1, 0))):
         if not any(fn(arch, p, lay)[k] is not None for p in precs for lay in layouts):
             continue
-        tables = layout_tables(lambda p, lay: fn(arch, p, lay)[k] or (0, 0, 0), precs, layouts, sizes, (0, 5)) or \
-            [0, 0, 0]
-        weights, grads, temp = tables
+        # every count zero (DeepSpeed's: one GPU's moment beside the rank's states as they are): no table, zeros
+        weights, grads, temp = layout_tables(lambda p, lay: fn(arch, p, lay)[k] or (0, 0, 0), precs, layouts, sizes,
+                                             (0, 5)) or (0, 0, 0)
         acts = lift(terms_array([m[j][0] + Term(tok=held * p.residual_bytes * arch.hidden) if m else Term()
                                  for p, m in per], shape), (0, 3, 4), sizes)
         # a tied head's gradient, one GPU's temporary there, is fsdp_blocks_backward's here
