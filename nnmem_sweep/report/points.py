@@ -15,7 +15,7 @@ from .format import AXIS_LABELS, axis_value, thousands
 # the order a layout is written in: the model split first (TP with SP, PP with its micro-batches), then the data split
 LAYOUT_ORDER = (C.TENSOR_PARALLEL, C.SEQUENCE_PARALLEL, C.PIPELINE_PARALLEL, C.MICRO_BATCHES, C.PIPELINE_SCHEDULE,
                  C.VIRTUAL_STAGES, C.CONTEXT_PARALLEL, C.EXPERT_PARALLEL, C.DATA_PARALLEL, C.ZERO_STAGE, C.FSDP_VERSION,
-                 C.OFFLOAD, C.GRADIENT_ACCUMULATION, C.FP32_GRAD_ACCUMULATION)
+                 C.BACKWARD_PREFETCH, C.OFFLOAD, C.GRADIENT_ACCUMULATION, C.FP32_GRAD_ACCUMULATION)
 
 
 def axis_values(sc: Scenario) -> dict[str, tuple]:
@@ -154,6 +154,9 @@ def layout_text(sc: Scenario, point: dict[str, Any], only: list[str] | None = No
         elif axis == C.FSDP_VERSION:  # written where FSDP shards the layout (not ZeRO-0/1, not DeepSpeed's)
             if int(point.get(C.ZERO_STAGE, 0)) >= 2 and not deepspeed:
                 parts.append(f"FSDP{int(value)}")
+        elif axis == C.BACKWARD_PREFETCH:  # FSDP1's, where it shards the layout
+            if int(point.get(C.ZERO_STAGE, 0)) >= 2 and not deepspeed and int(point.get(C.FSDP_VERSION, 2)) == 1:
+                parts.append("no backward prefetch" if value == "none" else "BACKWARD_PRE")
         elif axis == C.ZERO_STAGE and int(value) >= 1 and deepspeed:
             parts.append(f"DeepSpeed ZeRO {axis_value(axis, value)}")  # parallel.deepspeed: its buffers counted
         else:
