@@ -156,7 +156,7 @@ def case_record(case: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
         rec["method"] += (f" Rank 0 of {case['fsdp']['world']} on PyTorch's fake process group, the model wrapped "
                           "with FSDP1's FullyShardedDataParallel per decoder block and at the root (use_orig_params "
                           f"{orig}, limit_all_gathers True, {strategy}, backward_prefetch "
-                          f"{'None' if case['fsdp'].get('backward_prefetch') == 'none' else 'BACKWARD_PRE'}), the "
+                          f"{'None' if fsdp.prefetch(case['fsdp']) == 'none' else 'BACKWARD_PRE'}), the "
                           f"units {wrapper} makes by default; measured with MemTracker, the optimizer over the rank's "
                           f"{'views of its flat parameters' if orig else 'flat parameters'} (workload/fsdp.py "
                           "_shard_fsdp1).")

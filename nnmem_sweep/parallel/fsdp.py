@@ -216,21 +216,20 @@ def fsdp_recomputed_blocks(arch: Architecture, prec: Precision, lay) -> tuple[tu
     """(weights, gradients, temporaries) beside the blocks' moment at the top block's, the second's from the top,
     block 1's and (FSDP1 without prefetch) block 0's moments under full checkpointing (formula above); None where
     fsdp_applies does not or a moment does not apply."""
-    none = None  # a moment the layout does not have
     if not fsdp_applies(arch, lay) or lay.accum > 1:  # accumulating: the shards kept, measured one micro-batch a step
-        return none, none, none, none
+        return None, None, None, None
     u = _units(arch, prec, lay)
     down, shard = arch.intermediate * arch.hidden * prec.grad_bytes, u.block_grad_shard
     if lay.fsdp1:  # no reduce-scatter input held, no shard in fsdp_blocks_backward; the final norm's gradient waits
         down += fsdp1_norm_gradient(arch, prec)
         if lay.zero == 2:
-            return (0, 0, down), (-u.block, shard, down), none, none
-        block0 = (0, (arch.layers - 1) * shard, down) if lay.prefetch == "none" else none
+            return (0, 0, down), (-u.block, shard, down), None, None
+        block0 = (0, (arch.layers - 1) * shard, down) if lay.prefetch == "none" else None
         return (0, 0, down), (0, shard, down), (0, (arch.layers - 2) * shard, down), block0
     if lay.zero == 2:
-        return (0, -shard, down), (-u.block, 0, u.block + down), none, none
+        return (0, -shard, down), (-u.block, 0, u.block + down), None, None
     return (0, -shard, down), (-u.block, 0, 2 * u.block + down), (-u.block, (arch.layers - 3) * shard,
-                                                                  2 * u.block + down), none
+                                                                  2 * u.block + down), None
 
 
 def fsdp1_applies(arch: Architecture, lay) -> bool:

@@ -71,13 +71,14 @@ def _sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fw
            for p in precs for a in a_names for c in c_names]
     ckpt = lift(consts([int(m is not None) for _, m in per], shape), (0, 3, 4), sizes)[..., :1]
     out = []
+    by_layout = {(p.name, lay): fn(arch, p, lay) for p in precs for lay in layouts}  # each layout's four moments
     # (the moment, one GPU's moment it takes its activations from: the top's 0, block 0's 1, more inputs held)
     for k, (j, held) in enumerate(((0, 0), (1, arch.layers - 2), (1, 1), (1, 0))):
-        if not any(fn(arch, p, lay)[k] is not None for p in precs for lay in layouts):
+        if all(m[k] is None for m in by_layout.values()):
             continue
         # every count zero (DeepSpeed's: one GPU's moment beside the rank's states as they are): no table, zeros
-        weights, grads, temp = layout_tables(lambda p, lay: fn(arch, p, lay)[k] or (0, 0, 0), precs, layouts, sizes,
-                                             (0, 5)) or (0, 0, 0)
+        weights, grads, temp = layout_tables(lambda p, lay: by_layout[p.name, lay][k] or (0, 0, 0), precs, layouts,
+                                             sizes, (0, 5)) or (0, 0, 0)
         acts = lift(terms_array([m[j][0] + Term(tok=held * p.residual_bytes * arch.hidden) if m else Term()
                                  for p, m in per], shape), (0, 3, 4), sizes)
         # a tied head's gradient, one GPU's temporary there, is fsdp_blocks_backward's here
@@ -86,7 +87,8 @@ def _sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fw
                 for p, _ in per]
         temps = lift(terms_array([m[j][1] - t if m else Term() for (_, m), t in zip(per, tied)], shape), (0, 3, 4),
                      sizes)
-        (on,) = layout_tables(lambda p, lay: (int(fn(arch, p, lay)[k] is not None),), precs, layouts, sizes, (0, 5))
+        (on,) = layout_tables(lambda p, lay: (int(by_layout[p.name, lay][k] is not None),), precs, layouts, sizes,
+                              (0, 5))
         flag = ckpt * on[..., :1]
         out.append(("backward", dict(states, **{C.WEIGHTS: states[C.WEIGHTS] + weights * flag,
                                                 C.GRADIENTS: g_fwd + grads * flag, C.ACTIVATIONS: acts * flag,

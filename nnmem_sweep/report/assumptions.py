@@ -125,7 +125,7 @@ _SHARDED_RECOMPUTE_TEXT = (
 
 def _fsdp1_text(axes: dict) -> str:
     """_FSDP1_TEXT, saying where a layout's prefetch makes its estimate an upper bound for accelerate's runs."""
-    pre = "pre" in {str(v) for v in axes.get(C.BACKWARD_PREFETCH, ("pre",))}
+    pre = "pre" in {str(v) for v in axes.get(C.BACKWARD_PREFETCH, (C.PARALLEL_DEFAULTS[C.BACKWARD_PREFETCH],))}
     return _FSDP1_TEXT.format(pre=" A run launched by accelerate or the Trainer without fsdp_backward_prefetch does "
                                   "not prefetch: for it a FULL_SHARD row planned with pre is an upper bound by one "
                                   "block (give backward_prefetch none, or the run's accelerate config as "

@@ -43,6 +43,11 @@ def version(spec: dict[str, Any] | None) -> int:
     return int((spec or {}).get("version", C.PARALLEL_DEFAULTS[C.FSDP_VERSION]))
 
 
+def prefetch(spec: dict[str, Any] | None) -> str:
+    """FSDP1's backward prefetch a case's `fsdp` spec names: "pre" (BACKWARD_PRE, where not given) or "none"."""
+    return str((spec or {}).get("backward_prefetch", C.PARALLEL_DEFAULTS[C.BACKWARD_PREFETCH]))
+
+
 def check(spec: dict[str, Any]) -> tuple[int, int]:
     world, stage = int(spec.get("world", 0)), int(spec.get("zero_stage", 3))
     if version(spec) not in (1, 2):
@@ -54,7 +59,7 @@ def check(spec: dict[str, Any]) -> tuple[int, int]:
         raise ValueError(f"fsdp: zero_stage must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {stage}")
     if spec.get("offload", "none") not in ("none", C.OFFLOAD_PARAMS):
         raise ValueError(f"fsdp: offload must be none or {C.OFFLOAD_PARAMS}, got {spec['offload']!r}")
-    if spec.get("backward_prefetch", "pre") not in ("pre", "none"):
+    if prefetch(spec) not in ("pre", "none"):
         raise ValueError(f"fsdp: backward_prefetch must be pre (BACKWARD_PRE) or none (FSDP1 only), got "
                          f"{spec['backward_prefetch']!r}")
     return world, stage
@@ -126,7 +131,7 @@ def shard(model: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     world, stage = check(spec)
     if version(spec) == 1:
         return _shard_fsdp1(model, stage, bool(spec.get("use_orig_params", False)), offloaded(spec),
-                            spec.get("backward_prefetch", "pre"))
+                            prefetch(spec))
     # the mesh on the model's device: under FakeTensorMode the CPU (the collectives are the fake group's either
     # way); a real GPU run (the kit) keeps the model on the GPU, where FSDP2 runs its CUDA streams
     device = next(model.parameters()).device.type
