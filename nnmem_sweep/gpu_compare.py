@@ -45,21 +45,40 @@ FIGURES = (  # (label, measured key, estimated key)
 )
 
 
+# a run's start above the workspaces by more than this is an earlier run's tensors (the H100's FSDP1 points left
+# 1.3-3.3 GB, 2026-11-28); below it, rounding and the workspaces of another stack
+LEFTOVER_FLOOR = 256 * 2**20
+STARTS = "starts.json"
+
+
 def runs(root: Path = VALIDATION) -> list[Path]:
     """Every committed kit run: the folders holding a results.jsonl, oldest first."""
     return sorted(p.parent for p in Path(root).glob("*/*/results.jsonl"))
 
 
 def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(env, records) of one run; the last record of a point wins (a rerun appends)."""
+    """(env, records) of one run; the last record of a point wins (a rerun appends). A run made before the kit
+    recorded start_allocated may have it beside, in starts.json, read off its snapshots (allocator/snapshot.py
+    allocated_before)."""
     folder = Path(folder)
     env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
+    starts = json.loads((folder / STARTS).read_text())["start_allocated"] if (folder / STARTS).exists() else {}
     by_id: dict[str, dict[str, Any]] = {}
     for line in (folder / "results.jsonl").read_text().splitlines():
         if line.strip():
             rec = json.loads(line)
+            if rec["id"] in starts:
+                rec.setdefault("start_allocated", starts[rec["id"]])
             by_id[rec["id"]] = rec
     return env, list(by_id.values())
+
+
+def leftover_bytes(rec: dict[str, Any], workspaces: int) -> int:
+    """What a point's run started on top of, beyond the library workspaces an earlier point in the kit's process
+    made (the estimate counts those: `workspaces`): an earlier run's tensors that outlived it. 0 below
+    LEFTOVER_FLOOR."""
+    left = int(rec.get("start_allocated") or 0) - workspaces
+    return left if left > LEFTOVER_FLOOR else 0
 
 
 def gpu_of(env: dict[str, Any]) -> GPUSpec:
@@ -186,6 +205,12 @@ def compare_run(folder: Path, trace: bool = False) -> tuple[dict[str, Any], pd.D
         try:
             with contextlib.nullcontext() if trace else stored_only():
                 row.update(estimate_beside(rec, gpu, runtime, allow_deriving=trace))
+            left = leftover_bytes(rec, row["estimated_allocated"] - row["estimated_peak_allocated"])
+            if left:  # its peaks count an earlier run's tensors; its caps held them too
+                row["max_allocated"] -= left
+                row["least_capacity"], row["max_reserved"] = None, None
+                why = (f"the run started on top of {left:,} B an earlier point's run left in the kit's process "
+                       f"(peak allocated shown net of it)")
             row["status"] = "measured" + (f"; least capacity not measured: {why}" if why else "")
             model = rec.get("model_least_capacity")
             if model:

@@ -173,3 +173,45 @@ def test_a_runs_summary_says_on_how_many_points_the_least_capacity_was_not_measu
     assert line["least capacity not measured"] == 1 and line["least capacity"] is None
     (text,) = _gpu_evidence({"snapshots": [], "gpu_runs": [line]})["gpu_runs"]["lines"]
     assert "least capacity not measured on 1 point (" in text and "least capacity median" not in text
+
+
+def test_a_point_run_on_top_of_an_earlier_runs_tensors_is_compared_net_of_them(tmp_path):
+    """The H100's FSDP1 points (2026-11-28) ran one after another in the kit's process and each run left tensors
+    behind: the peaks after the first counted them. A record's start_allocated beyond the workspaces the estimate
+    counts (an earlier point's cuBLAS workspace) is taken off its peak allocated; its least capacity and reserved,
+    which held them too, are no measurement."""
+    figures = {"max_allocated": 40 * 2**30, "max_reserved": 44 * 2**30, "least_capacity": 43 * 2**30,
+               "outside_bytes": 520 * 2**20}
+    folder = _run(tmp_path, [_record(POINT, **figures)])
+    (clean,) = G.compare_run(folder)[1].to_dict("records")
+    workspaces = clean["estimated_allocated"] - clean["estimated_peak_allocated"]
+    assert workspaces > 0
+    for start, left in ((workspaces, 0), (workspaces + G.LEFTOVER_FLOOR, 0), (workspaces + 3 * 2**30, 3 * 2**30)):
+        (folder / "results.jsonl").write_text(json.dumps(_record(POINT, start_allocated=start, **figures)) + "\n")
+        (row,) = G.compare_run(folder)[1].to_dict("records")
+        assert row["max_allocated"] == 40 * 2**30 - left
+        assert (row["least_capacity"] is None) == bool(left)
+        assert ("started on top of" in row["status"]) == bool(left)
+    # a run from before the kit recorded it: starts.json beside its results
+    (folder / "results.jsonl").write_text(json.dumps(_record(POINT, **figures)) + "\n")
+    (folder / G.STARTS).write_text(json.dumps({"start_allocated": {POINT: workspaces + 2**30}}))
+    (row,) = G.compare_run(folder)[1].to_dict("records")
+    assert row["max_allocated"] == 39 * 2**30
+
+
+def test_the_committed_starts_are_read_off_their_runs_recordings():
+    """A committed starts.json holds, per point, allocated_before of the measured run's recording in the same
+    folder's snapshots.zip (nothing else: a figure that could not be checked would not be a measurement)."""
+    import pickle
+    import zipfile
+    from pathlib import Path
+
+    from nnmem_sweep.allocator.snapshot import allocated_before, slim
+
+    files = sorted(Path("validation/gpu").glob(f"*/*/{G.STARTS}"))
+    assert files
+    for path in files:
+        starts = json.loads(path.read_text())["start_allocated"]
+        with zipfile.ZipFile(path.with_name("snapshots.zip")) as z:
+            for point, start in starts.items():
+                assert allocated_before(slim(pickle.loads(z.read(f"{point}.pickle")))) == start, point

@@ -101,6 +101,20 @@ def sequence(doc: dict[str, Any], after_release: bool = False) -> np.ndarray:
     return seq if seq[:, 2].any() else np.ascontiguousarray(seq[:, :2])
 
 
+def allocated_before(doc: dict[str, Any]) -> int:
+    """Bytes allocated when the recording started (memory_allocated()'s count, block sizes): those allocated at the
+    end less what the recording allocated, plus what it freed; each traced size rounded as the allocator rounds a
+    request (to 512 B; model.py). What a run recorded on top of an earlier run's tensors started with (the H100's
+    FSDP1 points, 2026-11-28: gpu_compare takes it off their peaks)."""
+    def rounded(size: int) -> int:
+        return max(-(-size // 512) * 512, 512)
+
+    end = sum(size for s in doc["segments"] for _, size, allocated in s["blocks"] if allocated)
+    made = sum(rounded(e[2]) for e in doc["trace"] if e[0] == ALLOC)
+    freed = sum(rounded(e[2]) for e in doc["trace"] if e[0] == FREE)
+    return end - made + freed
+
+
 class Unreplayable(ValueError):
     """A snapshot outside what the model models or what its end state lets rebuild."""
 

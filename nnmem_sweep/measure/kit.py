@@ -14,10 +14,10 @@ goes, so a stopped run keeps every point it finished:
 OUT defaults to validation/gpu/<gpu>/<date>/ (<date>-<name> for another points file: gpu-fsdp.yaml's <date>-fsdp).
 Several points files run one after the other within the one budget (a lent GPU's minutes are few: one command
 measures them all), each into its own OUT (with --out DIR, DIR/<name>). A point with an `allocator:` setting
-(PYTORCH_CUDA_ALLOC_CONF, read when CUDA starts) runs in a child process of its own, as does a DeepSpeed point, and
-each capped run of its bisection too (fresh_probe: its engine outlives a run). A bisection's first probes are at the
-allocator model's need on the measured run's own recording and a step below it (real.model_guess): where the model
-is right, two runs. The points run in the files'
+(PYTORCH_CUDA_ALLOC_CONF, read when CUDA starts) runs in a child process of its own, as does a sharded point; the
+capped runs of a DeepSpeed or FSDP1 point's bisection each run in one of their own too (fresh_probe: their runs
+outlive themselves). A bisection's first probes are at the allocator model's need on the measured run's own
+recording and a step below it (real.model_guess): where the model is right, two runs. The points run in the files'
 order until --budget seconds have passed; the rest are listed as not run. The comparison with the estimate is made
 afterwards, on any machine, by `make accuracy` (gpu_compare.py).
 
@@ -155,10 +155,22 @@ def fresh_probe(point: dict[str, Any], points: Path, dry: bool):  # noqa: ANN201
     return probe
 
 
+def outlives_its_run(point: dict[str, Any]) -> bool:
+    """A point whose run leaves tensors behind in its process: DeepSpeed's engine, and FSDP1 (on the H100,
+    2026-11-28, each Llama 3.2 1B run left 1.3-1.8 GB allocated, and the points after it peaked on top of it)."""
+    return bool(point.get("deepspeed")) or int((point.get("fsdp") or {}).get("version", 2)) == 1
+
+
+def own_process(point: dict[str, Any]) -> bool:
+    """A point the kit runs in a child process of its own: a sharded one (DeepSpeed keeps its first process group
+    for the process; an FSDP1 run outlives itself, and an FSDP2 point after it would start on top of it)."""
+    return bool(point.get("deepspeed") or point.get("fsdp"))
+
+
 def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dry: bool,
               say, points: Path | None = None) -> dict[str, Any]:  # noqa: ANN001
-    """Measure one point here (this process); its record. A DeepSpeed point's capped runs are processes of their
-    own (fresh_probe; `points`, the file it is in, names it to them)."""
+    """Measure one point here (this process); its record. The capped runs of a point that outlives its run are
+    processes of their own (fresh_probe; `points`, the file it is in, names it to them)."""
     from ..workload.build import case_config
     from .real import capped_path, measure_point
 
@@ -173,7 +185,7 @@ def run_point(point: dict[str, Any], device: str, out: Path, deadline: float, dr
                                  bisect=bool(point.get("bisect", True)) and case["mode"] == "train",
                                  timing_steps=int(point.get("timing_steps", 1 if dry else 2)),
                                  resolution=0.05 if dry else 0.005, snapshot=snap, deadline=deadline, say=say,
-                                 probe=fresh_probe(point, points, dry) if point.get("deepspeed") and points
+                                 probe=fresh_probe(point, points, dry) if outlives_its_run(point) and points
                                  else None))
     except Exception as e:  # noqa: BLE001 - one point the device cannot run must not lose the others
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -318,8 +330,9 @@ def _run_points(todo: list[dict[str, Any]], points: Path, args: argparse.Namespa
             print(f"gpu-check: {tag}: in a child process with PYTORCH_CUDA_ALLOC_CONF={conf}", flush=True)
             _child(point, points, args, out, left)
             continue
-        if point.get("deepspeed") and not args.child:  # DeepSpeed keeps its first process group for the process
-            print(f"gpu-check: {tag}: in a child process (DeepSpeed's engine)", flush=True)
+        if own_process(point) and not args.child:
+            print(f"gpu-check: {tag}: in a child process ({'DeepSpeed' if point.get('deepspeed') else 'FSDP'})",
+                  flush=True)
             _child(point, points, args, out, left)
             continue
         print(f"gpu-check: {tag}: {point.get('why', '')}", flush=True)

@@ -294,6 +294,9 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
     rec: dict[str, Any] = {"device": device, "steps_measured": steps if train else 1, "resume": resume}
     state = _checkpoint_state(case, device) if (train and resume) else None
     _collect(meter)
+    # what the process still held from earlier points (their library workspaces; a run that outlived itself): the
+    # peaks below count it, so the comparison takes it off (gpu_compare.leftover_bytes)
+    rec["start_allocated"] = meter.allocated()
     t0 = time.monotonic()
     with _snapshot(snapshot, device):
         run = run_once(case, meter, steps + (timing_steps if train else 0), state)
@@ -313,6 +316,7 @@ def _measure_point(case: dict[str, Any], device: str, *, steps: int, timing_step
     say(f"allocated {rec['max_allocated']:,} B, reserved {rec['max_reserved']:,} B"
         + (f", outside PyTorch {rec['outside_bytes']:,} B" if rec["outside_bytes"] is not None else ""))
     _collect(meter)
+    rec["end_allocated"] = meter.allocated()  # above start_allocated: the run's tensors outlive it (FSDP1's did)
     if bisect:
         high = rec["max_reserved"] if device == "cuda" else rec["max_allocated"]
         high = max(high + int(resolution * high), high + 1)  # a cap at the unlimited run's peak reserved completes

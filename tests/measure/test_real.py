@@ -368,3 +368,15 @@ def test_a_probe_in_its_own_process_records_the_run_at_the_least_capacity(tmp_pa
     out = real._capped_by(probe, 2, tmp_path / "r.pickle")
     assert out["capped_snapshot_note"].startswith("the run at 2 B failed (RuntimeError: the run capped")
     assert not (tmp_path / "r-capped.pickle").exists()
+
+
+def test_the_kit_runs_every_sharded_point_in_a_process_of_its_own():
+    """On the H100 (2026-11-28) each FSDP1 run left 1.3-1.8 GB allocated in the kit's process, so its capped runs
+    could not be bisected and the points after it peaked on top of it: every sharded point runs in a child process,
+    and the capped runs of a DeepSpeed or FSDP1 point each in one of their own; a one-GPU point in the kit's."""
+    from nnmem_sweep.measure.kit import outlives_its_run, own_process
+
+    for pid, p in {**FSDP_POINTS, **DEEPSPEED_POINTS}.items():
+        assert own_process(p), pid
+        assert outlives_its_run(p) == bool(p.get("deepspeed") or p["fsdp"].get("version") == 1), pid
+    assert not any(own_process(p) or outlives_its_run(p) for p in POINTS.values())
