@@ -56,13 +56,14 @@ from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
 from .components.runtime import large_cublas_workspace_bytes
 from .derive import DerivationError
+from .derive.zero_rows import MEASURED_PREFIX
 from .derive.arch import derived_twin
-from .parallel.layout import deepspeed_layouts, fsdp_only, fsdp_versions
+from .parallel.layout import FSDP1_OFFLOAD_GAP, deepspeed_layouts, fsdp_only, fsdp_versions
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
 from .errors import UsageError
 from .fit import scenario_max_batch
 from .grid import point_axes
-from .scenario import Scenario
+from .scenario import DEFAULT_ALLOCATOR_RESERVE, Scenario
 
 MAX_ROWS = 256  # recipes replayed at most (a bisection: 3-8 replays of ~0.05 s for an 8B model, then cached)
 RESOLUTION = 200  # the bisection stops within 0.5 % of the peak; f is rounded up to a multiple of 1 / RESOLUTION
@@ -253,6 +254,10 @@ def _deepspeed_rows(twin, mode: str, jobs: list[tuple[dict, bool]], options: All
     out: list[tuple[str, float | None]] = []
     for i, (row, fresh) in enumerate(jobs):
         case, why = zr.row_case(twin.derived.source, row) if fresh else (None, "")
+        measured = zr.measured_zero3(twin.derived.source, row, DEFAULT_ALLOCATOR_RESERVE) if fresh else None
+        if case is None and measured is not None:  # ZeRO-3: what a GPU measured of its kind of step
+            out.append((measured[1], measured[0]))
+            continue
         if case is None:
             out.append((f"not replayed: {why}" if why else "", None))
             continue
@@ -465,6 +470,8 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
         conf += ("; an FSDP1 rank's own sequence of its step, on one stream (FSDP1 all-gathers on a stream of its "
                  "own and frees through record_stream, which on a GPU can keep a block from its pool until that "
                  "stream's work is done: not modelled)")
+        if C.OFFLOAD_PARAMS in {str(v) for v in sc.parallel.get(C.OFFLOAD, ())}:
+            conf += f"; {FSDP1_OFFLOAD_GAP}"
     if deepspeed:
         conf += (f"; a DeepSpeed rank's own step, traced with DeepSpeed's engine at the row's shape on both end ranks "
                  "(the larger need against the larger peak), with the two cuBLAS workspaces of a CUDA run: an H100 "
@@ -478,6 +485,9 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
             "the largest")
     if skipped:
         note += f"; {len(skipped)} row(s) not replayed ({skipped[0].removeprefix('not replayed: ')})"
+    measured = sorted({n for n, f in fresh_of if f is not None and n.startswith(MEASURED_PREFIX)})
+    if measured:  # ZeRO-3 rows: a GPU's figure of their kind of step, not a replay (zero_rows.measured_zero3)
+        note += "; ZeRO-3 rows " + "; ".join(measured)
     return dataclasses.replace(sc, overheads=dataclasses.replace(
         ov, replayed_reserve_fraction=max(f for _, f, _, _ in replayed), replayed_axes=tuple(recipe),
         replayed_recipes=tuple(sorted(replayed)), reserve_note=note))

@@ -33,6 +33,36 @@ def ready() -> bool:
 INSTALL = f"pip install deepspeed=={DEEPSPEED_VERSION} --no-deps"
 
 
+# What an H100 measured of ZeRO-3 steps, which no fake run traces (row_case): each kind's least capacity over its peak
+# allocated, cuBLAS workspaces included (make gpu-check: validation/gpu-deepspeed.yaml, DeepSpeed 0.19.8, torch
+# 2.11.0+cu130; tests/test_deepspeed_reserve.py holds them to the committed runs). Where a kind's is above the default
+# reserve, a ZeRO-3 row of that kind takes it (measured_zero3): the default was 9.8 % under the LoRA point's need.
+# The LoRA step's blocks live on DeepSpeed's side streams, each a pool of its own: folded onto one stream its
+# recording needs 1.5 % (tests/test_deepspeed_reserve.py).
+ZERO3_MEASURED = {  # kind: (fraction, the run's folder under validation/gpu/, the point)
+    "adapters": (0.161, "nvidia-h100-80gb-hbm3/2026-11-28-deepspeed",
+                 "llama-3.2-1b-lora-r16-qv-ds2z3-bf16-master-adamw-b2-s1024"),
+    "full": (0.035, "nvidia-h100-80gb-hbm3/2026-11-27-deepspeed-run3", "llama-3.2-1b-ds2z3-bf16-master-adamw-b2-s1024"),
+}
+
+
+MEASURED_PREFIX = "not replayed, measured"  # how measured_zero3's note begins
+
+
+def measured_zero3(source, row: dict[str, Any], default: float) -> tuple[float, str] | None:  # noqa: ANN001
+    """(the reserve a ZeRO-3 row takes, what says so) where a GPU measured its kind of step (ZERO3_MEASURED: adapters
+    on a frozen base, or a full fine-tune) needing more than `default`; None otherwise (the default holds)."""
+    if int(row.get(C.ZERO_STAGE, 0)) != 3 or int(row.get(C.REDUCE_BUCKET, 0)) <= 0:
+        return None
+    kind = "adapters" if source.finetune else "full"
+    fraction, run, point = ZERO3_MEASURED[kind]
+    if fraction <= default:
+        return None
+    return fraction, (f"{MEASURED_PREFIX} (ZeRO-3 partitions real tensors only, which no fake run traces): "
+                      f"the reserve an H100 measured for {point} ({fraction:.1%} above its peak; "
+                      f"validation/gpu/{run}), above the {default:.0%} default")
+
+
 def row_case(source, row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:  # noqa: ANN001 - a ModelSource
     """(the measure case of a DeepSpeed row's rank step, without its rank; or None and why it is not traced)."""
     stage = int(row.get(C.ZERO_STAGE, 0))
