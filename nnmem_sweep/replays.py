@@ -467,9 +467,9 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
                  "were recorded: on a GPU FSDP2's all-gather and reduce-scatter streams keep pools of their own, "
                  "which moves the reserve either way)")
     if sc.parallel and 1 in fsdp_versions(sc.parallel) and not deepspeed:
-        conf += ("; an FSDP1 rank's own sequence of its step, on one stream (FSDP1 all-gathers on a stream of its "
-                 "own and frees through record_stream, which on a GPU can keep a block from its pool until that "
-                 "stream's work is done: not modelled)")
+        conf += ("; an FSDP1 rank's own sequence of its step, each block on the stream FSDP1 allocates it on (it "
+                 "frees through record_stream, which on a GPU keeps a block from its pool until that stream's work "
+                 "is done: the plan returns it at its free)")
         if C.OFFLOAD_PARAMS in {str(v) for v in sc.parallel.get(C.OFFLOAD, ())}:
             conf += f"; {FSDP1_OFFLOAD_GAP}"
     if deepspeed:
