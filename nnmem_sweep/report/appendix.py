@@ -203,7 +203,8 @@ def _gpu_evidence(ev: dict[str, Any] | None) -> dict[str, Any]:
         lines.append(f"{r['gpu']}, {r['run']} ({r['stack']}): {r['measured']} of {r['points']} points measured"
                      + (f"; {figs}" if figs else "")
                      + (f"; least capacity not measured on {missing} point{'s' if missing > 1 else ''} (no capped run "
-                        "completed at the figure, or the bisection stopped: make accuracy says which)"
+                        "completed at the figure, the bisection stopped, or a run left tensors behind: make accuracy "
+                        "says which)"
                         if missing else ""))
     return {"snapshots": snapshots, "gpu_runs": {"lines": lines or [
         "none committed yet: the GPU kit (`make gpu-check`, validation/gpu.yaml) measures each claim no GPU has "
