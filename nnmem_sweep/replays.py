@@ -56,7 +56,7 @@ from .citations import formula
 from .components.reserve import STREAMS_NOTE, row_sequences
 from .components.runtime import large_cublas_workspace_bytes
 from .derive import DerivationError
-from .derive.zero_rows import MEASURED_PREFIX
+from .derive import zero_rows as zr
 from .derive.arch import derived_twin
 from .parallel.layout import FSDP1_OFFLOAD_GAP, deepspeed_layouts, fsdp_only, fsdp_versions
 from .derive.cache import FORMAT as PLAN_FORMAT, memo_read, memo_write, versions
@@ -73,10 +73,10 @@ DEFAULT_NOTE = ("a default; the replays of the shipped scenarios needed 0.5-32.5
                 "recipes by measuring")
 
 # DeepSpeed's ZeRO-1/2 rows are replayed from their rank's step traced with DeepSpeed's engine at the row's shape
-# (_deepspeed_rows: after `nnmem-sweep derive CONFIG`, or shipped); ZeRO-3's, which no fake run can trace, take the
-# largest of those. Its own measured steps (tests/data/truth/deepspeed/sequences: fresh runs of two steps, both end
-# ranks of each case), replayed as a scenario's recipes are, needed this span of the peak
-# (tests/test_deepspeed_reserve.py holds it to them), the most where the optimizer step peaks: its first step makes
+# (_deepspeed_rows: after `nnmem-sweep derive CONFIG`, or shipped); ZeRO-3's, which no fake run can trace, what a GPU
+# measured of their kind (zero_rows.measured_zero3), else the largest of those. Its own measured steps
+# (tests/data/truth/deepspeed/sequences: two steps, both end ranks of each case), replayed as a scenario's recipes
+# are, needed this span of the peak (tests/test_deepspeed_reserve.py), the most where the optimizer step peaks: it makes
 # AdamW's state in a pool the backward left; the decision page's band for a DeepSpeed row beside its own replay
 DEEPSPEED_RESERVE_SPAN = (0.005, 0.171)
 # the rows the span stands for: the measured cases' stages and recipes (ZeRO-3's steps gather and release parameters
@@ -90,18 +90,16 @@ DEEPSPEED_OFFLOAD_SPAN = (0.005, 0.274)
 DEEPSPEED_OFFLOAD_RECIPE = {**DEEPSPEED_MEASURED_RECIPE, C.OFFLOAD: ("optimizer",)}
 DEEPSPEED_NOTE = (
     "not replayed: no DeepSpeed row's step is traced at its shape (`nnmem-sweep derive CONFIG` traces ZeRO-1/2's, "
-    "DeepSpeed installed); DeepSpeed's "
-    "own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh runs of its 24 measured cases: "
-    "full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B and Mistral 7B, 64-4,096 tokens, without and with "
-    "full checkpointing, with and without accumulation or overlap_comm, both end ranks, with the two cuBLAS "
-    "workspaces a CUDA run makes: an H100 measured one of them within 0.2 %), needed "
+    "DeepSpeed installed); DeepSpeed's own ZeRO-1/2 steps, replayed from their measured allocation sequences (fresh "
+    "runs of its 24 measured cases: full fine-tunes and LoRA of Llama 3.2 1B, full of Llama 3.1 8B and Mistral 7B, "
+    "64-4,096 tokens, without and with full checkpointing, with and without accumulation or overlap_comm, both end "
+    "ranks, with the two cuBLAS workspaces a CUDA run makes: an H100 measured one of them within 0.2 %), needed "
     f"{100 * DEEPSPEED_RESERVE_SPAN[0]:.1f}-{100 * DEEPSPEED_RESERVE_SPAN[1]:.1f} % of the peak, the most where the "
     "optimizer step peaks (its first step makes AdamW's state in the pool the backward left): the reserve assumed is "
     "the default, the decision page's band that span for ZeRO-1/2 rows of their recipes (AdamW, no or full "
     "checkpointing, no offload; ZeRO-Offload's of those recipes what its own 12 measured cases needed, "
     f"{100 * DEEPSPEED_OFFLOAD_SPAN[0]:.1f}-{100 * DEEPSPEED_OFFLOAD_SPAN[1]:.1f} %; others, ZeRO-3's included, the "
-    "one-GPU range, 0.5-32.5 %); "
-    "verify such rows by measuring")
+    "one-GPU range, 0.5-32.5 %); verify such rows by measuring")
 
 
 def boundary_rows(sc: Scenario, mb: pd.DataFrame) -> pd.DataFrame:
@@ -249,15 +247,16 @@ def _deepspeed_rows(twin, mode: str, jobs: list[tuple[dict, bool]], options: All
     larger peak; a resumed run is not traced (None). Each result is kept in the user's cache and shipped like the
     others, keyed by the case, the DeepSpeed release and the code; traced only inside tracing_deepspeed(), with that
     release installed (a run without it reads what is shipped or cached)."""
-    from .derive import zero_rows as zr, zero_sequence as zs
+    from .derive import zero_sequence as zs
 
     out: list[tuple[str, float | None]] = []
     for i, (row, fresh) in enumerate(jobs):
-        case, why = zr.row_case(twin.derived.source, row) if fresh else (None, "")
-        measured = zr.measured_zero3(twin.derived.source, row, DEFAULT_ALLOCATOR_RESERVE) if fresh else None
-        if case is None and measured is not None:  # ZeRO-3: what a GPU measured of its kind of step
+        measured = zr.measured_zero3(zr.adapters(twin), row, DEFAULT_ALLOCATOR_RESERVE) if fresh else None
+        if measured is not None:  # ZeRO-3: what a GPU measured of its kind of step (`twin` may be the model itself)
             out.append((measured[1], measured[0]))
             continue
+        case, why = (zr.row_case(twin.derived.source, row) if twin.derived is not None else
+                     (None, f"no derived twin of {twin.name} is stored")) if fresh else (None, "")
         if case is None:
             out.append((f"not replayed: {why}" if why else "", None))
             continue
@@ -351,12 +350,12 @@ def point_reserve(arch, mode: str, row: pd.Series, lazy_state: bool = True, allo
     "" the defaults); (None, why) where no traced sequence is stored (allow_deriving: a hand-modelled preset's
     twin is derived when it is not)."""
     twin = derived_twin(arch, allow_deriving)
-    if twin is None:
-        return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
     options = AllocatorOptions.from_alloc_conf(alloc_conf) if alloc_conf else AllocatorOptions()
     if C.REDUCE_BUCKET in row.index and int(row[C.REDUCE_BUCKET]) > 0:  # its rank's step traced (_deepspeed_rows)
-        ((note, frac),) = _deepspeed_rows(twin, mode, [(row.to_dict(), lazy_state)], options)
+        ((note, frac),) = _deepspeed_rows(twin or arch, mode, [(row.to_dict(), lazy_state)], options)
         return (None, note) if frac is None else (_rounded(frac), note)
+    if twin is None:
+        return None, f"not replayed: no traced allocation sequence of {arch.name} is stored"
     # a sharded point's rank (data_parallel, zero_stage, fsdp_version, FSDP1's offload and prefetch) replays its rank's
     # own traced sequence (and an accumulating point's micro-batches, which keep its gradients:
     # derived.with_kept_gradients)
@@ -404,8 +403,10 @@ def _replayable(sc: Scenario):
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return False, None
     if sc.parallel and deepspeed_layouts(sc.parallel):  # its rank steps traced at the rows' shapes (_deepspeed_rows)
-        twin = derived_twin(sc.model)
-        return (False, DEEPSPEED_NOTE) if twin is None else (True, twin)
+        twin = derived_twin(sc.model)  # or, without one, ZeRO-3 rows of a kind a GPU measured (zr.measured_zero3)
+        measured = zr.measured_zero3(zr.adapters(sc.model), {C.ZERO_STAGE: 3, C.REDUCE_BUCKET: 1},
+                                     DEFAULT_ALLOCATOR_RESERVE) and 3 in map(int, sc.parallel.get(C.ZERO_STAGE, ()))
+        return (False, DEEPSPEED_NOTE) if twin is None and not measured else (True, twin or sc.model)
     if sc.parallel and not traced_ranks(sc):
         # a traced sequence is one GPU's whole step, not a rank's share of a layout (FSDP's layouts: their rank's
         # step is traced, a hand-modelled family's by its derived twin: `nnmem-sweep derive CONFIG`)
@@ -478,16 +479,17 @@ def refine(sc: Scenario, mb: pd.DataFrame | None, progress: bool = False, bands:
                  "measured one such sequence's need within 0.2 %")
     elif twin is not sc.model:
         conf += "; the sequences of its derived twin, planned from the model's own code"
-    note = (f"replayed: the least capacity in which the step's own allocation sequence completes in the "
-            f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
-            f"{len(replayed)} rows where the verdict is decided (per recipe the largest batch that fits): "
-            f"{_span([f for _, f, _, _ in replayed])} of the peak; each recipe takes its own, a recipe not replayed "
-            "the largest")
+    measured = sorted({n for n, f in fresh_of if f is not None and n.startswith(zr.MEASURED_PREFIX)})  # not replays
+    traced = [f for (n, f) in fresh_of if f is not None and not n.startswith(zr.MEASURED_PREFIX)]
+    parts = [f"replayed: the least capacity in which the step's own allocation sequence completes in the "
+             f"caching-allocator model ({conf}; cached segments released and retried as PyTorch does), at "
+             f"{len(traced)} rows where the verdict is decided (per recipe the largest batch that fits): "
+             f"{_span([_rounded(f) for f in traced])} of the peak; each recipe takes its own, a recipe not replayed "
+             "the largest"] if traced else ["each recipe takes its own reserve, a recipe without one the largest"]
+    parts += [f"ZeRO-3 rows {n}" for n in measured]
     if skipped:
-        note += f"; {len(skipped)} row(s) not replayed ({skipped[0].removeprefix('not replayed: ')})"
-    measured = sorted({n for n, f in fresh_of if f is not None and n.startswith(MEASURED_PREFIX)})
-    if measured:  # ZeRO-3 rows: a GPU's figure of their kind of step, not a replay (zero_rows.measured_zero3)
-        note += "; ZeRO-3 rows " + "; ".join(measured)
+        parts.append(f"{len(skipped)} row(s) not replayed ({skipped[0].removeprefix('not replayed: ')})")
+    note = "; ".join(parts)
     return dataclasses.replace(sc, overheads=dataclasses.replace(
         ov, replayed_reserve_fraction=max(f for _, f, _, _ in replayed), replayed_axes=tuple(recipe),
         replayed_recipes=tuple(sorted(replayed)), reserve_note=note))

@@ -153,13 +153,30 @@ def test_the_lora_zero3_recordings_need_comes_from_its_streams():
 def test_a_zero3_lora_row_takes_the_measured_reserve_and_a_full_one_the_default():
     """measured_zero3: a ZeRO-3 row of adapters takes the H100's 16.1 % with a note naming the point; a full
     fine-tune's measured 3.5 % is below the 5 % default, which holds; ZeRO-2 rows are traced, not this."""
-    from types import SimpleNamespace
-
     from nnmem_sweep import columns as C
     from nnmem_sweep.derive.zero_rows import measured_zero3
 
     row = {C.ZERO_STAGE: 3, C.REDUCE_BUCKET: 500_000_000}
-    frac, note = measured_zero3(SimpleNamespace(finetune={"method": "lora"}), row, 0.05)
+    frac, note = measured_zero3(True, row, 0.05)
     assert frac == 0.161 and "llama-3.2-1b-lora-r16-qv-ds2z3" in note and "16.1%" in note
-    assert measured_zero3(SimpleNamespace(finetune=None), row, 0.05) is None
-    assert measured_zero3(SimpleNamespace(finetune={"method": "lora"}), {**row, C.ZERO_STAGE: 2}, 0.05) is None
+    assert measured_zero3(False, row, 0.05) is None
+    assert measured_zero3(True, {**row, C.ZERO_STAGE: 2}, 0.05) is None
+
+
+def test_a_lora_zero3_scenario_says_its_reserve_was_measured_not_replayed(monkeypatch, tmp_path):
+    """A scenario of LoRA under DeepSpeed ZeRO-3 alone: no row is traced, each takes the H100's measured 16.1 %
+    (rounded up to 16.5 % as a replayed reserve is), and its note says so without calling it a replay."""
+    from nnmem_sweep import replays
+
+    monkeypatch.setenv("NNMEM_SWEEP_CACHE", str(tmp_path))
+    monkeypatch.setattr(replays, "shipped_replays", dict)
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.runner import run_scenario
+
+    text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: [1, 2], seq_len: 1024, precision: bf16-master, "
+            "optimizer: adamw}\nfinetune: {method: lora, rank: 16, targets: [q_proj, v_proj]}\ngpus: [h100-sxm]\n"
+            "parallel: {data_parallel: 2, zero_stage: 3, deepspeed: true}\n")
+    sc = run_scenario(parse_scenario_text(text)).scenario
+    note = sc.overheads.reserve_note
+    assert sc.overheads.reserve_fraction == 0.165
+    assert not note.startswith("replayed") and "ZeRO-3 rows not replayed, measured" in note and "16.1%" in note

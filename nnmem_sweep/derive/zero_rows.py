@@ -49,12 +49,17 @@ ZERO3_MEASURED = {  # kind: (fraction, the run's folder under validation/gpu/, t
 MEASURED_PREFIX = "not replayed, measured"  # how measured_zero3's note begins
 
 
-def measured_zero3(source, row: dict[str, Any], default: float) -> tuple[float, str] | None:  # noqa: ANN001
+def adapters(arch) -> bool:  # noqa: ANN001 - an Architecture
+    """Whether `arch` trains adapters on a frozen base (ZERO3_MEASURED's kinds)."""
+    return arch.finetune is not None and bool(arch.finetune.adapters)
+
+
+def measured_zero3(adapters: bool, row: dict[str, Any], default: float) -> tuple[float, str] | None:
     """(the reserve a ZeRO-3 row takes, what says so) where a GPU measured its kind of step (ZERO3_MEASURED: adapters
     on a frozen base, or a full fine-tune) needing more than `default`; None otherwise (the default holds)."""
     if int(row.get(C.ZERO_STAGE, 0)) != 3 or int(row.get(C.REDUCE_BUCKET, 0)) <= 0:
         return None
-    kind = "adapters" if source.finetune else "full"
+    kind = "adapters" if adapters else "full"
     fraction, run, point = ZERO3_MEASURED[kind]
     if fraction <= default:
         return None

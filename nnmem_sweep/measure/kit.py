@@ -158,7 +158,9 @@ def fresh_probe(point: dict[str, Any], points: Path, dry: bool):  # noqa: ANN201
 def outlives_its_run(point: dict[str, Any]) -> bool:
     """A point whose run leaves tensors behind in its process: DeepSpeed's engine, and FSDP1 (on the H100,
     2026-11-28, each Llama 3.2 1B run left 1.3-1.8 GB allocated, and the points after it peaked on top of it)."""
-    return bool(point.get("deepspeed")) or int((point.get("fsdp") or {}).get("version", 2)) == 1
+    from ..workload import fsdp
+
+    return bool(point.get("deepspeed")) or (bool(point.get("fsdp")) and fsdp.version(point["fsdp"]) == 1)
 
 
 def own_process(point: dict[str, Any]) -> bool:
