@@ -228,6 +228,16 @@ def _first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, 
                                          C.TEMPORARY: temps * flag}))]
 
 
+def _whole_bucket(arch, precs, layouts, sizes, states, g_fwd, inputs) -> list:
+    """DeepSpeed ZeRO-2 whose bucket holds every gradient, at the backward's end (zero_bucket.whole_bucket): their
+    flattened copy beside the bucket (added by _with_buffers). None where no layout has it."""
+    tables = _layout_tables(lambda p, lay: (zero_bucket.whole_bucket(arch, lay) * p.grad_bytes,), precs, layouts,
+                            sizes, (0, 5))
+    if tables is None:
+        return []
+    return [("backward", dict(states, **{C.GRADIENTS: g_fwd + tables[0], C.ACTIVATIONS: inputs}))]
+
+
 def _zero1_reduction(precs, layouts, sizes, states, g, inputs, partition) -> list:
     """DeepSpeed ZeRO-1 reducing after the backward (zero_bucket.zero1_reduction): every gradient beside the rank's
     16-bit partition (the bucket added by _with_buffers). None where no layout is ZeRO-1's."""
@@ -342,6 +352,7 @@ def parallel_train_plan(arch: Architecture, device: str, p_names: tuple, o_names
               for t in bwd_start],
             *first_bucket,
             *zero1,  # after the backward; placed before the embedding's moments (_with_fsdp_units counts those last)
+            *(_whole_bucket(arch, precs, layouts, sizes, states, g_fwd, inputs) if stage == 0 else []),
             *(_first_block_experts(arch, precs, a_names, c_names, layouts, sizes, device, states, g)
               if stage == 0 else []),
             *(recomputed_whole(arch, precs, a_names, c_names, layouts, sizes, device, states, g)

@@ -11,7 +11,9 @@ from ..components.terms import Term
 from ..components.train_plan import recomputed_blocks
 from . import fsdp as par_fsdp
 from .deepspeed import DEEPSPEED_ZERO
+from .states import stage_params, zero_params
 from .tables import layout_tables
+from .zero_bucket import first_bucket
 
 
 def recomputed_whole(arch, precs, a_names, c_names, layouts, sizes, device, states, g) -> list:
@@ -37,24 +39,40 @@ def recomputed_sharded(arch, precs, a_names, c_names, layouts, sizes, device, st
                        tied_apart=False))
 
 
-@formula("parallel.deepspeed_recomputed_top",
+@formula("parallel.deepspeed_recomputed_blocks",
          "DeepSpeed ZeRO-2 with full checkpointing: the top block's recomputed MLP backward (one GPU's activations and "
          "temporaries there: every checkpointed input, the block's saved once more) beside the rank's states and the "
-         "reduce bucket, every gradient made so far copied into the bucket as it is made",
-         DEEPSPEED_ZERO, where="components/recompute.py recomputed_block_moments; the bucket as deepspeed_buffers "
-         "counts it",
-         note="Measured on DeepSpeed 0.19.8's engine (fake tensors, the worse end rank): a 4-6-layer Llama of hidden "
-              "1,024 and vocabulary 4,000 with its reduce bucket above the model (5e8 elements) within the forward's "
-              "own bytes, where the plan was 3.2 % low; with a bucket reduced during the backward (1e7) or at 1 x "
-              "1,024 tokens 33-47 MB (1.5-4 %) low still: the later blocks' moments, beside the partition, are not "
-              "placed (tests/data/truth/FINDINGS.md)")
+         "reduce bucket, every gradient made so far copied into the bucket as it is made; where the bucket is reduced "
+         "during the backward, the last rank's gradient partition n_z·g from the first reduction on: beside the "
+         "second block from the top (one checkpointed input fewer), or already beside the top one where an untied "
+         "head above the bucket is reduced alone first; a down projection above the bucket alive through its MLP's "
+         "backward (reduced alone at the next gradient)", DEEPSPEED_ZERO,
+         where="components/recompute.py recomputed_block_moments; the bucket as deepspeed_buffers counts it; the first "
+               "reduction as parallel.deepspeed_first_bucket finds it",
+         note="Measured on DeepSpeed 0.19.8's engine (fake tensors, the last rank): a 4-6-layer Llama of hidden 1,024 "
+              "and vocabulary 4,000 over 2 and 4 ranks, 4 x 2,048 tokens, buckets of 3e6, 1e7, 2e7 and 5e8 "
+              "elements, tied and untied, within the forward's own bytes where the plan was 3.2 % low (bucket above "
+              "the model) and 45-72 MB (3.8-5.8 %) low (reduced during the backward); where the first reduction "
+              "comes k blocks below the top the moment is k blocks lower and the estimate an upper bound by k "
+              "checkpointed inputs (+16.9 MB, one, at a 3e7 bucket); where DeepSpeed's last partition exceeds "
+              "⌈P/d⌉ (4 ranks; a tied head) 1.4-3.1 MB low, as deepspeed_first_bucket is "
+              "(tests/data/truth/FINDINGS.md)")
 def deepspeed_recomputed(arch, prec, lay) -> tuple[tuple[int, int, int] | None, ...]:  # noqa: ANN001
-    """(weights, gradients, temporaries) beside the rank's states at the top block's moment (formula above), on a
-    DeepSpeed ZeRO-2 rank over data-parallel ranks alone, one micro-batch a step, nothing offloaded; None
-    elsewhere (and at the other moments fsdp_recomputed_blocks has)."""
+    """(weights, gradients, temporaries) beside the rank's states at the top block's moment and, where the last
+    rank's gradient partition is made during the blocks' backward, at the first block recomputed after it (formulas
+    above), on a DeepSpeed ZeRO-2 rank over data-parallel ranks alone, one micro-batch a step, nothing offloaded;
+    None elsewhere (and at the other moments fsdp_recomputed_blocks has)."""
     if not (lay.deepspeed and lay.zero == 2 and not lay.splits_model and lay.accum == 1 and lay.offload == "none"):
         return None, None, None, None
-    return (0, 0, 0), None, None, None
+    made, k, alive, tied_end = first_bucket(arch, prec, lay)
+    if not made:  # no reduction before the backward's end (a bucket above the model): no partition in the blocks
+        return (0, 0, 0), None, None, None
+    partition = zero_params(stage_params(arch)[0], lay) * prec.grad_bytes
+    head_alone = alive > tied_end  # an untied head above the bucket, reduced alone: the partition made before
+    # a down projection above the bucket is reduced alone at the next gradient: alive through the MLP's backward
+    down = arch.intermediate * arch.hidden * prec.grad_bytes if arch.intermediate * arch.hidden > lay.reduce_bucket \
+        else 0
+    return (0, partition if head_alone else 0, down), (0, partition, tied_end + down), None, None
 
 
 def _sharded(arch, precs, a_names, c_names, layouts, sizes, device, states, g_fwd, fn, tied_apart: bool) -> list:
