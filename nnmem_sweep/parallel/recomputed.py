@@ -40,13 +40,14 @@ def recomputed_sharded(arch, precs, a_names, c_names, layouts, sizes, device, st
 
 
 @formula("parallel.deepspeed_recomputed_blocks",
-         "DeepSpeed ZeRO-2 with full checkpointing: the top block's recomputed MLP backward (one GPU's activations and "
-         "temporaries there: every checkpointed input, the block's saved once more) beside the rank's states and the "
-         "reduce bucket, every gradient made so far copied into the bucket as it is made; where the bucket is reduced "
+         "DeepSpeed ZeRO-2/3 with full checkpointing: the top block's recomputed MLP backward (one GPU's activations "
+         "and temporaries there: every checkpointed input, the block's saved once more) beside the rank's states and "
+         "the reduce bucket, every gradient made so far copied into the bucket as it is made; where it is reduced "
          "during the backward, the last rank's gradient partition n_z·g from the first reduction on: beside the "
          "second block from the top (one checkpointed input fewer), or already beside the top one where an untied "
          "head above the bucket is reduced alone first; a down projection above the bucket alive through its MLP's "
-         "backward (reduced alone at the next gradient)", DEEPSPEED_ZERO,
+         "backward (reduced alone at the next gradient); ZeRO-3, its gradient partition kept from step to step, "
+         "the top block's moment beside it and the parameters gathered as at the forward's end", DEEPSPEED_ZERO,
          where="components/recompute.py recomputed_block_moments; the bucket as deepspeed_buffers counts it; the first "
                "reduction as parallel.deepspeed_first_bucket finds it",
          note="Measured on DeepSpeed 0.19.8's engine (fake tensors, the last rank): a 4-6-layer Llama of hidden 1,024 "
@@ -55,15 +56,19 @@ def recomputed_sharded(arch, precs, a_names, c_names, layouts, sizes, device, st
               "the model) and 45-72 MB (3.8-5.8 %) low (reduced during the backward); where the first reduction "
               "comes k blocks below the top the moment is k blocks lower and the estimate an upper bound by k "
               "checkpointed inputs (+16.9 MB, one, at a 3e7 bucket); where DeepSpeed's last partition exceeds "
-              "⌈P/d⌉ (4 ranks; a tied head) 1.4-3.1 MB low, as deepspeed_first_bucket is "
+              "⌈P/d⌉ (4 ranks; a tied head) 1.4-3.1 MB low, as deepspeed_first_bucket is. ZeRO-3 (real tensors, "
+              "4-6 layers, 2 and 4 ranks, buckets of 1e7 and 5e8): 51.5 MB (2.3-4.2 %) low without the moment, "
+              "7.4-15.6 MB (0.6-1.6 %) high with it, DeepSpeed having released some gathered parameters by then "
               "(tests/data/truth/FINDINGS.md)")
 def deepspeed_recomputed(arch, prec, lay) -> tuple[tuple[int, int, int] | None, ...]:  # noqa: ANN001
     """(weights, gradients, temporaries) beside the rank's states at the top block's moment and, where the last
     rank's gradient partition is made during the blocks' backward, at the first block recomputed after it (formulas
-    above), on a DeepSpeed ZeRO-2 rank over data-parallel ranks alone, one micro-batch a step, nothing offloaded;
-    None elsewhere (and at the other moments fsdp_recomputed_blocks has)."""
-    if not (lay.deepspeed and lay.zero == 2 and not lay.splits_model and lay.accum == 1 and lay.offload == "none"):
+    above), on a DeepSpeed ZeRO-2 or ZeRO-3 (the top block's alone) rank over data-parallel ranks alone, one
+    micro-batch a step, nothing offloaded; None elsewhere (and at the other moments fsdp_recomputed_blocks has)."""
+    if not (lay.deepspeed and lay.zero in (2, 3) and not lay.splits_model and lay.accum == 1 and lay.offload == "none"):
         return None, None, None, None
+    if lay.zero == 3:  # its partitions kept from step to step: the top block's moment, every input still held
+        return (0, 0, 0), None, None, None
     made, k, alive, tied_end = first_bucket(arch, prec, lay)
     if not made:  # no reduction before the backward's end (a bucket above the model): no partition in the blocks
         return (0, 0, 0), None, None, None

@@ -103,3 +103,23 @@ def test_a_deepspeed_zero2_ranks_recomputed_blocks_are_planned_as_measured(bucke
     miss = {ph: est["phases"][ph] - phases[ph] for ph in phases}
     assert record["measured"]["peak_phase"] == est["peak_phase"] == "backward"
     assert abs(miss["backward"] - miss["forward"]) <= 1024, miss
+
+
+def test_a_deepspeed_zero3_ranks_top_recomputed_block_is_an_upper_bound():
+    """DeepSpeed 0.19.8's ZeRO-3 engine (real tensors), full checkpointing: the backward peaks at the top block's
+    recomputed MLP beside the kept gradient partition and the bucket (parallel.deepspeed_recomputed_blocks), where
+    the plan was 51.5 MB (4.2 %) low; planned with the parameters gathered as at the forward's end, some of which
+    DeepSpeed has released by then: above the measured peak by at most 1.6 %."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8 --no-deps)")
+    from nnmem_sweep.measure.truth import deepspeed_record
+
+    case = {"id": "mid-ds3", "hf_config": MID, "model": "mid-llama", "mode": "train", "batch": 4, "seq_len": 2048,
+            "precision": "bf16-master", "optimizer": "adamw", "optimizer_impl": "foreach", "checkpointing": "full",
+            "attention": "flash", "decode_tokens": 0, "tolerance": {},
+            "deepspeed": {"world": 2, "zero_stage": 3, "reduce_bucket_size": 10_000_000, "overlap_comm": False}}
+    record = deepspeed_record(case)
+    est = A.estimate_case({"case_id": "mid-ds3", "inputs": record["inputs"], "hf_config": MID,
+                           "measured": record["measured"]})
+    measured = record["measured"]["phases"]["backward"]["peak_bytes"]
+    assert record["measured"]["peak_phase"] == est["peak_phase"] == "backward"
+    assert 0 <= est["phases"]["backward"] - measured <= 0.016 * measured
