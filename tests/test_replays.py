@@ -240,3 +240,26 @@ def test_a_hand_modelled_ddp_layout_is_not_replayed_from_one_gpus_step():
                              "precision: bf16, optimizer: adamw}\nparallel: {data_parallel: 2}\ngpus: [h100-sxm]\n")
     note = with_replayed_reserve(sc).overheads.reserve_note
     assert note.startswith("not replayed: the traced allocation sequences are of one GPU")
+
+
+def test_an_offloaded_fsdp1_rows_band_reaches_the_tie_an_h100_recording_showed():
+    """LoRA under FSDP1 with CPU offload: the H100's recording (2026-11-28) needs 12.5 % above its peak where the plan
+    replays 1.0 % (a tie the plan cannot see: parallel/layout.FSDP1_OFFLOAD_GAP). The decision page's band for such a
+    row reaches 12.5 %; the same row without offload keeps its replayed band."""
+    pytest.importorskip("transformers", reason="the [measure] extra is not installed")
+    from nnmem_sweep import columns as C
+    from nnmem_sweep.config import parse_scenario_text
+    from nnmem_sweep.parallel.layout import FSDP1_OFFLOAD_TIE
+    from nnmem_sweep.report.uncertainty import fragmentation_source
+    from nnmem_sweep.runner import run_scenario
+
+    text = ("model: {preset: llama-3.2-1b}\nmode: train\ngrid: {batch: 2, seq_len: 1024, precision: bf16, "
+            "optimizer: adamw}\nfinetune: {method: lora, rank: 16, alpha: 16, targets: [q_proj, v_proj], "
+            "adapter_dtype: fp32}\ngpus: [h100-sxm]\nparallel: {data_parallel: 2, zero_stage: 3, fsdp_version: 1, "
+            "offload: [optimizer+params, none]}\n")
+    result = run_scenario(parse_scenario_text(text))
+    bands = {row[C.OFFLOAD]: fragmentation_source(row.to_dict(), result.scenario)
+             for _, row in result.results.iterrows()}
+    (low, high), whence = bands["optimizer+params"]
+    assert whence == "replayed" and high == FSDP1_OFFLOAD_TIE == 0.125 and low < 0.02
+    assert bands["none"][0][1] < 0.05 and "12.5%" in result.scenario.overheads.reserve_note

@@ -34,6 +34,7 @@ from ..components.overhead import fixed_bytes
 from ..components.runtime import cuda_context_bytes, parse_runtime, runtime_memory
 from ..replays import (DEEPSPEED_MEASURED_RECIPE, DEEPSPEED_OFFLOAD_RECIPE, DEEPSPEED_OFFLOAD_SPAN,
                        DEEPSPEED_RESERVE_SPAN)
+from ..parallel.layout import FSDP1_OFFLOAD_TIE
 from ..scenario import GPUSpec, Scenario
 from .format import percent, size
 
@@ -87,18 +88,26 @@ def fragmentation_source(row: Mapping[str, Any], sc: Scenario) -> tuple[tuple[fl
     ("replayed"); on a DeepSpeed ZeRO-1/2 layout with a recipe like those measured (AdamW, no or full checkpointing),
     what DeepSpeed's own measured steps needed (replays.DEEPSPEED_RESERVE_SPAN, ZeRO-Offload's
     DEEPSPEED_OFFLOAD_SPAN: "deepspeed"), with the row's own
-    traced step where it was replayed (a fresh run alone: "deepspeed-row"); else FRAGMENTATION ("default")."""
+    traced step where it was replayed (a fresh run alone: "deepspeed-row"); else FRAGMENTATION ("default"). An
+    offloaded FSDP1 row's replayed band reaches the tie an H100's recording showed (layout.FSDP1_OFFLOAD_TIE)."""
     ov = sc.overheads
     span = _deepspeed_span(row)
     if ov.replayed_band_by_recipe and ov.recipe_of(row) is not None:
         band = dict(ov.replayed_band_by_recipe).get(ov.recipe_of(row))
         if band is not None and span:  # a DeepSpeed row's fresh run alone: its measured steps' span beside
             return (min(band[0], span[0]), max(band[1], span[1])), "deepspeed-row"
+        if band is not None and _fsdp1_offload(row):  # a tie its plan cannot see (parallel/layout.FSDP1_OFFLOAD_GAP)
+            return (band[0], max(band[1], FSDP1_OFFLOAD_TIE)), "replayed"
         if band is not None:
             return band, "replayed"
     if span:
         return span, "deepspeed"  # a DeepSpeed layout (its buffers), a recipe like those measured
     return FRAGMENTATION, "default"
+
+
+def _fsdp1_offload(row: Mapping[str, Any]) -> bool:
+    version, offload = row.get(C.FSDP_VERSION), row.get(C.OFFLOAD)
+    return version is not None and not _isnan(version) and int(version) == 1 and str(offload) == C.OFFLOAD_PARAMS
 
 
 def _deepspeed_span(row: Mapping[str, Any]) -> tuple[float, float] | None:
