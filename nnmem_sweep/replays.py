@@ -403,9 +403,9 @@ def _replayable(sc: Scenario):
     if ov.allocator_reserve_fraction is not None or ov.replayed_reserve_fraction is not None or ov.reserve_note:
         return False, None
     if sc.parallel and deepspeed_layouts(sc.parallel):  # its rank steps traced at the rows' shapes (_deepspeed_rows)
-        twin = derived_twin(sc.model)  # or, without one, ZeRO-3 rows of a kind a GPU measured (zr.measured_zero3)
-        measured = zr.measured_zero3(zr.adapters(sc.model), {C.ZERO_STAGE: 3, C.REDUCE_BUCKET: 1},
-                                     DEFAULT_ALLOCATOR_RESERVE) and 3 in map(int, sc.parallel.get(C.ZERO_STAGE, ()))
+        twin = derived_twin(sc.model)  # or, without one, ZeRO-3 rows of a kind a GPU measured (zr.measured_kind)
+        measured = 3 in map(int, sc.parallel.get(C.ZERO_STAGE, ())) and \
+            zr.measured_kind(zr.adapters(sc.model), DEFAULT_ALLOCATOR_RESERVE) is not None
         return (False, DEEPSPEED_NOTE) if twin is None and not measured else (True, twin or sc.model)
     if sc.parallel and not traced_ranks(sc):
         # a traced sequence is one GPU's whole step, not a rank's share of a layout (FSDP's layouts: their rank's

@@ -33,6 +33,7 @@ import numpy as np
 from ..paths import file_sha256, sources_digest
 from .model import CachingAllocatorModel
 from .options import AllocatorOptions
+from .rules import round_size
 
 ACTIONS = ("alloc", "free_completed", "segment_alloc", "segment_free")
 ALLOC, FREE, SEGMENT, SEGMENT_FREE = range(4)
@@ -104,14 +105,11 @@ def sequence(doc: dict[str, Any], after_release: bool = False) -> np.ndarray:
 def allocated_before(doc: dict[str, Any]) -> int:
     """Bytes allocated when the recording started (memory_allocated()'s count, block sizes): those allocated at the
     end less what the recording allocated, plus what it freed; each traced size rounded as the allocator rounds a
-    request (to 512 B; model.py). What a run recorded on top of an earlier run's tensors started with (the H100's
-    FSDP1 points, 2026-11-28: gpu_compare takes it off their peaks)."""
-    def rounded(size: int) -> int:
-        return max(-(-size // 512) * 512, 512)
-
+    request (rules.round_size, the default settings). What a run recorded on top of an earlier run's tensors started
+    with (the H100's FSDP1 points, 2026-11-28: gpu_compare takes it off their peaks)."""
     end = sum(size for s in doc["segments"] for _, size, allocated in s["blocks"] if allocated)
-    made = sum(rounded(e[2]) for e in doc["trace"] if e[0] == ALLOC)
-    freed = sum(rounded(e[2]) for e in doc["trace"] if e[0] == FREE)
+    made = sum(round_size(e[2]) for e in doc["trace"] if e[0] == ALLOC)
+    freed = sum(round_size(e[2]) for e in doc["trace"] if e[0] == FREE)
     return end - made + freed
 
 

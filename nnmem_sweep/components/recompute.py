@@ -11,11 +11,10 @@ where the plan without these moments said 912,677,020 (11 % low).
 """
 from __future__ import annotations
 
-import math
-
 from ..catalog.precisions import Precision
 from ..citations import formula
 from ..models.arch import Architecture
+from ..models.count import params_breakdown
 from . import activations as act
 from .activations import HF_MODELING
 from .terms import Term
@@ -51,7 +50,7 @@ def _block_copies(arch: Architecture, p: Precision) -> int:
     """Autocast's 16-bit copies the recomputed block's matmuls keep, but down's, freed with its weight gradient."""
     if not p.autocast:
         return 0
-    return (sum(math.prod(t.shape) for t in param_summary(arch).tensors if t.name not in ROOT_TENSORS and t.matmul)
+    return (sum(t.numel for t in param_summary(arch).tensors if t.name not in ROOT_TENSORS and t.matmul)
             - arch.intermediate * arch.hidden) * p.act_bytes
 
 
@@ -77,7 +76,7 @@ def moments(arch: Architecture, p: Precision, attention: str, device: str = "cud
     top = (saved - act.head_saved(arch, p, device) - Term(const=autocast_copies_bytes(arch, p, "full")) + layer
            + copies - freed,
            temps + (Term(const=v * h * g) if tied else Term()), (head + h + down) * g)
-    block = sum(math.prod(t.shape) for t in param_summary(arch).tensors if t.name not in ROOT_TENSORS)
+    block = params_breakdown(arch)["per_layer"]
     first = (act.inputs_term(arch) + act.rope_saved(arch, p) + copies + act.embedding_saved(arch, p, device)
              + act.sliding_window_mask(arch, attention) + act.checkpointed_layer_saved(arch, p) + layer - freed,
              temps, ((0 if tied else v * h) + block - down) * g)

@@ -54,13 +54,17 @@ def adapters(arch) -> bool:  # noqa: ANN001 - an Architecture
     return arch.finetune is not None and bool(arch.finetune.adapters)
 
 
-def measured_zero3(adapters: bool, row: dict[str, Any], default: float) -> tuple[float, str] | None:
-    """(the reserve a ZeRO-3 row takes, what says so) where a GPU measured its kind of step (ZERO3_MEASURED: adapters
-    on a frozen base, or a full fine-tune) needing more than `default`; None otherwise (the default holds)."""
+def measured_zero3(trains_adapters: bool, row: dict[str, Any], default: float) -> tuple[float, str] | None:
+    """(the reserve a DeepSpeed ZeRO-3 row takes, what says so): measured_kind's; None for other rows."""
     if int(row.get(C.ZERO_STAGE, 0)) != 3 or int(row.get(C.REDUCE_BUCKET, 0)) <= 0:
         return None
-    kind = "adapters" if adapters else "full"
-    fraction, run, point = ZERO3_MEASURED[kind]
+    return measured_kind(trains_adapters, default)
+
+
+def measured_kind(trains_adapters: bool, default: float) -> tuple[float, str] | None:
+    """(the reserve, what says so) where a GPU measured ZeRO-3's kind of step (ZERO3_MEASURED: adapters on a frozen
+    base, or a full fine-tune) needing more than `default`; None otherwise (the default holds)."""
+    fraction, run, point = ZERO3_MEASURED["adapters" if trains_adapters else "full"]
     if fraction <= default:
         return None
     return fraction, (f"{MEASURED_PREFIX} (ZeRO-3 partitions real tensors only, which no fake run traces): "

@@ -345,10 +345,10 @@ def fsdp_offload_problem(parallel: dict) -> str | None:
 FSDP1_OFFLOAD_TIE = 0.125  # that recording's need above its peak: the decision page's band reaches it
 FSDP1_OFFLOAD_GAP = ("an H100's recording of LoRA under FSDP1 with CPU offload (Llama 3.2 1B, a rank of 2, 2 x 1,024 "
                      f"tokens) needs {FSDP1_OFFLOAD_TIE:.1%} above its peak in the allocator model where its traced "
-                     "plan needs 1.0 %: "
-                     "in its second step a 32 MiB activation splits the cached 1 GiB segment the fp32 logits' gradient "
-                     "needs at the loss, a tie that small differences of the sequence decide; its least capacity is "
-                     "not measured yet, so an offloaded FSDP1 row's reserve may be low by up to that much")
+                     "plan needs 1.0 %: in its second step a 32 MiB activation splits the cached 1.05 GB segment the "
+                     "fp32 logits' gradient needs at the loss, a tie that small differences of the sequence decide; "
+                     "its least capacity is not measured yet, so an offloaded FSDP1 row's reserve may be low by up "
+                     "to that much")
 
 
 def deepspeed_dp_only(parallel: dict) -> bool:

@@ -63,7 +63,7 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
     if head > bucket:  # reduced alone at the next gradient, while it is copied into the partition
         k, alive, largest = 0, head * prec.grad_bytes, head
     else:
-        k = (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
+        k = _layers_before_reduction(parts, head, bucket)
         if k >= arch.layers:  # every gradient but a tied head's in one bucket: reduced at the backward's end
             return 0, 0, 0, 0
         alive, largest = tied_grad, max(head, largest_layer_tensor(arch))
@@ -74,6 +74,12 @@ def first_bucket(arch: Architecture, prec: Precision, lay: Layout) -> tuple[int,
         # partition is not made here: ZeRO-3 keeps it from step to step (activations.grads_live_in_forward)
         return 0, int(k), alive + k * parts["per_layer"] * prec.grad_bytes, 0
     return 1, int(k), alive, tied_grad
+
+
+def _layers_before_reduction(parts: dict[str, int], head: int, bucket: int) -> int:
+    """k = ⌊(B − head − final norm) / layer⌋: the layers whose gradients, after the head's and the final norm's,
+    fill a bucket of B elements before its first reduction (k ≥ L: none during the backward)."""
+    return (bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1)
 
 
 @formula("parallel.deepspeed_whole_bucket",
@@ -94,8 +100,7 @@ def whole_bucket(arch: Architecture, lay: Layout) -> int:
         return 0
     parts = params_breakdown(arch)
     head = parts["head"]  # 0 where tied
-    if head > lay.reduce_bucket or (lay.reduce_bucket - head - parts["final_norm"]) // max(parts["per_layer"], 1) \
-            < arch.layers:
+    if head > lay.reduce_bucket or _layers_before_reduction(parts, head, lay.reduce_bucket) < arch.layers:
         return 0
     sp = stage_params(arch)[0]
     return sp.dense + sp.expert
