@@ -148,6 +148,8 @@ def basis_text(row: Mapping[str, Any], sc: Scenario) -> str:
     replayed = whence != "default"
     how = {"replayed": "replayed fresh and resumed; ", "deepspeed": "DeepSpeed's measured steps, replayed; ",
            "deepspeed-row": "its DeepSpeed step traced and replayed fresh, and DeepSpeed's measured steps; "}
+    if whence == "replayed" and _fsdp1_offload(row) and hi == FSDP1_OFFLOAD_TIE:
+        how["replayed"] = "replayed fresh and resumed, the top an H100 recording of FSDP1's offload; "
     frag = (f", fragmentation {percent(lo)}–{percent(hi)} of the peak "
             f"({how.get(whence, '')}{percent(f_assumed)} assumed"
             f"{'; the allocator model checked against real GPUs: docs/accuracy.md' if replayed else ''})")
